@@ -1,0 +1,1 @@
+"""Efficient-attention vision backbones for mmdet and mmseg."""

@@ -1,0 +1,491 @@
+"""Multi-Scale Vision Longformer (ViL) backbone for dense prediction.
+
+Paper: "Multi-Scale Vision Longformer: A New Vision Transformer for High-Resolution
+Image Encoding" (Zhang et al., ICCV 2021). Four stages; each stage is a patch
+embedding (conv + LayerNorm) that prepends fresh learned global tokens, followed by
+pre-LN blocks of sliding-chunk attention and an MLP. Global tokens are dropped at
+the end of every stage; the local tokens of each stage are the multi-scale outputs
+(strides 4, 8, 16, 32).
+
+Stages may also use full attention with a fixed-size RPB table, which is how the
+official classification models run stages 3-4 at 224x224 (see ``attn_types``).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from timm.layers import DropPath, trunc_normal_
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..ops.reference import dense_attention
+from ..ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
+from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
+from .layers import Mlp, check_arch, init_transformer_weights, pad_to_multiple
+
+ARCH_ZOO = {
+    'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
+    'small': dict(depths=(1, 2, 8, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+    'medium': dict(depths=(1, 4, 16, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+    'base': dict(depths=(1, 8, 24, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+}
+for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'), ('b', 'base')):
+    ARCH_ZOO[_alias] = ARCH_ZOO[_name]
+
+PATCH_SIZES = (4, 2, 2, 2)
+NUM_GLOBAL_TOKENS = (1, 1, 1, 0)
+ATTN_TYPES = ('sliding_chunk', 'full')
+LN_EPS = 1e-6  # every LayerNorm of the official code
+
+
+def _global_token_bias(g2l_bias, g2g_bias, num_local):
+    """(heads, G, G + N) bias of the global queries: g2g, then g2l[0] for every local key."""
+    heads, num_global = g2g_bias.shape[:2]
+    return torch.cat([g2g_bias, g2l_bias[0][..., None].expand(heads, num_global, num_local)], dim=-1)
+
+
+class _GlobalRPB(nn.Module):
+    """Biases between global and local tokens, shared by both attention types.
+
+    ``g2l_relative_position_bias[0]`` biases global->local logits, ``[1]`` local->
+    global; ``g2g_relative_position_bias`` global->global (official key names).
+    """
+
+    def _init_global_bias(self, num_heads, num_global):
+        self.g2l_relative_position_bias = nn.Parameter(torch.zeros(2, num_heads, num_global))
+        self.g2g_relative_position_bias = nn.Parameter(torch.zeros(num_heads, num_global, num_global))
+        trunc_normal_(self.g2l_relative_position_bias, std=0.02)
+        trunc_normal_(self.g2g_relative_position_bias, std=0.02)
+
+
+class SlidingChunkAttention(_GlobalRPB):
+    """ViL attention: sliding-chunk local attention plus global tokens.
+
+    Local tokens attend to the keys of their own and neighbouring ``w x w``
+    chunks and to all global tokens; global tokens attend to every token.
+    ``query``, ``kv`` and ``proj`` are shared by local and global tokens (the
+    official ``*_global`` keys are copies of them).
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        window (int): Chunk size ``w``.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``query``/``kv``.
+        use_rpb (bool): Relative positional bias (table of ``(4w-1)^2`` rows per head,
+            plus global-token biases).
+        masking_mode (int): 0, -1 or 1; see :mod:`visattn_mm.ops.sliding_chunk`.
+        shift_mode (int): Neighbour set used when random shift is off: 0 (all 8),
+            -1 (own chunk only) or a fixed 1..8.
+        random_shift (bool): While training, draw the neighbour (1..8) at random at
+            every forward pass. Toggled by :class:`RandomShiftHook`.
+        attn_drop (float): Dropout on attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+    """
+
+    def __init__(self, dim, num_heads, window=7, num_global=1, qkv_bias=True, use_rpb=True,
+                 masking_mode=0, shift_mode=0, random_shift=False, attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        check_modes(masking_mode, shift_mode)
+        check_modes(masking_mode, 1 if random_shift else shift_mode)
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.window = window
+        self.num_global = num_global
+        self.masking_mode = masking_mode
+        self.shift_mode = shift_mode
+        self.random_shift = random_shift
+        self.attn_drop = attn_drop
+        self.query = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.use_rpb = use_rpb
+        if use_rpb:
+            self.local_relative_position_bias_table = nn.Parameter(
+                torch.zeros((4 * window - 1) ** 2, num_heads))
+            trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+            # Derived from `window`; never loaded from checkpoints.
+            self.register_buffer('relative_position_index', sliding_chunk_rpb_index(window),
+                                 persistent=False)
+            if num_global:
+                self._init_global_bias(num_heads, num_global)
+
+    def resolve_shift_mode(self):
+        """The neighbour set for this forward pass (drawn here when random shift is on).
+
+        Called outside gradient checkpointing so that recomputation reuses the draw.
+        """
+        if self.random_shift and self.training:
+            return int(torch.randint(1, 9, ()).item())
+        return self.shift_mode
+
+    def forward(self, x, hw, shift_mode=None):
+        """x: (B, G + H*W, C) with the global tokens first; hw: (H, W)."""
+        if shift_mode is None:
+            shift_mode = self.resolve_shift_mode()
+        b, n, c = x.shape
+        g, heads, (h, w) = self.num_global, self.num_heads, hw
+        q = (self.query(x) * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
+        local_bias = l2g_bias = global_bias = None
+        if self.use_rpb:
+            w2 = self.window ** 2
+            local_bias = self.local_relative_position_bias_table[self.relative_position_index]
+            local_bias = local_bias.reshape(w2, 9 * w2, heads).permute(2, 0, 1)
+            if g:
+                l2g_bias = self.g2l_relative_position_bias[1]
+                global_bias = _global_token_bias(self.g2l_relative_position_bias,
+                                                 self.g2g_relative_position_bias, n - g)
+        dropout_p = self.attn_drop if self.training else 0.0
+        out = sliding_chunk_attention(
+            q[:, :, g:], k[:, :, g:], v[:, :, g:], h, w, self.window,
+            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
+            local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
+            shift_mode=shift_mode, dropout_p=dropout_p)
+        if g:
+            glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p)
+            out = torch.cat([glob, out], dim=2)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+
+class FullAttention(_GlobalRPB):
+    """Full attention with a Swin-style RPB table for one fixed map size.
+
+    This is the official classification models' attention in stages 3-4. The
+    table is bound to ``rpb_size``; for other sizes use sliding-chunk attention.
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        rpb_size (tuple[int, int]): Map size ``(H, W)`` the RPB table is built for.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``qkv``.
+        use_rpb (bool): Use the RPB table and global-token biases.
+        attn_drop (float): Dropout on attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+    """
+
+    def __init__(self, dim, num_heads, rpb_size, num_global=1, qkv_bias=True, use_rpb=True,
+                 attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.num_global = num_global
+        self.rpb_size = tuple(rpb_size)
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.use_rpb = use_rpb
+        if use_rpb:
+            rh, rw = self.rpb_size
+            self.local_relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * rh - 1) * (2 * rw - 1), num_heads))
+            trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+            self.register_buffer('relative_position_index', full_attention_rpb_index(rh, rw),
+                                 persistent=False)
+            if num_global:
+                self._init_global_bias(num_heads, num_global)
+
+    def resolve_shift_mode(self):
+        return 0
+
+    def forward(self, x, hw, shift_mode=None):
+        b, n, c = x.shape
+        g, heads = self.num_global, self.num_heads
+        bias = None
+        if self.use_rpb:
+            if tuple(hw) != self.rpb_size:
+                raise ValueError(
+                    f'full attention was built for a {self.rpb_size} map (pretrain_img_size) but got '
+                    f'{tuple(hw)}; use attn_types="sliding_chunk" for other input sizes')
+            bias = self.local_relative_position_bias_table[self.relative_position_index]
+            bias = bias.permute(2, 0, 1)                       # (heads, N_loc, N_loc)
+            if g:
+                num_local = n - g
+                l2g = self.g2l_relative_position_bias[1][:, None, :].expand(heads, num_local, g)
+                bias = torch.cat([
+                    _global_token_bias(self.g2l_relative_position_bias,
+                                       self.g2g_relative_position_bias, num_local),
+                    torch.cat([l2g, bias], dim=-1)], dim=1)
+        q, k, v = self.qkv(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
+        out = dense_attention(q * self.scale, k, v, bias=bias,
+                              dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+class ViLBlock(nn.Module):
+    """Pre-LN transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    def __init__(self, dim, attn, mlp_ratio=4.0, drop=0.0, drop_path=0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x, hw, shift_mode=None):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw, shift_mode))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class ViLPatchEmbed(nn.Module):
+    """Conv patch embedding + LayerNorm, then the stage's learned global tokens.
+
+    Inputs whose sides are not multiples of the patch size are zero-padded at
+    the bottom/right, so output sides are ``ceil(H / p)``.
+
+    With absolute position embeddings (``ape_size`` set), 1-D row/column tables
+    are linearly interpolated to the actual map size.
+    """
+
+    def __init__(self, in_channels, dim, patch_size, num_global, ape_size=None, drop=0.0):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        self.norm_embed = nn.LayerNorm(dim, eps=LN_EPS)
+        self.num_global = num_global
+        if num_global:
+            self.cls_token = nn.Parameter(torch.zeros(1, num_global, dim))
+            trunc_normal_(self.cls_token, std=0.02)
+        self.use_ape = ape_size is not None
+        if self.use_ape:
+            rows, cols = ape_size
+            # Official names: x_pos_embed runs along rows (first axis), y_pos_embed along columns.
+            self.x_pos_embed = nn.Parameter(torch.zeros(1, rows, dim // 2))
+            self.y_pos_embed = nn.Parameter(torch.zeros(1, cols, dim - dim // 2))
+            self.cls_pos_embed = nn.Parameter(torch.zeros(1, num_global, dim))
+            for p in (self.x_pos_embed, self.y_pos_embed, self.cls_pos_embed):
+                trunc_normal_(p, std=0.02)
+        self.pos_drop = nn.Dropout(drop)
+
+    @staticmethod
+    def _resize_1d(table, length):
+        if table.shape[1] == length:
+            return table
+        return F.interpolate(table.transpose(1, 2), size=length, mode='linear',
+                             align_corners=False).transpose(1, 2)
+
+    def forward(self, x):
+        x = self.proj(pad_to_multiple(x, self.patch_size))
+        b, _, h, w = x.shape
+        x = self.norm_embed(x.flatten(2).transpose(1, 2))
+        if self.use_ape:
+            rows = self._resize_1d(self.x_pos_embed, h)[:, :, None].expand(-1, -1, w, -1)
+            cols = self._resize_1d(self.y_pos_embed, w)[:, None].expand(-1, h, -1, -1)
+            x = x + torch.cat([rows, cols], dim=-1).flatten(1, 2)
+        if self.num_global:
+            glob = self.cls_token
+            if self.use_ape:
+                glob = glob + self.cls_pos_embed
+            x = torch.cat([glob.expand(b, -1, -1), x], dim=1)
+        return self.pos_drop(x), (h, w)
+
+
+class ViLStage(nn.Module):
+    """One E-ViT stage: patch embedding with global tokens, then blocks."""
+
+    def __init__(self, patch_embed, blocks, with_cp=False):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.blocks = nn.ModuleList(blocks)
+        self.with_cp = with_cp
+
+    def forward(self, x):
+        """NCHW in; tokens ``(B, H*W, C)`` without global tokens and ``(H, W)`` out."""
+        x, hw = self.patch_embed(x)
+        for block in self.blocks:
+            # Draw the random-shift neighbour outside checkpointing so the recomputed
+            # forward pass uses the same keys.
+            shift_mode = block.attn.resolve_shift_mode()
+            if self.with_cp and x.requires_grad:
+                x = cp.checkpoint(block, x, hw, shift_mode, use_reentrant=False)
+            else:
+                x = block(x, hw, shift_mode)
+        return x[:, self.patch_embed.num_global:], hw
+
+
+class ViL(BaseModule):
+    """Multi-Scale Vision Longformer backbone.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'medium'``, ``'base'`` (or
+            ``'t'``/``'s'``/``'m'``/``'b'``), or a dict with ``depths``,
+            ``embed_dims`` and ``num_heads`` (4 entries each) and optionally
+            ``patch_sizes`` and ``num_global_tokens``.
+        in_channels (int): Input image channels. Default: 3.
+        window_size (int | Sequence[int]): Chunk size ``w`` per stage. Default: 7.
+        num_global_tokens (Sequence[int], optional): Global tokens per stage.
+            Default: the arch's, ``(1, 1, 1, 0)``.
+        attn_types (str | Sequence[str]): ``'sliding_chunk'`` (any input size) or
+            ``'full'`` (fixed RPB table for ``pretrain_img_size``; the official
+            classification layout of stages 3-4), per stage. Default: all
+            ``'sliding_chunk'``, the official detection layout.
+        masking_mode (int): Sliding-chunk masking: 0 (hide neighbours outside the
+            chunk grid), -1 (cyclic), 1 (exact ``2w+1`` window). Default: 0.
+        shift_mode (int): Neighbour chunks used when random shift is off: 0 (all 8),
+            -1 (own chunk only) or a fixed 1..8. Default: 0.
+        random_shift (bool): Start with random-shift training on (usually left to
+            :class:`RandomShiftHook`). Evaluation always uses ``shift_mode``.
+        use_rpb (bool): Relative positional bias; False uses 1-D absolute position
+            embeddings sized for ``pretrain_img_size``, interpolated at run time.
+        pretrain_img_size (int | tuple[int, int]): Image size the position tables
+            were trained for (APE and full attention). Default: 224.
+        qkv_bias (bool): Bias in the query/key/value projections. Default: True.
+        mlp_ratio (float): MLP hidden ratio. Default: 4.
+        drop_rate (float): Dropout after the embedding, the MLP and ``proj``.
+        attn_drop_rate (float): Dropout on attention probabilities.
+        drop_path_rate (float): Stochastic depth, linear from 0 over all blocks.
+            Default: 0.1.
+        out_indices (Sequence[int]): Stages (0-3) whose local tokens are returned as
+            NCHW maps, each after its own LayerNorm ``norm{i}``. Default: (0, 1, 2, 3).
+        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
+            embedding; ``i >= 1`` freezes stages 1..i (and their output norms).
+        norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
+            only LayerNorms, so this only affects BatchNorms added by subclasses).
+        with_cp (bool): Gradient checkpointing per block, saving memory.
+        pretrained (str, optional): Deprecated, use ``init_cfg``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
+    """
+
+    def __init__(self, arch='small', in_channels=3, window_size=7, num_global_tokens=None,
+                 attn_types='sliding_chunk', masking_mode=0, shift_mode=0, random_shift=False,
+                 use_rpb=True, pretrain_img_size=224, qkv_bias=True, mlp_ratio=4.0, drop_rate=0.0,
+                 attn_drop_rate=0.0, drop_path_rate=0.1, out_indices=(0, 1, 2, 3),
+                 frozen_stages=-1, norm_eval=False, with_cp=False, pretrained=None, init_cfg=None):
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError('ViL: set init_cfg or pretrained, not both')
+            import warnings
+            warnings.warn('ViL: `pretrained` is deprecated; use init_cfg=dict(type="Pretrained", '
+                          'checkpoint=...)', DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
+        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'ViL')
+        depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
+        patch_sizes = spec.get('patch_sizes', PATCH_SIZES)
+        if num_global_tokens is None:
+            num_global_tokens = spec.get('num_global_tokens', NUM_GLOBAL_TOKENS)
+        num_stages = len(depths)
+        windows = self._per_stage(window_size, num_stages, 'window_size')
+        attn_types = self._per_stage(attn_types, num_stages, 'attn_types')
+        for name, values in (('embed_dims', dims), ('num_heads', heads), ('patch_sizes', patch_sizes),
+                             ('num_global_tokens', num_global_tokens)):
+            if len(values) != num_stages:
+                raise ValueError(f'ViL: {name} needs {num_stages} entries (one per stage), got {values}')
+        for i, (d, h) in enumerate(zip(dims, heads)):
+            if d % h:
+                raise ValueError(f'ViL: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
+        for i, t in enumerate(attn_types):
+            if t not in ATTN_TYPES:
+                raise ValueError(f'ViL: attn_types[{i}]={t!r}; allowed: {ATTN_TYPES}')
+        for i, w in enumerate(windows):
+            if not isinstance(w, int) or w < 1:
+                raise ValueError(f'ViL: window_size[{i}]={w!r} must be a positive int')
+        if shift_mode not in SHIFT_MODES:
+            raise ValueError(f'ViL: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
+        check_modes(masking_mode, 1 if random_shift else shift_mode)
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
+            raise ValueError(f'ViL: out_indices={out_indices} must be a non-empty subset of '
+                             f'{tuple(range(num_stages))}')
+        if not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'ViL: frozen_stages={frozen_stages} must be in [-1, {num_stages}]')
+
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.embed_dims = tuple(dims)
+        self.num_global_tokens = tuple(num_global_tokens)
+        img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
+        drop_paths = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+
+        self.stages = nn.ModuleList()
+        in_dim, stride = in_channels, 1
+        for i in range(num_stages):
+            stride *= patch_sizes[i]
+            table_size = (math.ceil(img_h / stride), math.ceil(img_w / stride))
+            blocks = []
+            for j in range(depths[i]):
+                common = dict(num_global=num_global_tokens[i], qkv_bias=qkv_bias, use_rpb=use_rpb,
+                              attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                if attn_types[i] == 'full':
+                    attn = FullAttention(dims[i], heads[i], rpb_size=table_size, **common)
+                else:
+                    attn = SlidingChunkAttention(dims[i], heads[i], window=windows[i],
+                                                 masking_mode=masking_mode, shift_mode=shift_mode,
+                                                 random_shift=random_shift, **common)
+                blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate,
+                                       drop_paths[sum(depths[:i]) + j]))
+            embed = ViLPatchEmbed(in_dim, dims[i], patch_sizes[i], num_global_tokens[i],
+                                  ape_size=None if use_rpb else table_size, drop=drop_rate)
+            self.stages.append(ViLStage(embed, blocks, with_cp))
+            in_dim = dims[i]
+        for i in out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(dims[i], eps=LN_EPS))
+
+        self.apply(init_transformer_weights)
+        self._freeze_stages()
+
+    @staticmethod
+    def _per_stage(value, num_stages, name):
+        values = (value,) * num_stages if isinstance(value, (int, str)) else tuple(value)
+        if len(values) != num_stages:
+            raise ValueError(f'ViL: {name} needs 1 or {num_stages} entries, got {value!r}')
+        return values
+
+    def _freeze_stages(self):
+        """Freeze as configured; called in __init__ (so DDP sees it) and in train()."""
+        frozen = []
+        if self.frozen_stages >= 0:
+            frozen.append(self.stages[0].patch_embed)
+        for i in range(self.frozen_stages):
+            frozen.append(self.stages[i])
+            if i in self.out_indices:
+                frozen.append(getattr(self, f'norm{i}'))
+        for module in frozen:
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad = False
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'ViL expects an NCHW image batch, got shape {tuple(x.shape)}')
+        outs = []
+        for i, stage in enumerate(self.stages):
+            tokens, (h, w) = stage(x)
+            x = tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
+            if i in self.out_indices:
+                norm = getattr(self, f'norm{i}')
+                outs.append(norm(tokens).transpose(1, 2).reshape(x.shape).contiguous())
+        return tuple(outs)
+
+
+def set_random_shift(model, enabled):
+    """Turn random-shift training on or off in every ViL attention layer of ``model``.
+
+    Returns:
+        int: The number of attention layers changed.
+    """
+    layers = [m for m in model.modules() if isinstance(m, SlidingChunkAttention)]
+    if enabled:
+        for m in layers:
+            check_modes(m.masking_mode, 1)
+    for m in layers:
+        m.random_shift = enabled
+    return len(layers)

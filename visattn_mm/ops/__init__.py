@@ -1,0 +1,1 @@
+"""Pure attention math: tensors in, tensors out, no module state."""

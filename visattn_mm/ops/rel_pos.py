@@ -1,0 +1,47 @@
+"""Relative-position-bias (RPB) index formulas shared by the backbones.
+
+Every function returns a LongTensor of row indices into a ``(num_entries, heads)``
+table; ``table[index]`` then gives the bias of each (query, key) pair.
+"""
+import torch
+
+# Neighbour chunks in the order the official ViL code concatenates them
+# (row offset, column offset); index 4 is the query's own chunk.
+NEIGHBOUR_OFFSETS = ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
+OWN_CHUNK = 4
+
+
+def _offset_index(rel_y, rel_x, max_dy, max_dx):
+    """Row-major index of an offset inside a (2*max_dy+1) x (2*max_dx+1) grid."""
+    return (rel_y + max_dy) * (2 * max_dx + 1) + (rel_x + max_dx)
+
+
+def sliding_chunk_rpb_index(window):
+    """Index of the ViL sliding-chunk RPB table, shape ``(w*w, 9*w*w)``.
+
+    Queries are the ``w*w`` positions of a chunk (row-major); keys are the 9
+    neighbour chunks in :data:`NEIGHBOUR_OFFSETS` order, each row-major. The
+    offset ``q - k`` lies in ``[-(2w-1), 2w-1]`` per axis, so the table has
+    ``(4w-1)**2`` rows.
+    """
+    w = window
+    inner = torch.arange(w)
+    qy, qx = torch.meshgrid(inner, inner, indexing='ij')
+    qy, qx = qy.reshape(-1), qx.reshape(-1)
+    columns = []
+    for dy, dx in NEIGHBOUR_OFFSETS:
+        ky, kx = qy + dy * w, qx + dx * w
+        columns.append(_offset_index(qy[:, None] - ky[None], qx[:, None] - kx[None], 2 * w - 1, 2 * w - 1))
+    return torch.cat(columns, dim=1)
+
+
+def full_attention_rpb_index(height, width):
+    """Swin-style index for full attention over a ``height x width`` map.
+
+    Shape ``(h*w, h*w)`` into a table of ``(2h-1)*(2w-1)`` rows. For a 14x14 map
+    this is the same offset->row mapping as :func:`sliding_chunk_rpb_index` with
+    ``w=7`` (both tables are 27x27).
+    """
+    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
+    ys, xs = ys.reshape(-1), xs.reshape(-1)
+    return _offset_index(ys[:, None] - ys[None], xs[:, None] - xs[None], height - 1, width - 1)

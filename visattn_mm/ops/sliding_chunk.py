@@ -1,0 +1,183 @@
+"""ViL sliding-chunk attention: local chunks + their neighbours + global tokens.
+
+The map is zero-padded at the bottom/right to multiples of the chunk size ``w``
+and cut into ``w x w`` chunks. Every query attends, in one softmax, to all global
+tokens and to the keys of its own chunk and of the neighbour chunks that the
+random-shift mode selects (all 8 by default). Keys are gathered chunk-wise, so
+memory is ``O(N * 9 w^2)``, never ``O(N^2)``.
+
+Masking modes (which keys outside the image are hidden):
+  * ``0``  -- neighbour chunks outside the chunk grid and padded positions.
+  * ``-1`` -- cyclic: neighbours wrap around the grid; padded positions are masked
+    wherever they are reached. (The official mask misses padded keys reached
+    through the wrap; we mask them.) Grids with fewer than 3 chunks per axis reach
+    the same chunk through several offsets; like the official code, such keys then
+    enter the softmax once per offset.
+  * ``1``  -- exact conv-like window: keys within ``+-w`` rows and columns of the
+    query, clipped to the image. Only with shift mode 0.
+
+Shift modes: ``0`` all 8 neighbours; ``-1`` own chunk only; ``k`` in 1..8 own
+chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in order).
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .common import softmax_fp32
+from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
+
+MASKING_MODES = (0, -1, 1)
+SHIFT_MODES = (0, -1, 1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def neighbour_blocks(shift_mode):
+    """Indices into ``NEIGHBOUR_OFFSETS`` of the key chunks used by a shift mode."""
+    if shift_mode == 0:
+        return tuple(range(9))
+    if shift_mode == -1:
+        return (OWN_CHUNK,)
+    if 1 <= shift_mode <= 8:
+        # Neighbour k is the k-th non-centre block: block k-1 before the centre, k after.
+        return (OWN_CHUNK, shift_mode - 1 if shift_mode <= 4 else shift_mode)
+    raise ValueError(f'shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
+
+
+def check_modes(masking_mode, shift_mode):
+    """Raise a ValueError naming the problem for an unsupported mode combination."""
+    if masking_mode not in MASKING_MODES:
+        raise ValueError(f'masking_mode must be one of {MASKING_MODES}, got {masking_mode!r}')
+    neighbour_blocks(shift_mode)
+    if masking_mode == 1 and shift_mode != 0:
+        raise ValueError('masking_mode=1 (exact window) needs all 8 neighbour chunks; it cannot be '
+                         f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
+
+
+@functools.lru_cache(maxsize=64)
+def key_plan(height, width, window, masking_mode, shift_mode, device):
+    """Which key chunks each query chunk gathers, and which of those keys are hidden.
+
+    Cached per shape and device: built once, vectorised, then reused.
+
+    Returns:
+        tuple: ``gather_index`` (LongTensor ``(R*C*nb,)``): for each query chunk
+        (row-major over the ``R x C`` chunk grid) the flat index of each of its
+        ``nb`` key chunks (wrapped around the grid); ``key_mask`` (BoolTensor, True =
+        hidden): ``(R*C, nb*w*w)`` for masking modes 0/-1, ``(R*C, w*w, nb*w*w)``
+        for mode 1.
+    """
+    check_modes(masking_mode, shift_mode)
+    w = window
+    rows, cols = -(-height // w), -(-width // w)
+    blocks = neighbour_blocks(shift_mode)
+    dy = torch.tensor([NEIGHBOUR_OFFSETS[b][0] for b in blocks])
+    dx = torch.tensor([NEIGHBOUR_OFFSETS[b][1] for b in blocks])
+    r = torch.arange(rows)[:, None, None]
+    c = torch.arange(cols)[None, :, None]
+    raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
+    in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
+    wrap_r, wrap_c = raw_r % rows, raw_c % cols
+    gather_index = (wrap_r * cols + wrap_c).reshape(-1)
+
+    inner = torch.arange(w)
+    # Absolute key coordinates in the padded image: (R, C, nb, w, w).
+    key_y = (wrap_r * w)[..., None, None] + inner[:, None]
+    key_x = (wrap_c * w)[..., None, None] + inner[None, :]
+    in_image = (key_y < height) & (key_x < width)
+    if masking_mode == 0:
+        hidden = ~in_image | ~in_grid[..., None, None]
+    elif masking_mode == -1:
+        hidden = ~in_image
+    else:
+        # Exact window: compare unwrapped key coordinates with each query position.
+        full = (rows, cols, len(blocks), w, w)
+        key_yu = ((raw_r * w)[..., None, None] + inner[:, None]).expand(full).reshape(rows, cols, 1, -1)
+        key_xu = ((raw_c * w)[..., None, None] + inner[None, :]).expand(full).reshape(rows, cols, 1, -1)
+        qy = (r[..., None] * w + inner.repeat_interleave(w)).reshape(rows, 1, -1, 1)
+        qx = (c[..., None] * w + inner.repeat(w)).reshape(1, cols, -1, 1)
+        near = ((qy - key_yu).abs() <= w) & ((qx - key_xu).abs() <= w)
+        visible = near & (in_image & in_grid[..., None, None]).reshape(rows, cols, 1, -1)
+        return gather_index.to(device), (~visible).reshape(rows * cols, w * w, -1).to(device)
+    return gather_index.to(device), hidden.reshape(rows * cols, -1).to(device)
+
+
+def _to_chunks(x, height, width, window):
+    """(B, h, H*W, d) -> (B, h, R*C, w*w, d), zero-padded at the bottom/right."""
+    b, heads, _, d = x.shape
+    w = window
+    rows, cols = -(-height // w), -(-width // w)
+    x = x.reshape(b, heads, height, width, d)
+    x = F.pad(x, (0, 0, 0, cols * w - width, 0, rows * w - height))
+    x = x.reshape(b, heads, rows, w, cols, w, d).permute(0, 1, 2, 4, 3, 5, 6)
+    return x.reshape(b, heads, rows * cols, w * w, d)
+
+
+def _from_chunks(x, height, width, window):
+    """Inverse of :func:`_to_chunks`, cropping the padding."""
+    b, heads, _, _, d = x.shape
+    w = window
+    rows, cols = -(-height // w), -(-width // w)
+    x = x.reshape(b, heads, rows, cols, w, w, d).permute(0, 1, 2, 4, 3, 5, 6)
+    x = x.reshape(b, heads, rows * w, cols * w, d)[:, :, :height, :width]
+    return x.reshape(b, heads, height * width, d)
+
+
+def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
+                            local_bias=None, l2g_bias=None, masking_mode=0, shift_mode=0,
+                            dropout_p=0.0):
+    """Local tokens attend to their neighbour chunks and to the global tokens.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` local queries, row-major, already scaled.
+        k (Tensor): ``(B, heads, H*W, d)`` local keys.
+        v (Tensor): ``(B, heads, H*W, d)`` local values.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Chunk size ``w``.
+        global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
+        global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
+        local_bias (Tensor, optional): ``(heads, w*w, 9*w*w)`` RPB over all 9
+            neighbour chunks; the columns of the shift mode are picked here.
+        l2g_bias (Tensor, optional): ``(heads, G)`` bias of local->global logits.
+        masking_mode (int): 0, -1 or 1, see the module docstring.
+        shift_mode (int): 0, -1 or 1..8, see the module docstring.
+        dropout_p (float): Dropout on the attention probabilities.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    w = window
+    gather_index, key_mask = key_plan(height, width, w, masking_mode, shift_mode, q.device)
+    blocks = neighbour_blocks(shift_mode)
+    num_chunks = key_mask.shape[0]
+
+    q_chunks = _to_chunks(q, height, width, w)
+    b, heads, _, _, d = q_chunks.shape
+
+    def gather(t):
+        t = _to_chunks(t, height, width, w).index_select(2, gather_index)
+        return t.reshape(b, heads, num_chunks, len(blocks) * w * w, d)
+
+    k_near, v_near = gather(k), gather(v)
+    logits = q_chunks @ k_near.transpose(-1, -2)        # (B, h, R*C, w*w, nb*w*w)
+    if local_bias is not None:
+        if len(blocks) < 9:
+            local_bias = local_bias.reshape(heads, w * w, 9, w * w)[:, :, list(blocks)]
+        logits = logits + local_bias.reshape(heads, 1, w * w, -1)
+    hidden = key_mask[:, None, :] if key_mask.dim() == 2 else key_mask
+    logits = logits.masked_fill(hidden, float('-inf'))
+
+    num_global = 0 if global_k is None else global_k.shape[2]
+    if num_global:
+        g_logits = q_chunks @ global_k.unsqueeze(2).transpose(-1, -2)   # (B, h, R*C, w*w, G)
+        if l2g_bias is not None:
+            g_logits = g_logits + l2g_bias[:, None, None, :]
+        logits = torch.cat([g_logits, logits], dim=-1)
+
+    attn = softmax_fp32(logits).to(v.dtype)
+    if dropout_p > 0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    out = attn[..., num_global:] @ v_near
+    if num_global:
+        out = out + attn[..., :num_global] @ global_v.unsqueeze(2)
+    return _from_chunks(out, height, width, w)
