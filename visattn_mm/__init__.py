@@ -1,1 +1,10 @@
-"""Efficient-attention vision backbones for mmdet and mmseg."""
+"""Efficient-attention vision backbones (ViL, ...) for mmdet 3.x and mmsegmentation 1.x.
+
+Importing the package registers the backbones and hooks (see :mod:`visattn_mm.registry`).
+"""
+from . import registry  # noqa: F401  (registration side effect)
+from .engine import RandomShiftHook
+from .models import ViL, ViLClassifier
+
+__version__ = '0.1.0'
+__all__ = ['ViL', 'ViLClassifier', 'RandomShiftHook']

@@ -1,0 +1,181 @@
+"""ViL backbone: fidelity (parameter counts, attention vs dense), dense-prediction surface."""
+import copy
+
+import pytest
+import torch
+
+from visattn_mm.models import ViL, ViLClassifier, set_random_shift
+from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
+from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
+
+TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
+
+
+@pytest.mark.parametrize('arch,expected_m', [('tiny', 6.72), ('small', 24.66), ('medium', 39.78), ('base', 55.80)])
+def test_classification_parameter_counts(arch, expected_m):
+    """SPEC 6: official classification layout (full attention in stages 3-4 at 224) + 1000-class head."""
+    model = ViLClassifier(arch=arch, num_classes=1000, attn_types=('sliding_chunk',) * 2 + ('full',) * 2)
+    count = sum(p.numel() for p in model.parameters()) / 1e6
+    assert abs(count - expected_m) / expected_m < 0.005, count
+
+
+def _dense_module_reference(attn, x, hw):
+    """The whole attention layer (local + global queries) as one dense masked softmax."""
+    g, heads, w = attn.num_global, attn.num_heads, attn.window
+    b, n, c = x.shape
+    q = (attn.query(x) * attn.scale).reshape(b, n, heads, -1).transpose(1, 2)
+    k, v = attn.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
+    visible, rel = sliding_chunk_visibility(*hw, w, attn.masking_mode, attn.shift_mode)
+    span = 2 * w - 1
+    index = ((rel[..., 0] + span) * (2 * span + 1) + rel[..., 1] + span).clamp(0, (2 * span + 1) ** 2 - 1)
+    local = attn.local_relative_position_bias_table[index].permute(2, 0, 1)
+    g2l, g2g = attn.g2l_relative_position_bias, attn.g2g_relative_position_bias
+    nl = n - g
+    bias = torch.cat([
+        torch.cat([g2g, g2l[0][..., None].expand(heads, g, nl)], -1),
+        torch.cat([g2l[1][:, None, :].expand(heads, nl, g), local], -1)], 1)
+    hidden = torch.zeros(n, n, dtype=torch.bool)
+    hidden[g:, g:] = ~visible
+    out = dense_attention(q, k, v, bias, hidden).transpose(1, 2).reshape(b, n, c)
+    return attn.proj(out)
+
+
+@pytest.mark.parametrize('hw', [(7, 7), (9, 13), (3, 2)])
+@pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (1, 0), (0, -1), (0, 6)])
+def test_attention_layer_matches_dense(hw, masking_mode, shift_mode):
+    torch.manual_seed(0)
+    attn = SlidingChunkAttention(8, 2, window=3, num_global=2, masking_mode=masking_mode,
+                                 shift_mode=shift_mode).double().eval()
+    x = torch.randn(2, 2 + hw[0] * hw[1], 8, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, hw), _dense_module_reference(attn, x, hw), rtol=1e-5, atol=1e-5)
+
+
+def test_full_attention_equals_sliding_chunk_when_chunk_covers_map():
+    """A 3x3 map in one w=3 chunk: sliding chunk sees every key, exactly like full attention,
+    and the (4w-1)^2 = 11^2 table indexes offsets like a 5x5 full table would, shifted by 3."""
+    torch.manual_seed(0)
+    sc = SlidingChunkAttention(8, 2, window=3, num_global=1).double().eval()
+    full = FullAttention(8, 2, rpb_size=(3, 3), num_global=1).double().eval()
+    with torch.no_grad():
+        full.qkv.weight.copy_(torch.cat([sc.query.weight, sc.kv.weight]))
+        full.qkv.bias.copy_(torch.cat([sc.query.bias, sc.kv.bias]))
+        full.proj.load_state_dict(sc.proj.state_dict())
+        full.g2l_relative_position_bias.copy_(sc.g2l_relative_position_bias)
+        full.g2g_relative_position_bias.copy_(sc.g2g_relative_position_bias)
+        table = sc.local_relative_position_bias_table.reshape(11, 11, 2)
+        full.local_relative_position_bias_table.copy_(table[3:8, 3:8].reshape(25, 2))
+    x = torch.randn(2, 10, 8, dtype=torch.float64)
+    torch.testing.assert_close(full(x, (3, 3)), sc(x, (3, 3)), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match='sliding_chunk'):
+        full(torch.randn(2, 17, 8, dtype=torch.float64), (4, 4))
+
+
+@pytest.mark.parametrize('size', [(37, 53), (112, 137), (1, 1), (5, 300)])
+def test_output_shapes_and_strides(size):
+    model = ViL(arch=TINY_ARCH, window_size=7).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, *size))
+    h, w = size
+    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
+        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
+        assert torch.isfinite(out).all()
+
+
+def test_output_shapes_at_detection_size():
+    model = ViL(arch='tiny').eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 800, 1216))
+    assert [tuple(o.shape) for o in outs] == [(1, 48, 200, 304), (1, 96, 100, 152),
+                                              (1, 192, 50, 76), (1, 384, 25, 38)]
+
+
+def test_frozen_stages_are_frozen_and_stay_in_eval():
+    model = ViL(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
+    model.train()
+    for i, stage in enumerate(model.stages):
+        frozen = i < 2
+        assert all(p.requires_grad != frozen for p in stage.parameters())
+        assert all(m.training != frozen for m in stage.modules())
+        assert all(p.requires_grad != frozen for p in getattr(model, f'norm{i}').parameters())
+    outs = model(torch.randn(1, 3, 32, 32))
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is None for p in model.stages[0].parameters())
+    assert all(p.grad is not None for p in model.stages[3].parameters())
+
+
+def test_frozen_stage_zero_freezes_only_the_stem():
+    model = ViL(arch=TINY_ARCH, frozen_stages=0).train()
+    assert not any(p.requires_grad for p in model.stages[0].patch_embed.parameters())
+    assert all(p.requires_grad for p in model.stages[0].blocks.parameters())
+
+
+def test_drop_path_is_linear_over_all_blocks():
+    model = ViL(arch='small', drop_path_rate=0.3)
+    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0)) for s in model.stages for b in s.blocks]
+    expected = torch.linspace(0, 0.3, 12).tolist()
+    assert rates == pytest.approx(expected)
+
+
+def test_random_shift_draws_in_training_and_uses_mode_zero_in_eval():
+    torch.manual_seed(0)
+    model = ViL(arch=TINY_ARCH, random_shift=True, drop_path_rate=0.0)
+    reference = copy.deepcopy(model)
+    assert set_random_shift(reference, False) == 4
+    x = torch.randn(1, 3, 64, 64)
+    model.eval(), reference.eval()
+    with torch.no_grad():
+        for a, b in zip(model(x), reference(x)):
+            torch.testing.assert_close(a, b)
+    model.train()
+    attn = model.stages[0].blocks[0].attn
+    draws = {attn.resolve_shift_mode() for _ in range(200)}
+    assert draws == set(range(1, 9))
+
+
+def test_checkpointing_reuses_the_random_shift_draw():
+    """with_cp recomputes the forward pass in backward: it must see the same neighbour chunk."""
+    torch.manual_seed(0)
+    plain = ViL(arch=TINY_ARCH, random_shift=True, drop_path_rate=0.0).train()
+    ckpt = copy.deepcopy(plain)
+    for stage in ckpt.stages:
+        stage.with_cp = True
+    x = torch.randn(1, 3, 64, 64, requires_grad=True)
+    grads = []
+    for model in (plain, ckpt):
+        torch.manual_seed(123)
+        loss = sum(o.pow(2).mean() for o in model(x))
+        grads.append(torch.autograd.grad(loss, list(model.parameters())))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_absolute_position_embedding_variant_runs_at_any_size():
+    model = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=64).eval()
+    assert model.stages[0].patch_embed.x_pos_embed.shape == (1, 16, 8)
+    assert not hasattr(model.stages[0].blocks[0].attn, 'local_relative_position_bias_table')
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 45, 70))
+    assert outs[0].shape == (1, 16, 12, 18)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='huge'), 'unknown arch'),
+    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
+    (dict(out_indices=(0, 4)), 'out_indices'),
+    (dict(frozen_stages=5), 'frozen_stages'),
+    (dict(window_size=0), 'window_size'),
+    (dict(window_size=(7, 7)), 'window_size'),
+    (dict(masking_mode=2), 'masking_mode'),
+    (dict(masking_mode=1, random_shift=True), 'exact'),
+    (dict(shift_mode=9), 'shift_mode'),
+    (dict(attn_types='dense'), 'attn_types'),
+    (dict(arch=dict(depths=(1,) * 4, embed_dims=(10,) * 4, num_heads=(3,) * 4)), 'divisible'),
+])
+def test_bad_config_values_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ViL(**kwargs)
+
+
+def test_bad_input_raises_clear_error():
+    with pytest.raises(ValueError, match='NCHW'):
+        ViL(arch=TINY_ARCH)(torch.randn(3, 32, 32))

@@ -1,0 +1,4 @@
+"""Training-loop pieces (mmengine hooks)."""
+from .random_shift_hook import RandomShiftHook
+
+__all__ = ['RandomShiftHook']

@@ -1,0 +1,13 @@
+"""The one place where visattn_mm registers into the OpenMMLab registries.
+
+Classes go into mmengine's root registries: mmdet's and mmseg's registries are
+children of those and fall back to their parent, so one registration serves
+configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
+"""
+from mmengine.registry import HOOKS, MODELS
+
+from .engine import RandomShiftHook
+from .models import ViL
+
+MODELS.register_module(module=ViL)
+HOOKS.register_module(module=RandomShiftHook)
