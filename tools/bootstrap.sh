@@ -16,7 +16,7 @@ MMCV_VERSION=2.1.0
 WHEEL_DIR="${VISATTN_WHEEL_CACHE:-$HOME/.cache/visattn_mm/wheels}/torch-$TORCH_VERSION"
 STAMP="$VENV/.visattn_stack"
 
-want="$(cat "$ROOT/tools/bootstrap.sh" "$ROOT/requirements/stack.txt" "$ROOT/setup.cfg" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$ROOT/tools/bootstrap.sh" "$ROOT/requirements/stack.txt" "$ROOT/setup.cfg" "$ROOT/setup.py" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi

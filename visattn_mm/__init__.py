@@ -3,8 +3,11 @@
 Importing the package registers the backbones and hooks (see :mod:`visattn_mm.registry`).
 """
 from . import registry  # noqa: F401  (registration side effect)
+from .compat import allow_mmengine_checkpoints
 from .engine import RandomShiftHook
 from .models import ViL, ViLClassifier
+
+allow_mmengine_checkpoints()  # resume works under torch's weights_only default
 
 __version__ = '0.1.0'
 __all__ = ['ViL', 'ViLClassifier', 'RandomShiftHook']

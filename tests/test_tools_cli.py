@@ -1,0 +1,371 @@
+"""End-to-end tests of tools/train.py, tools/test.py and tools/dist_train.sh.
+
+Every run is a real subprocess with this interpreter, on tiny configs written
+here (a Mask R-CNN and a UperNet on a ResNet-18 with 16 base channels) and
+the toy datasets from tools/make_toy_data.py, so nothing depends on the
+plugin's own backbones. Also covers visattn_mm.compat through a real resume.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / 'tools'
+sys.path.insert(0, str(TOOLS))
+import make_toy_data as toy  # noqa: E402
+
+DET_CONFIG = '''
+_base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+          'mmdet::_base_/default_runtime.py']
+data_root = '{data_root}/'
+classes = {classes!r}
+model = dict(
+    backbone=dict(depth=18, base_channels=16, frozen_stages=-1, norm_eval=False,
+                  init_cfg=None),
+    neck=dict(in_channels=[16, 32, 64, 128], out_channels=32),
+    rpn_head=dict(in_channels=32, feat_channels=32),
+    roi_head=dict(
+        bbox_roi_extractor=dict(out_channels=32),
+        bbox_head=dict(in_channels=32, fc_out_channels=64, num_classes=3),
+        mask_roi_extractor=dict(out_channels=32),
+        mask_head=dict(num_convs=1, in_channels=32, conv_out_channels=32,
+                       num_classes=3)),
+    train_cfg=dict(rpn_proposal=dict(nms_pre=200, max_per_img=100),
+                   rcnn=dict(sampler=dict(num=64))),
+    # score_thr=0 keeps detections from an untrained model, so COCO metrics exist.
+    test_cfg=dict(rpn=dict(nms_pre=200, max_per_img=100),
+                  rcnn=dict(score_thr=0.0, max_per_img=20)))
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='Resize', scale=(160, 128), keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(160, 128), keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+]
+train_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    dataset=dict(type='CocoDataset', data_root=data_root, metainfo=dict(classes=classes),
+                 ann_file='annotations/instances_train.json',
+                 data_prefix=dict(img='train/'), pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False, drop_last=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='CocoDataset', data_root=data_root, metainfo=dict(classes=classes),
+                 ann_file='annotations/instances_val.json',
+                 data_prefix=dict(img='val/'), test_mode=True, pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='CocoMetric', ann_file=data_root + 'annotations/instances_val.json',
+                     metric=['bbox', 'segm'])
+test_evaluator = val_evaluator
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=4, val_interval=4)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+optim_wrapper = dict(type='OptimWrapper', clip_grad=dict(max_norm=10.),
+                     optimizer=dict(type='SGD', lr=0.005, momentum=0.9, weight_decay=1e-4))
+param_scheduler = []
+default_hooks = dict(logger=dict(type='LoggerHook', interval=1),
+                     checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False))
+log_processor = dict(by_epoch=False)
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+auto_scale_lr = dict(enable=False, base_batch_size=2)
+randomness = dict(seed=0)
+'''
+
+SEG_CONFIG = '''
+_base_ = ['mmseg::_base_/default_runtime.py']
+data_root = '{data_root}'
+norm_cfg = dict(type='BN', requires_grad=True)
+model = dict(
+    type='EncoderDecoder',
+    data_preprocessor=dict(type='SegDataPreProcessor', mean=[123.675, 116.28, 103.53],
+                           std=[58.395, 57.12, 57.375], bgr_to_rgb=True, pad_val=0,
+                           seg_pad_val=255, size=(128, 128)),
+    backbone=dict(type='ResNetV1c', depth=18, stem_channels=16, base_channels=16,
+                  out_indices=(0, 1, 2, 3), norm_cfg=norm_cfg, norm_eval=False),
+    decode_head=dict(type='UPerHead', in_channels=[16, 32, 64, 128], in_index=[0, 1, 2, 3],
+                     pool_scales=(1, 2, 3, 6), channels=32, dropout_ratio=0.1,
+                     num_classes={num_classes}, norm_cfg=norm_cfg, align_corners=False,
+                     loss_decode=dict(type='CrossEntropyLoss', loss_weight=1.0)),
+    train_cfg=dict(),
+    test_cfg=dict(mode='whole'))
+metainfo = dict(classes={classes!r})
+dataset = dict(type='BaseSegDataset', data_root=data_root, metainfo=metainfo,
+               img_suffix='.jpg', seg_map_suffix='.png', reduce_zero_label=True)
+train_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    sampler=dict(type='InfiniteSampler', shuffle=True),
+    dataset=dict(**dataset, data_prefix=dict(img_path='images/training',
+                                              seg_map_path='annotations/training'),
+                 pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
+                           dict(type='RandomFlip', prob=0.5), dict(type='PackSegInputs')]))
+val_dataloader = dict(
+    batch_size=1, num_workers=0, persistent_workers=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(**dataset, data_prefix=dict(img_path='images/validation',
+                                              seg_map_path='annotations/validation'),
+                 pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
+                           dict(type='PackSegInputs')]))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
+test_evaluator = val_evaluator
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=4, val_interval=4)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+optim_wrapper = dict(type='OptimWrapper',
+                     optimizer=dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=5e-4))
+param_scheduler = []
+default_hooks = dict(
+    timer=dict(type='IterTimerHook'),
+    logger=dict(type='LoggerHook', interval=1, log_metric_by_epoch=False),
+    param_scheduler=dict(type='ParamSchedulerHook'),
+    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4),
+    sampler_seed=dict(type='DistSamplerSeedHook'),
+    visualization=dict(type='SegVisualizationHook'))
+log_processor = dict(by_epoch=False)
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+randomness = dict(seed=0)
+'''
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+def _run(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None):
+    """Run a command; fail the test with its output if it exits non-zero."""
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        pytest.fail(f'{args} exited {proc.returncode}\n--- stdout\n'
+                    f'{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}')
+    return proc
+
+
+def _tool(name: str, *args) -> list[str]:
+    return [sys.executable, str(TOOLS / name), *map(str, args)]
+
+
+def _log_text(work_dir: Path) -> str:
+    """Concatenated text of all run logs under work_dir (one per timestamp)."""
+    return '\n'.join(p.read_text() for p in sorted(work_dir.glob('*/*.log')))
+
+
+def _test_metrics(work_dir: Path) -> dict:
+    """The metrics json LoggerHook writes after a test run."""
+    (path,) = [p for p in work_dir.glob('*/*.json') if p.parent.name == p.stem]
+    return json.loads(path.read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _load_tool(name: str):
+    """Import tools/<name>.py under a private module name."""
+    spec = importlib.util.spec_from_file_location(f'_visattn_tool_{name}',
+                                                  TOOLS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def workspace(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp('cli')
+
+
+@pytest.fixture(scope='module')
+def det_config(workspace) -> Path:
+    data = toy.make_coco_instances(workspace / 'toy_coco', num_train=8, num_val=4)
+    path = workspace / 'tiny_mask_rcnn.py'
+    path.write_text(DET_CONFIG.format(data_root=data, classes=toy.COCO_CLASSES))
+    return path
+
+
+@pytest.fixture(scope='module')
+def seg_config(workspace) -> Path:
+    data = toy.make_ade20k_layout(workspace / 'toy_ade', num_train=8, num_val=3)
+    path = workspace / 'tiny_upernet.py'
+    path.write_text(SEG_CONFIG.format(data_root=data, classes=toy.ADE_CLASSES,
+                                      num_classes=len(toy.ADE_CLASSES)))
+    return path
+
+
+@pytest.fixture(scope='module')
+def det_trained(workspace, det_config) -> Path:
+    """Train the detector for 4 iterations; returns its work dir."""
+    work_dir = workspace / 'det'
+    _run(_tool('train.py', det_config, '--work-dir', work_dir), cwd=workspace)
+    return work_dir
+
+
+# --------------------------------------------------------------------------
+# Detection: train, resume, test
+# --------------------------------------------------------------------------
+def test_det_train_writes_checkpoints_and_validates(det_trained):
+    assert (det_trained / 'iter_2.pth').is_file()
+    assert (det_trained / 'iter_4.pth').is_file()
+    assert (det_trained / 'last_checkpoint').read_text().strip().endswith('iter_4.pth')
+    log = _log_text(det_trained)
+    assert 'coco/bbox_mAP' in log and 'coco/segm_mAP' in log
+
+
+def test_mmengine_checkpoint_needs_compat_and_loads_with_it(det_trained):
+    ckpt = det_trained / 'iter_4.pth'
+    # Plain torch refuses the file: this is why compat exists.
+    probe = subprocess.run(
+        [sys.executable, '-c', f'import torch; torch.load({str(ckpt)!r})'],
+        capture_output=True, text=True, timeout=120)
+    assert probe.returncode != 0 and 'Weights only load failed' in probe.stderr
+
+    from visattn_mm.compat import allow_mmengine_checkpoints
+    assert allow_mmengine_checkpoints()
+    count = len(torch.serialization.get_safe_globals())
+    assert allow_mmengine_checkpoints()  # idempotent: nothing added twice
+    assert len(torch.serialization.get_safe_globals()) == count
+    loaded = torch.load(ckpt, weights_only=True, map_location='cpu')
+    assert loaded['meta']['iter'] == 4
+    assert 'message_hub' in loaded and 'optimizer' in loaded
+
+
+def test_det_resume_continues_from_checkpoint(det_trained, det_config, workspace):
+    _run(_tool('train.py', det_config, '--work-dir', det_trained,
+               '--resume', det_trained / 'iter_4.pth',
+               '--cfg-options', 'train_cfg.max_iters=6', 'train_cfg.val_interval=100'),
+         cwd=workspace)
+    log = _log_text(det_trained)
+    assert 'resumed epoch: 0, iter: 4' in log
+    assert 'Iter(train) [5/6]' in log and 'Iter(train) [1/6]' not in log
+    from visattn_mm.compat import allow_mmengine_checkpoints
+    allow_mmengine_checkpoints()
+    ckpt = torch.load(det_trained / 'iter_6.pth', weights_only=True, map_location='cpu')
+    assert ckpt['meta']['iter'] == 6
+
+
+def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, workspace):
+    work_dir = workspace / 'det_test'
+    show_dir = workspace / 'det_vis'
+    out = workspace / 'det_preds.pkl'
+    _run(_tool('test.py', det_config, det_trained / 'iter_4.pth', '--work-dir', work_dir,
+               '--show-dir', show_dir, '--out', out), cwd=workspace)
+    metrics = _test_metrics(work_dir)
+    for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP'):
+        assert isinstance(metrics[key], float), key
+    assert len(list(show_dir.glob('*.png'))) == 4  # one painted image per val image
+    assert out.is_file() and out.stat().st_size > 0
+
+
+def test_dist_train_two_cpu_processes(det_config, workspace):
+    work_dir = workspace / 'det_dist'
+    _run(['bash', str(TOOLS / 'dist_train.sh'), det_config, '2', '--work-dir', work_dir,
+          '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=2'],
+         cwd=workspace, env=dict(PYTHON=sys.executable, PORT=str(_free_port())))
+    assert (work_dir / 'iter_2.pth').is_file()
+    log = _log_text(work_dir)
+    assert 'Distributed training: True' in log
+    assert 'Iter(train) [2/2]' in log and 'coco/bbox_mAP' in log
+
+
+# --------------------------------------------------------------------------
+# Segmentation: train, test
+# --------------------------------------------------------------------------
+def test_seg_train_and_test(seg_config, workspace):
+    work_dir = workspace / 'seg'
+    _run(_tool('train.py', seg_config, '--work-dir', work_dir), cwd=workspace)
+    ckpt = work_dir / 'iter_4.pth'
+    assert ckpt.is_file()
+    assert 'mIoU' in _log_text(work_dir)
+
+    test_dir, show_dir, out = (workspace / n for n in ('seg_test', 'seg_vis', 'seg_out'))
+    _run(_tool('test.py', seg_config, ckpt, '--work-dir', test_dir, '--show-dir', show_dir,
+               '--out', out), cwd=workspace)
+    metrics = _test_metrics(test_dir)
+    for key in ('aAcc', 'mIoU', 'mAcc'):
+        assert isinstance(metrics[key], float), key
+    assert len(list((show_dir / 'vis_data' / 'vis_image').glob('*.png'))) == 3
+    assert len(list(out.glob('*.png'))) == 3
+
+
+# --------------------------------------------------------------------------
+# Option handling, in-process (no training)
+# --------------------------------------------------------------------------
+@pytest.fixture(scope='module')
+def train_tool():
+    return _load_tool('train')
+
+
+@pytest.fixture(scope='module')
+def test_tool():
+    return _load_tool('test')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU-only refusal')
+def test_amp_on_cpu_refuses_clearly(train_tool):
+    cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='SGD'))))
+    with pytest.raises(SystemExit, match='--amp needs a GPU'):
+        train_tool.apply_amp(cfg)
+
+
+def test_resume_and_work_dir_options(train_tool):
+    common = sys.modules['_cli_common']
+    cfg = Config(dict(resume=False, load_from='pretrained.pth'))
+    train_tool.apply_resume(cfg, None)
+    assert cfg.resume is False and cfg.load_from == 'pretrained.pth'
+    train_tool.apply_resume(cfg, 'auto')
+    assert cfg.resume is True and cfg.load_from is None
+    train_tool.apply_resume(cfg, 'x/iter_4.pth')
+    assert cfg.resume is True and cfg.load_from == 'x/iter_4.pth'
+
+    common.set_work_dir(cfg, None, 'configs/some/vil_s_mask-rcnn.py')
+    assert cfg.work_dir == os.path.join('./work_dirs', 'vil_s_mask-rcnn')
+    common.set_work_dir(cfg, 'elsewhere', 'configs/x.py')
+    assert cfg.work_dir == 'elsewhere'
+
+    with pytest.raises(SystemExit, match='auto_scale_lr'):
+        train_tool.apply_auto_scale_lr(Config(dict()))
+    cfg = Config(dict(auto_scale_lr=dict(enable=False, base_batch_size=16)))
+    train_tool.apply_auto_scale_lr(cfg)
+    assert cfg.auto_scale_lr.enable is True
+
+
+def test_unknown_scope_is_rejected(train_tool):
+    common = sys.modules['_cli_common']
+    with pytest.raises(SystemExit, match='default_scope'):
+        common.register_scope_modules(Config(dict(default_scope='mmpretrain')))
+
+
+def test_show_dir_follows_each_library(test_tool):
+    args = Namespace(show=False, show_dir='vis', wait_time=2)
+    det = Config(dict(default_hooks=dict(visualization=dict(type='DetVisualizationHook'))))
+    test_tool.apply_visualization(det, 'mmdet', args)
+    assert det.default_hooks.visualization == dict(
+        type='DetVisualizationHook', draw=True, test_out_dir='vis')
+    seg = Config(dict(default_hooks=dict(visualization=dict(type='SegVisualizationHook')),
+                      visualizer=dict(type='SegLocalVisualizer')))
+    test_tool.apply_visualization(seg, 'mmseg', Namespace(show=True, show_dir='vis',
+                                                          wait_time=1))
+    assert seg.default_hooks.visualization == dict(
+        type='SegVisualizationHook', draw=True, show=True, wait_time=1)
+    assert seg.visualizer.save_dir == 'vis'
+    with pytest.raises(SystemExit, match='visualization'):
+        test_tool.apply_visualization(Config(dict(default_hooks=dict())), 'mmdet', args)

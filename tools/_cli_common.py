@@ -1,0 +1,151 @@
+"""Shared plumbing for ``tools/train.py`` and ``tools/test.py``.
+
+Both tools accept mmdet (``default_scope='mmdet'``) and mmseg
+(``default_scope='mmseg'``) configs; the helpers here pick the library from
+the config, register its modules and apply the library-specific conventions.
+"""
+from __future__ import annotations
+
+import os
+import os.path as osp
+import sys
+
+# Running ``python tools/x.py`` from a plain checkout (no pip install -e) must
+# still import the plugin, as mmdet's scripts do through PYTHONPATH.
+_REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(1, _REPO_ROOT)
+
+from mmengine.config import Config  # noqa: E402
+
+SUPPORTED_SCOPES = ('mmdet', 'mmseg')
+
+
+def import_plugin() -> None:
+    """Import visattn_mm and make mmengine checkpoints loadable.
+
+    Done before the config is read so that config-dependent registrations
+    exist; ``allow_mmengine_checkpoints`` is idempotent, so calling it here
+    as well as from the package costs nothing.
+    """
+    import visattn_mm  # noqa: F401
+    from visattn_mm.compat import allow_mmengine_checkpoints
+    allow_mmengine_checkpoints()
+
+
+def load_config(path: str, cfg_options: dict | None, launcher: str) -> Config:
+    """Read a config file and apply ``--cfg-options`` and ``--launcher``."""
+    cfg = Config.fromfile(path)
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+def register_scope_modules(cfg: Config) -> str:
+    """Register the modules of the library named by ``cfg.default_scope``.
+
+    Returns:
+        The scope, ``'mmdet'`` or ``'mmseg'``.
+
+    Raises:
+        SystemExit: If the config names no supported scope.
+    """
+    scope = cfg.get('default_scope')
+    if scope == 'mmdet':
+        from mmdet.utils import register_all_modules
+    elif scope == 'mmseg':
+        from mmseg.utils import register_all_modules
+    else:
+        raise SystemExit(
+            f"config sets default_scope={scope!r}; these tools need 'mmdet' or "
+            "'mmseg' (inherit the library's _base_/default_runtime.py).")
+    # The Runner sets the default scope itself from cfg.default_scope.
+    register_all_modules(init_default_scope=False)
+    return scope
+
+
+def set_work_dir(cfg: Config, cli_work_dir: str | None, config_path: str) -> None:
+    """Work dir priority: ``--work-dir`` > ``cfg.work_dir`` > work_dirs/<stem>."""
+    if cli_work_dir is not None:
+        cfg.work_dir = cli_work_dir
+    elif cfg.get('work_dir') is None:
+        stem = osp.splitext(osp.basename(config_path))[0]
+        cfg.work_dir = osp.join('./work_dirs', stem)
+
+
+def has_accelerator() -> bool:
+    """True if mmengine would place the model on a non-CPU device."""
+    from mmengine.device import get_device
+    return get_device() != 'cpu'
+
+
+def prepare_cpu_distributed(cfg: Config) -> None:
+    """Make a distributed launch work on a machine without an accelerator.
+
+    mmengine 0.10.7's ``init_dist`` always calls ``torch.cuda.set_device``
+    (fatal without a GPU) and the Runner passes ``device_ids=[LOCAL_RANK]``
+    to DDP (rejected for CPU modules). So, on CPU only, this switches the
+    backend to gloo, initialises the process group here (the Runner then
+    skips its own ``init_dist``), and builds DDP with ``device_ids=None``.
+    """
+    if cfg.launcher == 'none' or has_accelerator():
+        return
+    if cfg.launcher != 'pytorch':
+        raise SystemExit(
+            f'--launcher {cfg.launcher} without a GPU is not supported; use '
+            '--launcher pytorch (tools/dist_train.sh) for CPU runs.')
+    import datetime
+
+    import torch.distributed as dist
+
+    if cfg.get('env_cfg') is None:
+        cfg.env_cfg = dict()
+    env_cfg = cfg.env_cfg
+    dist_cfg = dict(env_cfg.get('dist_cfg') or {})
+    if dist_cfg.get('backend', 'nccl') != 'gloo':
+        print(f"[visattn_mm] no GPU: using backend 'gloo' instead of "
+              f"{dist_cfg.get('backend', 'nccl')!r}", file=sys.stderr)
+    dist_cfg['backend'] = 'gloo'
+    env_cfg['dist_cfg'] = dist_cfg
+    if not dist.is_initialized():
+        kwargs = {k: v for k, v in dist_cfg.items() if k != 'backend'}
+        if 'timeout' in kwargs:  # seconds in configs, timedelta for torch
+            kwargs['timeout'] = datetime.timedelta(seconds=kwargs['timeout'])
+        dist.init_process_group(backend='gloo', **kwargs)
+
+    wrapper = cfg.get('model_wrapper_cfg')
+    if wrapper is None:
+        # Same defaults as the Runner's built-in DDP wrapper, minus device_ids.
+        cfg.model_wrapper_cfg = dict(
+            type='MMDistributedDataParallel',
+            broadcast_buffers=False,
+            find_unused_parameters=cfg.get('find_unused_parameters', False),
+            device_ids=None)
+    elif _is_ddp_type(wrapper.get('type', 'MMDistributedDataParallel')):
+        # Explicit config values win over the Runner's default_args.
+        wrapper.setdefault('device_ids', None)
+
+
+def _is_ddp_type(wrapper_type) -> bool:
+    """Whether the Runner would pass ``device_ids`` to this model wrapper."""
+    from mmengine.registry import MODEL_WRAPPERS
+    from torch.nn.parallel import DistributedDataParallel
+    if isinstance(wrapper_type, str):
+        wrapper_type = MODEL_WRAPPERS.get(wrapper_type)
+    return isinstance(wrapper_type, type) and issubclass(
+        wrapper_type, DistributedDataParallel)
+
+
+def build_runner(cfg: Config):
+    """Build the default Runner, or ``cfg.runner_type`` from the registry."""
+    if 'runner_type' in cfg:
+        from mmengine.registry import RUNNERS
+        return RUNNERS.build(cfg)
+    from mmengine.runner import Runner
+    return Runner.from_cfg(cfg)
+
+
+def set_local_rank_env(local_rank: int) -> None:
+    """Export ``--local-rank`` for launchers that pass it as an argument."""
+    os.environ.setdefault('LOCAL_RANK', str(local_rank))

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: generate the toy COCO dataset, train Mask R-CNN ViL-T on
+# it, evaluate (bbox + segm AP) and draw predictions. Sets up .venv/ on first use.
+# Extra arguments go to tools/run_demo.py (e.g. --work-dir, --max-iters).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/tools/bootstrap.sh"
+cd "$ROOT"
+exec .venv/bin/python tools/run_demo.py "$@"

@@ -1,0 +1,129 @@
+"""Evaluate a checkpoint with an mmdet or mmseg config.
+
+Usage::
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR]
+        [--show] [--show-dir DIR] [--wait-time S] [--tta]
+        [--cfg-options k=v ...] [--launcher pytorch]
+
+The library is chosen by the config's ``default_scope``. Library conventions
+are kept:
+
+* ``--out``: mmdet dumps predictions to a ``.pkl`` file; mmseg writes
+  prediction PNGs into a directory (``test_evaluator.output_dir``).
+* ``--show-dir``: mmdet saves painted images to
+  ``work_dir/<timestamp>/<show-dir>`` (an absolute path is used as is); mmseg
+  makes it the visualizer's ``save_dir`` (images in ``<show-dir>/vis_data/vis_image``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+
+import _cli_common as common
+from mmengine.config import Config, ConfigDict, DictAction
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Test a visattn_mm model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='directory for logs and metric json')
+    parser.add_argument('--out', help='mmdet: .pkl file for the raw predictions; '
+                        'mmseg: directory for prediction PNGs')
+    parser.add_argument('--show', action='store_true', help='display predictions')
+    parser.add_argument('--show-dir', help='save painted predictions here')
+    parser.add_argument('--wait-time', type=float, default=2,
+                        help='seconds each --show window stays open')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config entries, key=value (key="[a,b]" for lists)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--tta', action='store_true', help='test-time augmentation')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    common.set_local_rank_env(args.local_rank)
+    return args
+
+
+def apply_visualization(cfg: Config, scope: str, args: argparse.Namespace) -> None:
+    """Turn on the ``visualization`` hook the way each library's test.py does."""
+    hook = cfg.get('default_hooks', {}).get('visualization')
+    if hook is None:
+        raise SystemExit('--show/--show-dir need default_hooks.visualization '
+                         '(DetVisualizationHook or SegVisualizationHook) in the config')
+    hook['draw'] = True
+    if args.show:
+        hook['show'] = True
+        hook['wait_time'] = args.wait_time
+    if args.show_dir:
+        if scope == 'mmdet':
+            hook['test_out_dir'] = args.show_dir
+        else:
+            cfg.visualizer['save_dir'] = args.show_dir
+
+
+def _default_det_tta_pipeline(cfg: Config) -> list:
+    """Test pipeline with its packing step replaced by flip / no-flip TTA."""
+    dataset = cfg.test_dataloader.dataset
+    while 'dataset' in dataset:  # unwrap dataset wrappers
+        dataset = dataset['dataset']
+    pipeline = copy.deepcopy(dataset.pipeline)
+    pipeline[-1] = dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+            [dict(type='PackDetInputs',
+                  meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                             'scale_factor', 'flip', 'flip_direction'))],
+        ])
+    return pipeline
+
+
+def apply_tta(cfg: Config, scope: str) -> None:
+    """Wrap the model in the config's tta_model and use tta_pipeline.
+
+    mmdet gets the same defaults as its own test.py (DetTTAModel, flip TTA);
+    mmseg configs must define both (mmseg's bases do).
+    """
+    if scope == 'mmdet':
+        if 'tta_model' not in cfg:
+            cfg.tta_model = dict(type='DetTTAModel', tta_cfg=dict(
+                nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+        if 'tta_pipeline' not in cfg:
+            cfg.tta_pipeline = _default_det_tta_pipeline(cfg)
+    missing = [k for k in ('tta_model', 'tta_pipeline') if k not in cfg]
+    if missing:
+        raise SystemExit(f'--tta needs {" and ".join(missing)} in the config')
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    common.import_plugin()
+    cfg = common.load_config(args.config, args.cfg_options, args.launcher)
+    scope = common.register_scope_modules(cfg)
+    common.set_work_dir(cfg, args.work_dir, args.config)
+    cfg.load_from = args.checkpoint
+    if args.show or args.show_dir:
+        apply_visualization(cfg, scope, args)
+    if args.tta:
+        apply_tta(cfg, scope)
+    if args.out is not None and scope == 'mmdet' and not args.out.endswith(
+            ('.pkl', '.pickle')):
+        raise SystemExit('--out for detection configs must end in .pkl or .pickle')
+    if args.out is not None and scope == 'mmseg':
+        cfg.test_evaluator['output_dir'] = args.out
+        cfg.test_evaluator['keep_results'] = True
+    common.prepare_cpu_distributed(cfg)
+    runner = common.build_runner(cfg)
+    if args.out is not None and scope == 'mmdet':
+        from mmdet.evaluation import DumpDetResults
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()
