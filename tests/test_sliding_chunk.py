@@ -6,7 +6,7 @@ import torch
 
 from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
 from visattn_mm.ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
-from visattn_mm.ops.sliding_chunk import key_plan, sliding_chunk_attention
+from visattn_mm.ops.sliding_chunk import key_mask, sliding_chunk_attention
 
 HEADS, DIM = 2, 4
 
@@ -78,7 +78,7 @@ def test_gradients_match_reference():
 def test_hidden_keys_are_exactly_the_padding():
     height, width, window = 5, 4, 3
     for masking_mode in (0, -1):
-        _, hidden = key_plan(height, width, window, masking_mode, 0, torch.device('cpu'))
+        hidden = key_mask(height, width, window, masking_mode, 0, torch.device('cpu'))
         # Key chunk 0's own block for query chunk 0: rows 0-2, cols 0-2 all inside the image.
         own = hidden[0].reshape(9, 3, 3)[4]
         assert not own.any()
@@ -92,7 +92,7 @@ def test_hidden_keys_are_exactly_the_padding():
 def test_official_cyclic_mask_quirk_is_fixed():
     """The official cyclic mask forgets padded keys reached through the wrap; ours hides them."""
     height, width, window = 10, 9, 3   # 4 chunk rows, the last with 2 padded rows
-    _, hidden = key_plan(height, width, window, -1, 0, torch.device('cpu'))
+    hidden = key_mask(height, width, window, -1, 0, torch.device('cpu'))
     # Query chunk (0, 0), neighbour (-1, 0) wraps to chunk row 3 (image rows 9-11): rows 10, 11 padded.
     block = hidden[0].reshape(9, 3, 3)[1]
     assert torch.equal(block.any(dim=1), torch.tensor([False, True, True]))
@@ -117,17 +117,17 @@ def test_rpb_index_formula():
 
 
 def test_masks_are_cached_per_shape():
-    key_plan.cache_clear()
-    key_plan(20, 30, 7, 0, 0, torch.device('cpu'))
-    key_plan(20, 30, 7, 0, 0, torch.device('cpu'))
-    info = key_plan.cache_info()
+    key_mask.cache_clear()
+    key_mask(20, 30, 7, 0, 0, torch.device('cpu'))
+    key_mask(20, 30, 7, 0, 0, torch.device('cpu'))
+    info = key_mask.cache_info()
     assert info.hits == 1 and info.misses == 1
 
 
 def test_invalid_modes_raise_clear_errors():
     with pytest.raises(ValueError, match='masking_mode'):
-        key_plan(8, 8, 3, 2, 0, torch.device('cpu'))
+        key_mask(8, 8, 3, 2, 0, torch.device('cpu'))
     with pytest.raises(ValueError, match='shift_mode'):
-        key_plan(8, 8, 3, 0, 9, torch.device('cpu'))
+        key_mask(8, 8, 3, 0, 9, torch.device('cpu'))
     with pytest.raises(ValueError, match='exact'):
-        key_plan(8, 8, 3, 1, 4, torch.device('cpu'))
+        key_mask(8, 8, 3, 1, 4, torch.device('cpu'))

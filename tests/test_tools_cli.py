@@ -275,14 +275,19 @@ def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, worksp
     assert out.is_file() and out.stat().st_size > 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='exercises the CPU-only (gloo) path')
 def test_dist_train_two_cpu_processes(det_config, workspace):
     work_dir = workspace / 'det_dist'
-    _run(['bash', str(TOOLS / 'dist_train.sh'), det_config, '2', '--work-dir', work_dir,
-          '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=2'],
-         cwd=workspace, env=dict(PYTHON=sys.executable, PORT=str(_free_port())))
+    # nccl, as mmdet's default_runtime sets it: the tool must switch to gloo.
+    proc = _run(['bash', str(TOOLS / 'dist_train.sh'), det_config, '2',
+                 '--work-dir', work_dir,
+                 '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
+                 'env_cfg.dist_cfg.backend=nccl'],
+                cwd=workspace, env=dict(PYTHON=sys.executable, PORT=str(_free_port())))
+    assert "using backend 'gloo' instead of 'nccl'" in proc.stderr
     assert (work_dir / 'iter_2.pth').is_file()
     log = _log_text(work_dir)
-    assert 'Distributed training: True' in log
+    assert 'Distributed training: True' in log and 'GPU number: 2' in log
     assert 'Iter(train) [2/2]' in log and 'coco/bbox_mAP' in log
 
 
@@ -297,8 +302,10 @@ def test_seg_train_and_test(seg_config, workspace):
     assert 'mIoU' in _log_text(work_dir)
 
     test_dir, show_dir, out = (workspace / n for n in ('seg_test', 'seg_vis', 'seg_out'))
+    # SegVisualizationHook draws every `interval`-th image (default 50).
     _run(_tool('test.py', seg_config, ckpt, '--work-dir', test_dir, '--show-dir', show_dir,
-               '--out', out), cwd=workspace)
+               '--out', out, '--cfg-options', 'default_hooks.visualization.interval=1'),
+         cwd=workspace)
     metrics = _test_metrics(test_dir)
     for key in ('aAcc', 'mIoU', 'mAcc'):
         assert isinstance(metrics[key], float), key

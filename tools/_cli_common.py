@@ -103,7 +103,7 @@ def prepare_cpu_distributed(cfg: Config) -> None:
         cfg.env_cfg = dict()
     env_cfg = cfg.env_cfg
     dist_cfg = dict(env_cfg.get('dist_cfg') or {})
-    if dist_cfg.get('backend', 'nccl') != 'gloo':
+    if dist_cfg.get('backend', 'nccl') != 'gloo' and os.environ.get('RANK', '0') == '0':
         print(f"[visattn_mm] no GPU: using backend 'gloo' instead of "
               f"{dist_cfg.get('backend', 'nccl')!r}", file=sys.stderr)
     dist_cfg['backend'] = 'gloo'

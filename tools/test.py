@@ -13,7 +13,9 @@ are kept:
   prediction PNGs into a directory (``test_evaluator.output_dir``).
 * ``--show-dir``: mmdet saves painted images to
   ``work_dir/<timestamp>/<show-dir>`` (an absolute path is used as is); mmseg
-  makes it the visualizer's ``save_dir`` (images in ``<show-dir>/vis_data/vis_image``).
+  makes it the visualizer's ``save_dir`` (images in ``<show-dir>/vis_data/vis_image``;
+  like mmseg's own tool, only every ``default_hooks.visualization.interval``-th
+  image is drawn, 50 by default).
 """
 from __future__ import annotations
 

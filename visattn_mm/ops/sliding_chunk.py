@@ -54,17 +54,16 @@ def check_modes(masking_mode, shift_mode):
 
 
 @functools.lru_cache(maxsize=64)
-def key_plan(height, width, window, masking_mode, shift_mode, device):
-    """Which key chunks each query chunk gathers, and which of those keys are hidden.
+def key_mask(height, width, window, masking_mode, shift_mode, device):
+    """Which gathered keys are hidden from which queries (True = hidden).
 
-    Cached per shape and device: built once, vectorised, then reused.
+    Keys are the shift mode's neighbour chunks of each query chunk, wrapped around
+    the ``R x C`` chunk grid (see :func:`gather_neighbour_chunks`). Cached per shape
+    and device: built once, vectorised, then reused.
 
     Returns:
-        tuple: ``gather_index`` (LongTensor ``(R*C*nb,)``): for each query chunk
-        (row-major over the ``R x C`` chunk grid) the flat index of each of its
-        ``nb`` key chunks (wrapped around the grid); ``key_mask`` (BoolTensor, True =
-        hidden): ``(R*C, nb*w*w)`` for masking modes 0/-1, ``(R*C, w*w, nb*w*w)``
-        for mode 1.
+        BoolTensor: ``(R*C, nb*w*w)`` for masking modes 0/-1 (the same for every
+        query of a chunk), ``(R*C, w*w, nb*w*w)`` for mode 1.
     """
     check_modes(masking_mode, shift_mode)
     w = window
@@ -77,7 +76,6 @@ def key_plan(height, width, window, masking_mode, shift_mode, device):
     raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
     in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
     wrap_r, wrap_c = raw_r % rows, raw_c % cols
-    gather_index = (wrap_r * cols + wrap_c).reshape(-1)
 
     inner = torch.arange(w)
     # Absolute key coordinates in the padded image: (R, C, nb, w, w).
@@ -97,29 +95,54 @@ def key_plan(height, width, window, masking_mode, shift_mode, device):
         qx = (c[..., None] * w + inner.repeat(w)).reshape(1, cols, -1, 1)
         near = ((qy - key_yu).abs() <= w) & ((qx - key_xu).abs() <= w)
         visible = near & (in_image & in_grid[..., None, None]).reshape(rows, cols, 1, -1)
-        return gather_index.to(device), (~visible).reshape(rows * cols, w * w, -1).to(device)
-    return gather_index.to(device), hidden.reshape(rows * cols, -1).to(device)
+        return (~visible).reshape(rows * cols, w * w, -1).to(device)
+    return hidden.reshape(rows * cols, -1).to(device)
 
 
 def _to_chunks(x, height, width, window):
-    """(B, h, H*W, d) -> (B, h, R*C, w*w, d), zero-padded at the bottom/right."""
+    """(B, h, H*W, d) -> (B, h, R, C, w*w, d), zero-padded at the bottom/right."""
     b, heads, _, d = x.shape
     w = window
     rows, cols = -(-height // w), -(-width // w)
     x = x.reshape(b, heads, height, width, d)
     x = F.pad(x, (0, 0, 0, cols * w - width, 0, rows * w - height))
-    x = x.reshape(b, heads, rows, w, cols, w, d).permute(0, 1, 2, 4, 3, 5, 6)
-    return x.reshape(b, heads, rows * cols, w * w, d)
+    x = x.reshape(b, heads, rows, w, cols, w, d).transpose(3, 4)
+    return x.reshape(b, heads, rows, cols, w * w, d)
 
 
 def _from_chunks(x, height, width, window):
     """Inverse of :func:`_to_chunks`, cropping the padding."""
-    b, heads, _, _, d = x.shape
+    b, heads, rows, cols, _, d = x.shape
     w = window
-    rows, cols = -(-height // w), -(-width // w)
-    x = x.reshape(b, heads, rows, cols, w, w, d).permute(0, 1, 2, 4, 3, 5, 6)
+    x = x.reshape(b, heads, rows, cols, w, w, d).transpose(3, 4)
     x = x.reshape(b, heads, rows * w, cols * w, d)[:, :, :height, :width]
     return x.reshape(b, heads, height * width, d)
+
+
+def gather_neighbour_chunks(chunks, blocks):
+    """Concatenate, for every chunk, the keys of the given neighbour chunks.
+
+    The grid is extended by one chunk on each side with the opposite edge
+    (wrap-around); keys that masking mode 0 must not see there are hidden by
+    :func:`key_mask`. Slicing the extended grid keeps the backward pass a cheap
+    scatter of slices (an index-based gather backpropagates with a serial
+    ``index_add``).
+
+    Args:
+        chunks (Tensor): ``(B, h, R, C, w*w, d)``.
+        blocks (Sequence[int]): Indices into ``NEIGHBOUR_OFFSETS``.
+
+    Returns:
+        Tensor: ``(B, h, R, C, nb*w*w, d)``.
+    """
+    rows, cols = chunks.shape[2:4]
+    grid = torch.cat([chunks[:, :, -1:], chunks, chunks[:, :, :1]], dim=2)
+    grid = torch.cat([grid[:, :, :, -1:], grid, grid[:, :, :, :1]], dim=3)
+    parts = []
+    for b in blocks:
+        dy, dx = NEIGHBOUR_OFFSETS[b]
+        parts.append(grid[:, :, 1 + dy:1 + dy + rows, 1 + dx:1 + dx + cols])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=4)
 
 
 def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
@@ -147,16 +170,15 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         Tensor: ``(B, heads, H*W, d)``.
     """
     w = window
-    gather_index, key_mask = key_plan(height, width, w, masking_mode, shift_mode, q.device)
+    hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
     blocks = neighbour_blocks(shift_mode)
-    num_chunks = key_mask.shape[0]
-
     q_chunks = _to_chunks(q, height, width, w)
-    b, heads, _, _, d = q_chunks.shape
+    b, heads, rows, cols, _, d = q_chunks.shape
+    q_chunks = q_chunks.reshape(b, heads, rows * cols, w * w, d)
 
     def gather(t):
-        t = _to_chunks(t, height, width, w).index_select(2, gather_index)
-        return t.reshape(b, heads, num_chunks, len(blocks) * w * w, d)
+        t = gather_neighbour_chunks(_to_chunks(t, height, width, w), blocks)
+        return t.reshape(b, heads, rows * cols, len(blocks) * w * w, d)
 
     k_near, v_near = gather(k), gather(v)
     logits = q_chunks @ k_near.transpose(-1, -2)        # (B, h, R*C, w*w, nb*w*w)
@@ -164,8 +186,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         if len(blocks) < 9:
             local_bias = local_bias.reshape(heads, w * w, 9, w * w)[:, :, list(blocks)]
         logits = logits + local_bias.reshape(heads, 1, w * w, -1)
-    hidden = key_mask[:, None, :] if key_mask.dim() == 2 else key_mask
-    logits = logits.masked_fill(hidden, float('-inf'))
+    logits = logits.masked_fill(hidden[:, None, :] if hidden.dim() == 2 else hidden, float('-inf'))
 
     num_global = 0 if global_k is None else global_k.shape[2]
     if num_global:
@@ -180,4 +201,5 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     out = attn[..., num_global:] @ v_near
     if num_global:
         out = out + attn[..., :num_global] @ global_v.unsqueeze(2)
+    out = out.reshape(b, heads, rows, cols, w * w, d)
     return _from_chunks(out, height, width, w)
