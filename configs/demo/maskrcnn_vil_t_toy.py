@@ -7,7 +7,7 @@ data_root = 'data/toy_coco/'
 classes = ('circle', 'square', 'triangle')
 metainfo = dict(classes=classes, palette=[(220, 20, 60), (0, 128, 255), (0, 200, 0)])
 image_scale = (160, 128)
-max_iters = 1500
+max_iters = 150
 
 model = dict(
     # Small data from scratch: no stochastic depth; random-shift training (RandomShiftHook below).
@@ -45,7 +45,7 @@ test_evaluator = val_evaluator
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 optim_wrapper = dict(optimizer=dict(lr=4e-4))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(type='MultiStepLR', by_epoch=False, begin=0, end=max_iters,
          milestones=[int(max_iters * 0.75), int(max_iters * 0.9)], gamma=0.1),
 ]
