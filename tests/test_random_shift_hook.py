@@ -39,10 +39,15 @@ class RecordShift(Hook):
     def __init__(self):
         self.states = {}
 
+        self.losses = {}
+
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         layers = [m for m in runner.model.modules() if isinstance(m, SlidingChunkAttention)]
         assert len({m.random_shift for m in layers}) == 1
         self.states[runner.iter] = layers[0].random_shift
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.losses[runner.iter] = float(outputs['loss'])
 
 
 def make_runner(work_dir, record, by_epoch, resume_from=None):
@@ -72,6 +77,19 @@ def test_switch_point_and_resume_on_both_sides(tmp_path, by_epoch):
         resumed = RecordShift()
         make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name.format(resume_at))).train()
         assert resumed.states == {i: i < 4 for i in range(saved, 8)}
+
+
+def test_resume_continues_with_the_same_losses(tmp_path):
+    """Resume (weights, optimizer, data position) after the switch reproduces the losses of
+    an uninterrupted run. (Before the switch the random draws are not part of the checkpoint.)"""
+    torch.manual_seed(0)
+    full = RecordShift()
+    make_runner(tmp_path, full, by_epoch=False).train()
+    resumed = RecordShift()
+    make_runner(tmp_path, resumed, by_epoch=False, resume_from=str(tmp_path / 'iter_4.pth')).train()
+    assert sorted(resumed.losses) == [4, 5, 6, 7]
+    for step in (4, 5, 6, 7):
+        assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-5, abs=1e-7)
 
 
 def test_eval_mode_ignores_random_shift():

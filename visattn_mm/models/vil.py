@@ -11,17 +11,19 @@ Stages may also use full attention with a fixed-size RPB table, which is how the
 official classification models run stages 3-4 at 224x224 (see ``attn_types``).
 """
 import math
+import re
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from timm.layers import DropPath, trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..checkpoint import load_pretrained
 from ..ops.reference import dense_attention
-from ..ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
+from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_table,
+                           sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
 from .layers import Mlp, check_arch, init_transformer_weights, pad_to_multiple
 
@@ -265,20 +267,13 @@ class ViLPatchEmbed(nn.Module):
                 trunc_normal_(p, std=0.02)
         self.pos_drop = nn.Dropout(drop)
 
-    @staticmethod
-    def _resize_1d(table, length):
-        if table.shape[1] == length:
-            return table
-        return F.interpolate(table.transpose(1, 2), size=length, mode='linear',
-                             align_corners=False).transpose(1, 2)
-
     def forward(self, x):
         x = self.proj(pad_to_multiple(x, self.patch_size))
         b, _, h, w = x.shape
         x = self.norm_embed(x.flatten(2).transpose(1, 2))
         if self.use_ape:
-            rows = self._resize_1d(self.x_pos_embed, h)[:, :, None].expand(-1, -1, w, -1)
-            cols = self._resize_1d(self.y_pos_embed, w)[:, None].expand(-1, h, -1, -1)
+            rows = resize_1d_table(self.x_pos_embed, h)[:, :, None].expand(-1, -1, w, -1)
+            cols = resize_1d_table(self.y_pos_embed, w)[:, None].expand(-1, h, -1, -1)
             x = x + torch.cat([rows, cols], dim=-1).flatten(1, 2)
         if self.num_global:
             glob = self.cls_token
@@ -432,6 +427,48 @@ class ViL(BaseModule):
 
         self.apply(init_transformer_weights)
         self._freeze_stages()
+        self._register_load_state_dict_pre_hook(self._adapt_checkpoint_tensors)
+
+    def init_weights(self):
+        """Random init happened in __init__; ``Pretrained`` init_cfg loads through our loader.
+
+        ``init_cfg=dict(type='Pretrained', checkpoint=PATH, allow_partial=False)``
+        reads official ViL/ViL-LS (``net``), mmengine/mmdet/mmseg (``state_dict``,
+        ``backbone.`` keys) and our classification checkpoints, and logs a report.
+        """
+        if self.init_cfg and self.init_cfg.get('type') == 'Pretrained':
+            load_pretrained(self, self.init_cfg['checkpoint'],
+                            allow_partial=self.init_cfg.get('allow_partial', False))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def checkpoint_filter(self, state_dict, target_keys, report):
+        """Official-layout conversion used by :func:`load_pretrained`."""
+        return vil_checkpoint_filter(state_dict, target_keys, report)
+
+    def adaptable_keys(self, state_dict):
+        """Keys of ``state_dict`` whose shape differs from ours but that the pre-hook can adapt."""
+        own = self.state_dict()
+        return {k for k, v in state_dict.items()
+                if k in own and v.shape != own[k].shape
+                and adapt_position_tensor(k.rsplit('.', 1)[-1], v, own[k].shape) is not None}
+
+    def _adapt_checkpoint_tensors(self, state_dict, prefix, *args):
+        """Pre-hook of every load path (init_cfg, load_from, resume, load_state_dict).
+
+        Drops the derived ``relative_position_index`` buffers (official checkpoints
+        carry them) and adapts position tables and global tokens of another size.
+        """
+        own = self.state_dict()
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            local = key[len(prefix):]
+            if local.endswith('relative_position_index'):
+                del state_dict[key]
+            elif local in own and state_dict[key].shape != own[local].shape:
+                adapted = adapt_position_tensor(local.rsplit('.', 1)[-1], state_dict[key], own[local].shape)
+                if adapted is not None:
+                    state_dict[key] = adapted
 
     @staticmethod
     def _per_stage(value, num_stages, name):
@@ -474,6 +511,112 @@ class ViL(BaseModule):
                 norm = getattr(self, f'norm{i}')
                 outs.append(norm(tokens).transpose(1, 2).reshape(x.shape).contiguous())
         return tuple(outs)
+
+
+def adapt_position_tensor(name, value, target_shape):
+    """Fit a checkpoint's position table or global-token tensor to another size.
+
+    * ``local_relative_position_bias_table``: bilinear resize of the square
+      offset grid (e.g. a 13x13 full-attention table of a 7x7 map -> 27x27).
+    * ``x_pos_embed`` / ``y_pos_embed``: linear resize of the 1-D APE tables.
+    * ``cls_token``, ``cls_pos_embed``, ``g2l_*``/``g2g_*`` biases: another number
+      of global tokens; tokens are repeated cyclically or cut.
+
+    Returns:
+        Tensor | None: The adapted tensor, or None if ``value`` cannot fit.
+    """
+    target_shape = tuple(target_shape)
+    if name == 'local_relative_position_bias_table' and value.shape[1:] == target_shape[1:]:
+        try:
+            return resize_rpb_table(value, target_shape[0])
+        except ValueError:
+            return None
+    if name in ('x_pos_embed', 'y_pos_embed') and value.shape[::2] == target_shape[::2]:
+        return resize_1d_table(value, target_shape[1])
+    if name in ('cls_token', 'cls_pos_embed') and value.shape[::2] == target_shape[::2]:
+        return value[:, torch.arange(target_shape[1]) % value.shape[1]]
+    if name == 'g2l_relative_position_bias' and value.shape[:2] == target_shape[:2]:
+        return value[..., torch.arange(target_shape[2]) % value.shape[2]]
+    if name == 'g2g_relative_position_bias' and value.shape[0] == target_shape[0]:
+        idx = torch.arange(target_shape[1]) % value.shape[1]
+        return value[:, idx][:, :, idx]
+    return None
+
+
+_OFFICIAL_KEY = re.compile(r'layer(\d+)\.(\d+)\.(.+)')
+
+
+def vil_checkpoint_filter(state_dict, target_keys, report):
+    """Convert an official ViL / ViL-LS checkpoint (``layerN.M.*`` keys) to our layout.
+
+    Official stages are ``layer1..layer4`` (index 0 = patch embedding, ``2j+1`` =
+    attention block j, ``2j+2`` = MLP block j). Full-attention ``qkv`` is split into
+    ``query`` (first C rows) and ``kv`` where our stage uses sliding-chunk attention;
+    the ``*_global`` copies of shared weights are dropped after checking they equal
+    their originals; index buffers and the classification head are dropped; the
+    final ``norm`` becomes the last stage's output norm when there is one. Other
+    layouts (ours, our classifier's ``backbone.`` keys) pass through unchanged.
+    Position tables of another size are resized later by the load pre-hook.
+    """
+    out = _convert_official_vil(state_dict, target_keys, report) \
+        if 'layer1.0.proj.weight' in state_dict else state_dict
+    for key in target_keys:
+        if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
+            report.fresh[key] = 'output norm; classification checkpoints have only the final one'
+    return out
+
+
+def _convert_official_vil(state_dict, target_keys, report):
+    report.layout = 'vil_official'
+    stages = sorted({int(m.group(1)) for m in map(_OFFICIAL_KEY.match, state_dict) if m})
+    out = {}
+    for key, value in state_dict.items():
+        match = _OFFICIAL_KEY.match(key)
+        if key.startswith('head.'):
+            report.dropped[key] = 'classification head'
+            continue
+        if key.startswith('norm.'):
+            new = f'norm{stages[-1] - 1}.{key[len("norm."):]}'
+            if new in target_keys:
+                out[new] = value
+                report.converted[new] = key
+            else:
+                report.dropped[key] = 'final norm (no output norm on the last stage)'
+            continue
+        if not match:
+            out[key] = value
+            continue
+        stage, index, rest = int(match.group(1)) - 1, int(match.group(2)), match.group(3)
+        if index == 0:
+            new = f'stages.{stage}.patch_embed.{rest}'
+        else:
+            block = f'stages.{stage}.blocks.{(index - 1) // 2}'
+            part = rest.split('.', 1)
+            if part[0] == 'norm':
+                new = f'{block}.{"norm1" if index % 2 else "norm2"}.{part[1]}'
+            else:
+                new = f'{block}.{rest}'
+        if new.endswith('relative_position_index'):
+            report.dropped[key] = 'index buffer (recomputed)'
+            continue
+        shared = re.match(r'(.+\.attn\.)(query|kv|proj)_global\.(weight|bias)$', new)
+        if shared:
+            original = state_dict[key.replace('_global.', '.')] if key.replace('_global.', '.') in state_dict else None
+            if original is not None and not torch.equal(original, value):
+                report.dropped[key] = 'DIFFERS from the shared weight it should copy; ours shares one'
+            else:
+                report.dropped[key] = 'duplicate of a shared weight'
+            continue
+        qkv = re.match(r'(.+\.attn\.)qkv\.(weight|bias)$', new)
+        if qkv and f'{qkv.group(1)}query.{qkv.group(2)}' in target_keys:
+            dim = value.shape[0] // 3
+            for name, part_value in (('query', value[:dim]), ('kv', value[dim:])):
+                converted = f'{qkv.group(1)}{name}.{qkv.group(2)}'
+                out[converted] = part_value
+                report.converted[converted] = f'{key}[{"0:C" if name == "query" else "C:3C"}]'
+            continue
+        out[new] = value  # renamed only: counts as loaded as-is
+    return out
 
 
 def set_random_shift(model, enabled):

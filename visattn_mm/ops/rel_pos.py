@@ -1,8 +1,10 @@
-"""Relative-position-bias (RPB) index formulas shared by the backbones.
+"""Relative-position-bias (RPB) tables shared by the backbones: index formulas and resizing.
 
-Every function returns a LongTensor of row indices into a ``(num_entries, heads)``
+The index functions return a LongTensor of row indices into a ``(num_entries, heads)``
 table; ``table[index]`` then gives the bias of each (query, key) pair.
 """
+import math
+
 import torch
 
 # Neighbour chunks in the order the official ViL code concatenates them
@@ -45,3 +47,43 @@ def full_attention_rpb_index(height, width):
     ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
     ys, xs = ys.reshape(-1), xs.reshape(-1)
     return _offset_index(ys[:, None] - ys[None], xs[:, None] - xs[None], height - 1, width - 1)
+
+
+def resize_rpb_table(table, num_rows):
+    """Bilinearly resize a square RPB table to ``num_rows`` rows.
+
+    A table of ``g*g`` rows indexes a ``g x g`` grid of offsets (row-major); each
+    head's grid is an image that is resized to ``n x n`` with
+    ``align_corners=False`` (as the official ViL converter does), ``n*n = num_rows``.
+
+    Args:
+        table (Tensor): ``(g*g, heads)``.
+        num_rows (int): Rows of the resized table, a perfect square.
+
+    Returns:
+        Tensor: ``(num_rows, heads)``, in the input dtype.
+
+    Raises:
+        ValueError: If either size is not a perfect square: such tables (e.g.
+            Transformer-LS' aliased window table) have no 2-D grid to resize.
+    """
+    old_side, new_side = math.isqrt(table.shape[0]), math.isqrt(num_rows)
+    if old_side ** 2 != table.shape[0] or new_side ** 2 != num_rows:
+        raise ValueError(f'RPB tables can only be resized between square sizes (g*g rows); got '
+                         f'{table.shape[0]} -> {num_rows} rows')
+    if old_side == new_side:
+        return table
+    heads = table.shape[1]
+    grid = table.T.reshape(1, heads, old_side, old_side).float()
+    grid = torch.nn.functional.interpolate(grid, size=(new_side, new_side), mode='bilinear',
+                                           align_corners=False)
+    return grid.reshape(heads, num_rows).T.to(table.dtype).contiguous()
+
+
+def resize_1d_table(table, length):
+    """Linearly resize a ``(1, n, C)`` position table to ``(1, length, C)`` (align_corners=False)."""
+    if table.shape[1] == length:
+        return table
+    resized = torch.nn.functional.interpolate(table.transpose(1, 2).float(), size=length,
+                                              mode='linear', align_corners=False)
+    return resized.transpose(1, 2).to(table.dtype)

@@ -1,0 +1,59 @@
+"""Convert an ImageNet checkpoint (official ViL/ViL-LS, ours, mmengine) for a dense backbone.
+
+    python tools/convert_ckpt.py SRC DST --config configs/maskrcnn_vil_s_1x.py
+    python tools/convert_ckpt.py SRC DST --backbone type=ViL arch=small
+
+The backbone is built from the config's ``model.backbone`` (or the given dict),
+the checkpoint is loaded into it exactly as ``init_cfg=dict(type='Pretrained')``
+would load it, the load report is printed, and the tensors that came from the
+checkpoint (converted and resized for this backbone) are written to DST as a
+plain, weights-only file: ``{'state_dict': ..., 'meta': {...}}``.
+"""
+import argparse
+import logging
+import os.path as osp
+import sys
+
+import torch
+
+sys.path.insert(1, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import visattn_mm  # noqa: E402,F401  (registers the backbones)
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import MODELS  # noqa: E402
+
+from visattn_mm.checkpoint import load_pretrained  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('src', help='checkpoint to convert')
+    parser.add_argument('dst', help='where to write the converted weights')
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument('--config', help='a config whose model.backbone is the target')
+    target.add_argument('--backbone', nargs='+', action=DictAction,
+                        help='the target backbone as key=value pairs, e.g. type=ViL arch=small')
+    parser.add_argument('--allow-partial', action='store_true',
+                        help='write the file even if under 90%% of the backbone was matched')
+    args = parser.parse_args()
+
+    backbone_cfg = dict(Config.fromfile(args.config).model.backbone if args.config else args.backbone)
+    backbone_cfg.pop('init_cfg', None)
+    backbone = MODELS.build(backbone_cfg)
+
+    quiet = logging.getLogger('visattn_mm.convert_ckpt')
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    report = load_pretrained(backbone, args.src, allow_partial=args.allow_partial, logger=quiet)
+    print(report.summary(max_keys=40))
+
+    from_checkpoint = set(report.loaded) | set(report.converted) | set(report.resized)
+    state_dict = {k: v for k, v in backbone.state_dict().items() if k in from_checkpoint}
+    meta = dict(source=osp.abspath(args.src), layout=report.layout, container=report.container,
+                backbone=str(backbone_cfg))
+    torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
+    print(f'wrote {len(state_dict)} tensors to {args.dst}')
+
+
+if __name__ == '__main__':
+    main()

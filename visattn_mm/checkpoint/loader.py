@@ -1,0 +1,132 @@
+"""Load a pretrained checkpoint into a backbone and say exactly what happened.
+
+The path every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` of our
+backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
+``checkpoint_filter`` convert an official layout, drop tensors whose shapes cannot
+fit, ``load_state_dict`` (whose pre-hooks resize position tables, so ``load_from``,
+resume and plain ``load_state_dict`` resize the same way), report, and refuse a
+load that matched too little.
+"""
+from dataclasses import dataclass, field
+
+from mmengine.logging import MMLogger
+
+from .formats import read_checkpoint, unwrap_state_dict
+
+MIN_LOADED_FRACTION = 0.9
+
+
+@dataclass
+class LoadReport:
+    """What a checkpoint load did, tensor by tensor."""
+
+    source: str
+    container: str = ''
+    layout: str = ''
+    loaded: list = field(default_factory=list)        # keys loaded unchanged
+    converted: dict = field(default_factory=dict)     # new key -> how it was made
+    resized: dict = field(default_factory=dict)       # key -> (old shape, new shape)
+    dropped: dict = field(default_factory=dict)       # checkpoint key -> why it was not used
+    mismatched: dict = field(default_factory=dict)    # key -> (checkpoint shape, model shape)
+    fresh: dict = field(default_factory=dict)         # model tensors such checkpoints never have -> why
+    missing: list = field(default_factory=list)       # model tensors the checkpoint did not set
+    unexpected: list = field(default_factory=list)    # checkpoint tensors the model has no place for
+    num_model_params: int = 0
+    num_loaded_params: int = 0
+
+    @property
+    def loaded_fraction(self):
+        return self.num_loaded_params / max(self.num_model_params, 1)
+
+    def summary(self, max_keys=12):
+        def by_reason(entries):
+            reasons = {}
+            for key, reason in entries.items():
+                reasons.setdefault(reason, []).append(key)
+            return '; '.join(f'{reason}: {len(ks)} ({keys(ks)})' for reason, ks in reasons.items())
+
+        def keys(items):
+            items = list(items)
+            shown = ', '.join(map(str, items[:max_keys]))
+            return shown + (f', ... (+{len(items) - max_keys})' if len(items) > max_keys else '')
+
+        lines = [
+            f'checkpoint {self.source}: container {self.container!r}, layout {self.layout!r}',
+            f'  parameter tensors loaded: {self.num_loaded_params}/{self.num_model_params} '
+            f'({100 * self.loaded_fraction:.1f}%)',
+            f'  loaded as-is: {len(self.loaded)}',
+            f'  converted: {len(self.converted)}' + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})'
+                                                   if self.converted else ''),
+            f'  resized: {len(self.resized)}' + (f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
+                                               if self.resized else ''),
+            f'  dropped: {len(self.dropped)}' + (f' [{by_reason(self.dropped)}]' if self.dropped else ''),
+            f'  shape mismatch (not loaded): {len(self.mismatched)}' + (
+                f' ({keys(f"{k} ckpt {tuple(a)} vs model {tuple(b)}" for k, (a, b) in self.mismatched.items())})'
+                if self.mismatched else ''),
+            f'  initialised fresh: {len(self.fresh)}' + (f' [{by_reason(self.fresh)}]' if self.fresh else ''),
+            f'  missing: {len(self.missing)}' + (f' ({keys(self.missing)})' if self.missing else ''),
+            f'  unexpected: {len(self.unexpected)}' + (f' ({keys(self.unexpected)})' if self.unexpected else ''),
+        ]
+        return '\n'.join(lines)
+
+
+def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_location='cpu'):
+    """Load ``checkpoint`` (a path or an already-read object) into ``model``.
+
+    Args:
+        model (nn.Module): A backbone. If it defines ``checkpoint_filter(state_dict,
+            target_keys, report)``, that converts official layouts first; if it defines
+            ``adaptable_keys(state_dict)``, the keys it returns may differ in shape
+            (its load-state-dict pre-hook resizes them).
+        checkpoint (str | dict): File path, or a checkpoint object already read.
+        allow_partial (bool): Load even if fewer than 90% of the model's parameter
+            tensors are set (e.g. deliberately loading only some stages).
+        logger (MMLogger, optional): Where the report goes. Default: mmengine's
+            current logger.
+        map_location (str): Passed to ``torch.load``.
+
+    Returns:
+        LoadReport: What was loaded.
+
+    Raises:
+        ValueError: If fewer than 90% of the parameter tensors would be loaded and
+            ``allow_partial`` is False. Nothing is loaded then.
+    """
+    source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
+    if isinstance(checkpoint, str):
+        checkpoint = read_checkpoint(checkpoint, map_location)
+    state_dict, container = unwrap_state_dict(checkpoint)
+    report = LoadReport(source=str(source), container=container, layout='ours')
+    target = model.state_dict()
+    filter_fn = getattr(model, 'checkpoint_filter', None)
+    if filter_fn is not None:
+        state_dict = filter_fn(state_dict, set(target), report)
+    resizable = getattr(model, 'adaptable_keys', lambda keys: set())(state_dict)
+
+    usable = {}
+    for key, value in state_dict.items():
+        if key not in target:
+            report.unexpected.append(key)
+        elif value.shape != target[key].shape and key not in resizable:
+            report.mismatched[key] = (tuple(value.shape), tuple(target[key].shape))
+        else:
+            if value.shape != target[key].shape:
+                report.resized[key] = (tuple(value.shape), tuple(target[key].shape))
+            elif key not in report.converted:
+                report.loaded.append(key)
+            usable[key] = value
+    param_names = [name for name, _ in model.named_parameters()]
+    report.num_model_params = len(param_names)
+    report.num_loaded_params = sum(name in usable for name in param_names)
+    report.missing = [k for k in target if k not in usable and k not in report.fresh]
+
+    if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
+        raise ValueError(
+            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} parameter '
+            f'tensors of {type(model).__name__} match the checkpoint (need '
+            f'{MIN_LOADED_FRACTION:.0%}); is it a checkpoint of another model or size? Pass '
+            f'allow_partial=True (init_cfg=dict(..., allow_partial=True)) to load it anyway.\n'
+            + report.summary())
+    model.load_state_dict(usable, strict=False)
+    (logger or MMLogger.get_current_instance()).info(report.summary())
+    return report
