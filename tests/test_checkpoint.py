@@ -245,3 +245,15 @@ def test_convert_tool_writes_weights_only_file(tmp_path, official_small):
     assert converted['meta']['layout'] == 'vil_official'
     report = load_pretrained(ViL(arch='small'), str(out))
     assert report.layout == 'ours' and report.missing == [] and report.resized == {}
+
+
+def test_ape_tables_are_interpolated_in_1d():
+    """APE models trained at another size: x/y tables are linearly resized on load."""
+    source = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=64)      # stage 1: 16 x 16
+    target = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=96)      # stage 1: 24 x 24
+    report = load_pretrained(target, source.state_dict())
+    key = 'stages.0.patch_embed.x_pos_embed'
+    assert report.resized[key] == ((1, 16, 8), (1, 24, 8))
+    expected = torch.nn.functional.interpolate(source.state_dict()[key].transpose(1, 2), size=24,
+                                               mode='linear', align_corners=False).transpose(1, 2)
+    torch.testing.assert_close(target.state_dict()[key], expected)
