@@ -11,7 +11,7 @@ from mmengine.config import Config
 
 import visattn_mm  # noqa: F401
 from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state_dict
-from visattn_mm.models import ViL, ViLClassifier
+from visattn_mm.models import Classifier, ViL
 from visattn_mm.ops.rel_pos import resize_rpb_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_allow_partial_loads_on_purpose():
 
 def test_classifier_checkpoint_round_trips_into_dense_backbone(tmp_path):
     torch.manual_seed(0)
-    classifier = ViLClassifier(arch=TINY_ARCH, num_classes=10)
+    classifier = Classifier(arch=TINY_ARCH, num_classes=10)
     path = tmp_path / 'cls.pth'
     torch.save({'state_dict': classifier.state_dict()}, path)
     dense = ViL(arch=TINY_ARCH)

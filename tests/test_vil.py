@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from visattn_mm.models import ViL, ViLClassifier, set_random_shift
+from visattn_mm.models import Classifier, ViL, set_random_shift
 from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
 from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
 
@@ -14,7 +14,7 @@ TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1,
 @pytest.mark.parametrize('arch,expected_m', [('tiny', 6.72), ('small', 24.66), ('medium', 39.78), ('base', 55.80)])
 def test_classification_parameter_counts(arch, expected_m):
     """SPEC 6: official classification layout (full attention in stages 3-4 at 224) + 1000-class head."""
-    model = ViLClassifier(arch=arch, num_classes=1000, attn_types=('sliding_chunk',) * 2 + ('full',) * 2)
+    model = Classifier(arch=arch, num_classes=1000, attn_types=('sliding_chunk',) * 2 + ('full',) * 2)
     count = sum(p.numel() for p in model.parameters()) / 1e6
     assert abs(count - expected_m) / expected_m < 0.005, count
 

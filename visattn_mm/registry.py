@@ -7,7 +7,10 @@ configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 from mmengine.registry import HOOKS, MODELS
 
 from .engine import RandomShiftHook
-from .models import ViL
+from .models import VVT, PaleTransformer, ViL, ViLLS
 
 MODELS.register_module(module=ViL)
+MODELS.register_module(module=ViLLS)
+MODELS.register_module(module=VVT)
+MODELS.register_module(module=PaleTransformer)
 HOOKS.register_module(module=RandomShiftHook)

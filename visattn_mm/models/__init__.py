@@ -1,5 +1,8 @@
 """Backbone skeletons (nn.Modules); attention math lives in visattn_mm.ops."""
-from .classifier import ViLClassifier
-from .vil import ViL, SlidingChunkAttention, set_random_shift
+from .classifier import Classifier
+from .pale import PaleTransformer
+from .vil import SlidingChunkAttention, ViL, ViLLS, set_random_shift
+from .vvt import VVT
 
-__all__ = ['ViL', 'ViLClassifier', 'SlidingChunkAttention', 'set_random_shift']
+__all__ = ['ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'SlidingChunkAttention',
+           'set_random_shift']

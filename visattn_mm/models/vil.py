@@ -8,7 +8,9 @@ the end of every stage; the local tokens of each stage are the multi-scale outpu
 (strides 4, 8, 16, 32).
 
 Stages may also use full attention with a fixed-size RPB table, which is how the
-official classification models run stages 3-4 at 224x224 (see ``attn_types``).
+official classification models run stages 3-4 at 224x224, or Transformer-LS
+long-short attention, which makes the skeleton ViL-LS (:class:`ViLLS`; see
+``attn_types``).
 """
 import math
 import re
@@ -16,15 +18,15 @@ import re
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from timm.layers import DropPath, trunc_normal_
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint import load_pretrained
+from ..ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
+                              long_short_rpb_table_size)
 from ..ops.reference import dense_attention
 from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_table,
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
+from .base import DenseBackbone
 from .layers import Mlp, check_arch, init_transformer_weights, pad_to_multiple
 
 ARCH_ZOO = {
@@ -36,10 +38,16 @@ ARCH_ZOO = {
 for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'), ('b', 'base')):
     ARCH_ZOO[_alias] = ARCH_ZOO[_name]
 
+# ViL-LS (Transformer-LS paper Table 5: Medium and Base; Tiny and Small are the ViL
+# depths with long-short attention). Same depths, dims and heads as ViL.
+LS_ARCH_ZOO = dict(ARCH_ZOO)
+
 PATCH_SIZES = (4, 2, 2, 2)
 NUM_GLOBAL_TOKENS = (1, 1, 1, 0)
-ATTN_TYPES = ('sliding_chunk', 'full')
-LN_EPS = 1e-6  # every LayerNorm of the official code
+ATTN_TYPES = ('sliding_chunk', 'full', 'long_short')
+LS_ATTN_TYPES = ('long_short', 'long_short', 'sliding_chunk', 'sliding_chunk')
+LN_EPS = 1e-6  # every LayerNorm of the official ViL code
+DUAL_LN_EPS = 1e-5  # Transformer-LS' DualLN keeps torch's default
 
 
 def _global_token_bias(g2l_bias, g2g_bias, num_local):
@@ -221,6 +229,105 @@ class FullAttention(_GlobalRPB):
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
+class LongShortAttention(nn.Module):
+    """Transformer-LS long-short attention (ViL-LS stages 1-2), as the official code computes it.
+
+    1. ``q, k, v`` from the fused ``qkv``; ``q`` scaled by ``head_dim ** -0.5``.
+    2. DualLN, part 1: ``dual_ln_full`` on ``k`` and ``v`` of all tokens (global
+       included), over all channels, before the heads are split.
+    3. Dynamic projection: ``P = softmax_tokens(to_dynamic_projection(x_local))`` in
+       fp32 over the ``H * W`` local tokens (never padding); ``K_bar = P k``,
+       ``V_bar = P v`` per head, heads merged, DualLN part 2 (``dual_ln_dp``), split.
+    4. Local queries: one fp32 softmax over ``[K_bar | segment patch | global keys]``
+       (:func:`~visattn_mm.ops.long_short.long_short_attention`); window RPB only.
+    5. Global queries attend to the global keys/values and to the local tokens'
+       attention outputs (as keys and values), without bias or dropout.
+    6. ``proj`` on ``[global, local]``.
+
+    The official code handles one global token (it multiplies the local
+    probabilities with ``v_global`` element-wise); ``num_global > 1`` uses the
+    matrix product that this generalises to, so every local query sees all global
+    tokens and every global query all global tokens and local outputs.
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        window (int): Segment size ``w`` (7 at 224, 8 at 384).
+        dp_rank (int): Rank ``r`` of the dynamic projection.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``qkv``.
+        use_rpb (bool): Window relative positional bias (a table of
+            ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
+        attn_drop (float): Dropout on the local queries' attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+    """
+
+    def __init__(self, dim, num_heads, window=7, dp_rank=8, num_global=1, qkv_bias=True,
+                 use_rpb=True, attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.window = window
+        self.num_global = num_global
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.to_dynamic_projection = nn.Linear(dim, dp_rank * num_heads)
+        self.dual_ln_dp = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
+        self.dual_ln_full = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
+        self.use_rpb = use_rpb
+        if use_rpb:
+            self.local_relative_position_bias_table = nn.Parameter(
+                torch.zeros(long_short_rpb_table_size(window), num_heads))
+            trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+            # Derived from `window`; never loaded from checkpoints.
+            self.register_buffer('relative_position_index', long_short_rpb_index(window),
+                                 persistent=False)
+
+    def resolve_shift_mode(self):
+        """Random shift does not apply to long-short attention."""
+        return 0
+
+    def _project(self, weights, x):
+        """``K_bar`` or ``V_bar``: ``P x`` per head, then ``dual_ln_dp`` over all channels.
+
+        Args:
+            weights (Tensor): ``P``, ``(B, heads, r, N)``.
+            x (Tensor): Local keys or values, ``(B, heads, N, d)``.
+
+        Returns:
+            Tensor: ``(B, heads, r, d)``.
+        """
+        b, heads, rank, _ = weights.shape
+        merged = (weights.to(x.dtype) @ x).transpose(1, 2).reshape(b, rank, -1)
+        return self.dual_ln_dp(merged).reshape(b, rank, heads, -1).transpose(1, 2)
+
+    def forward(self, x, hw, shift_mode=None):
+        """x: (B, G + H*W, C) with the global tokens first; hw: (H, W); shift_mode is ignored."""
+        b, n, c = x.shape
+        g, heads = self.num_global, self.num_heads
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        k, v = self.dual_ln_full(k), self.dual_ln_full(v)
+        q, k, v = (t.reshape(b, n, heads, -1).transpose(1, 2) for t in (q * self.scale, k, v))
+        weights = dynamic_projection(self.to_dynamic_projection(x[:, g:]), heads)
+        local_bias = None
+        if self.use_rpb:
+            local_bias = self.local_relative_position_bias_table[self.relative_position_index]
+            local_bias = local_bias.permute(2, 0, 1)          # (heads, w*w, (w+2p)^2)
+        out = long_short_attention(
+            q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, self.window,
+            k_bar=self._project(weights, k[:, :, g:]), v_bar=self._project(weights, v[:, :, g:]),
+            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
+            local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0)
+        if g:
+            glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
+                                   torch.cat([v[:, :, :g], out], dim=2))
+            out = torch.cat([glob, out], dim=2)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+
 class ViLBlock(nn.Module):
     """Pre-LN transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
 
@@ -306,8 +413,10 @@ class ViLStage(nn.Module):
         return x[:, self.patch_embed.num_global:], hw
 
 
-class ViL(BaseModule):
+class ViL(DenseBackbone):
     """Multi-Scale Vision Longformer backbone.
+
+    Subclasses set ``arch_zoo`` to their own presets (see :class:`ViLLS`).
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'medium'``, ``'base'`` (or
@@ -318,10 +427,13 @@ class ViL(BaseModule):
         window_size (int | Sequence[int]): Chunk size ``w`` per stage. Default: 7.
         num_global_tokens (Sequence[int], optional): Global tokens per stage.
             Default: the arch's, ``(1, 1, 1, 0)``.
-        attn_types (str | Sequence[str]): ``'sliding_chunk'`` (any input size) or
+        attn_types (str | Sequence[str]): ``'sliding_chunk'`` (any input size),
             ``'full'`` (fixed RPB table for ``pretrain_img_size``; the official
-            classification layout of stages 3-4), per stage. Default: all
+            classification layout of stages 3-4) or ``'long_short'`` (Transformer-LS,
+            any input size; see :class:`ViLLS`), per stage. Default: all
             ``'sliding_chunk'``, the official detection layout.
+        dp_rank (int | Sequence[int]): Dynamic-projection rank ``r`` of
+            ``'long_short'`` stages, per stage. Default: 8.
         masking_mode (int): Sliding-chunk masking: 0 (hide neighbours outside the
             chunk grid), -1 (cyclic), 1 (exact ``2w+1`` window). Default: 0.
         shift_mode (int): Neighbour chunks used when random shift is off: 0 (all 8),
@@ -349,20 +461,17 @@ class ViL(BaseModule):
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
     """
 
+    arch_zoo = ARCH_ZOO
+
     def __init__(self, arch='small', in_channels=3, window_size=7, num_global_tokens=None,
-                 attn_types='sliding_chunk', masking_mode=0, shift_mode=0, random_shift=False,
-                 use_rpb=True, pretrain_img_size=224, qkv_bias=True, mlp_ratio=4.0, drop_rate=0.0,
-                 attn_drop_rate=0.0, drop_path_rate=0.1, out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1, norm_eval=False, with_cp=False, pretrained=None, init_cfg=None):
-        if pretrained is not None:
-            if init_cfg is not None:
-                raise ValueError('ViL: set init_cfg or pretrained, not both')
-            import warnings
-            warnings.warn('ViL: `pretrained` is deprecated; use init_cfg=dict(type="Pretrained", '
-                          'checkpoint=...)', DeprecationWarning)
-            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-        super().__init__(init_cfg=init_cfg)
-        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'ViL')
+                 attn_types='sliding_chunk', dp_rank=8, masking_mode=0, shift_mode=0,
+                 random_shift=False, use_rpb=True, pretrain_img_size=224, qkv_bias=True,
+                 mlp_ratio=4.0, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.1,
+                 out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False, with_cp=False,
+                 pretrained=None, init_cfg=None):
+        name = type(self).__name__
+        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        spec = check_arch(arch, self.arch_zoo, ('depths', 'embed_dims', 'num_heads'), name)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         patch_sizes = spec.get('patch_sizes', PATCH_SIZES)
         if num_global_tokens is None:
@@ -370,28 +479,32 @@ class ViL(BaseModule):
         num_stages = len(depths)
         windows = self._per_stage(window_size, num_stages, 'window_size')
         attn_types = self._per_stage(attn_types, num_stages, 'attn_types')
-        for name, values in (('embed_dims', dims), ('num_heads', heads), ('patch_sizes', patch_sizes),
-                             ('num_global_tokens', num_global_tokens)):
+        dp_ranks = self._per_stage(dp_rank, num_stages, 'dp_rank')
+        for arg, values in (('embed_dims', dims), ('num_heads', heads), ('patch_sizes', patch_sizes),
+                            ('num_global_tokens', num_global_tokens)):
             if len(values) != num_stages:
-                raise ValueError(f'ViL: {name} needs {num_stages} entries (one per stage), got {values}')
+                raise ValueError(f'{name}: {arg} needs {num_stages} entries (one per stage), got {values}')
         for i, (d, h) in enumerate(zip(dims, heads)):
             if d % h:
-                raise ValueError(f'ViL: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
+                raise ValueError(f'{name}: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
         for i, t in enumerate(attn_types):
             if t not in ATTN_TYPES:
-                raise ValueError(f'ViL: attn_types[{i}]={t!r}; allowed: {ATTN_TYPES}')
+                raise ValueError(f'{name}: attn_types[{i}]={t!r}; allowed: {ATTN_TYPES}')
         for i, w in enumerate(windows):
             if not isinstance(w, int) or w < 1:
-                raise ValueError(f'ViL: window_size[{i}]={w!r} must be a positive int')
+                raise ValueError(f'{name}: window_size[{i}]={w!r} must be a positive int')
+        for i, r in enumerate(dp_ranks):
+            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+                raise ValueError(f'{name}: dp_rank[{i}]={r!r} must be a positive int')
         if shift_mode not in SHIFT_MODES:
-            raise ValueError(f'ViL: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
+            raise ValueError(f'{name}: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
         check_modes(masking_mode, 1 if random_shift else shift_mode)
         out_indices = tuple(out_indices)
         if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
-            raise ValueError(f'ViL: out_indices={out_indices} must be a non-empty subset of '
+            raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of '
                              f'{tuple(range(num_stages))}')
         if not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'ViL: frozen_stages={frozen_stages} must be in [-1, {num_stages}]')
+            raise ValueError(f'{name}: frozen_stages={frozen_stages} must be in [-1, {num_stages}]')
 
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
@@ -412,6 +525,9 @@ class ViL(BaseModule):
                               attn_drop=attn_drop_rate, proj_drop=drop_rate)
                 if attn_types[i] == 'full':
                     attn = FullAttention(dims[i], heads[i], rpb_size=table_size, **common)
+                elif attn_types[i] == 'long_short':
+                    attn = LongShortAttention(dims[i], heads[i], window=windows[i],
+                                              dp_rank=dp_ranks[i], **common)
                 else:
                     attn = SlidingChunkAttention(dims[i], heads[i], window=windows[i],
                                                  masking_mode=masking_mode, shift_mode=shift_mode,
@@ -429,26 +545,18 @@ class ViL(BaseModule):
         self._freeze_stages()
         self._register_load_state_dict_pre_hook(self._adapt_checkpoint_tensors)
 
-    def init_weights(self):
-        """Random init happened in __init__; ``Pretrained`` init_cfg loads through our loader.
-
-        ``init_cfg=dict(type='Pretrained', checkpoint=PATH, allow_partial=False)``
-        reads official ViL/ViL-LS (``net``), mmengine/mmdet/mmseg (``state_dict``,
-        ``backbone.`` keys) and our classification checkpoints, and logs a report.
-        """
-        if self.init_cfg and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'],
-                            allow_partial=self.init_cfg.get('allow_partial', False))
-            self._is_init = True
-        else:
-            super().init_weights()
-
     def checkpoint_filter(self, state_dict, target_keys, report):
         """Official-layout conversion used by :func:`load_pretrained`."""
         return vil_checkpoint_filter(state_dict, target_keys, report)
 
     def adaptable_keys(self, state_dict):
-        """Keys of ``state_dict`` whose shape differs from ours but that the pre-hook can adapt."""
+        """Keys of ``state_dict`` whose shape differs from ours but that the pre-hook can adapt.
+
+        Raises:
+            ValueError: For a long-short window RPB table of another size (see
+                :meth:`_check_long_short_tables`).
+        """
+        self._check_long_short_tables(state_dict)
         own = self.state_dict()
         return {k for k, v in state_dict.items()
                 if k in own and v.shape != own[k].shape
@@ -459,7 +567,9 @@ class ViL(BaseModule):
 
         Drops the derived ``relative_position_index`` buffers (official checkpoints
         carry them) and adapts position tables and global tokens of another size.
+        Long-short window tables are never adapted: another size raises a ValueError.
         """
+        self._check_long_short_tables(state_dict, prefix)
         own = self.state_dict()
         for key in [k for k in state_dict if k.startswith(prefix)]:
             local = key[len(prefix):]
@@ -470,39 +580,55 @@ class ViL(BaseModule):
                 if adapted is not None:
                     state_dict[key] = adapted
 
-    @staticmethod
-    def _per_stage(value, num_stages, name):
+    def _check_long_short_tables(self, state_dict, prefix=''):
+        """Refuse a long-short window RPB table with another number of rows.
+
+        Its index aliases offsets (see :mod:`visattn_mm.ops.long_short`), so the table
+        has no 2-D grid to resize: another row count means another window ``w``, and a
+        resized table would silently mean something else.
+
+        Args:
+            state_dict (dict): Checkpoint tensors.
+            prefix (str): Prefix of this module's keys in ``state_dict``.
+
+        Raises:
+            ValueError: Naming the key, both shapes and the window size that the
+                checkpoint's table belongs to.
+        """
+        for module_name, module in self.named_modules():
+            if not (isinstance(module, LongShortAttention) and module.use_rpb):
+                continue
+            key = f'{prefix}{module_name}.local_relative_position_bias_table'
+            own = module.local_relative_position_bias_table.shape
+            theirs = state_dict[key].shape if key in state_dict else own
+            if theirs == own or theirs[1:] != own[1:]:
+                continue  # absent, fitting, or another head count (an ordinary mismatch)
+            rows = theirs[0]
+            fits = [w for w in range(1, 65) if long_short_rpb_table_size(w) == rows]
+            hint = (f'the checkpoint was trained with window_size={fits[0]}: build the model with it'
+                    if fits else 'no window size gives that many rows')
+            raise ValueError(
+                f'{key}: the checkpoint\'s long-short window RPB table has {rows} rows, this model\'s '
+                f'{own[0]} (window_size={module.window}). These tables index offsets with aliasing and '
+                f'cannot be resized; {hint}.')
+
+    @classmethod
+    def _per_stage(cls, value, num_stages, name):
         values = (value,) * num_stages if isinstance(value, (int, str)) else tuple(value)
         if len(values) != num_stages:
-            raise ValueError(f'ViL: {name} needs 1 or {num_stages} entries, got {value!r}')
+            raise ValueError(f'{cls.__name__}: {name} needs 1 or {num_stages} entries, got {value!r}')
         return values
 
-    def _freeze_stages(self):
-        """Freeze as configured; called in __init__ (so DDP sees it) and in train()."""
-        frozen = []
-        if self.frozen_stages >= 0:
-            frozen.append(self.stages[0].patch_embed)
-        for i in range(self.frozen_stages):
-            frozen.append(self.stages[i])
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
-        for module in frozen:
-            module.eval()
-            for p in module.parameters():
-                p.requires_grad = False
-
-    def train(self, mode=True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+    def stage_modules(self, i):
+        """Patch embedding, the whole stage and (if built) its output norm (0-based ``i``)."""
+        norm = getattr(self, f'norm{i}', None)
+        stage = self.stages[i]
+        return (stage.patch_embed, stage) + ((norm,) if norm is not None else ())
 
     def forward(self, x):
         if x.dim() != 4:
-            raise ValueError(f'ViL expects an NCHW image batch, got shape {tuple(x.shape)}')
+            raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape '
+                             f'{tuple(x.shape)}')
         outs = []
         for i, stage in enumerate(self.stages):
             tokens, (h, w) = stage(x)
@@ -513,11 +639,54 @@ class ViL(BaseModule):
         return tuple(outs)
 
 
+class ViLLS(ViL):
+    """Transformer-LS backbone ("ViL-LS"): long-short attention in stages 1-2 of ViL.
+
+    Paper: "Long-Short Transformer: Efficient Transformers for Language and Vision"
+    (Zhu et al., NeurIPS 2021). The ViL skeleton (patch embeddings with global
+    tokens, pre-LN blocks, outputs at strides 4-32) with :class:`LongShortAttention`
+    (segment window of ``w + 2p`` keys per axis + dynamic projection of rank ``r`` +
+    global tokens, DualLN) in stages 1-2.
+
+    Dense-prediction layout: the released classification models run ViL full
+    attention in stages 3-4, bound to the 14x14 / 7x7 maps of a 224 input. Here
+    stages 3-4 run ViL sliding-chunk attention, so any input size works, and an
+    official ViL-LS checkpoint loads exactly as ViL's own detection recipe converts
+    ViL checkpoints: stage 3-4 ``qkv`` is split into ``query``/``kv``, the 27^2 stage-3
+    table fits the w=7 chunk table as it is, the 13^2 stage-4 table is resized
+    bilinearly, and the long-short layers of stages 1-2 load unchanged (their
+    window tables are never resized; another size is an error). The
+    classification layout is ``attn_types=('long_short', 'long_short', 'full',
+    'full')``.
+
+    Variants: ``'medium'`` (depths 1,4,16,1) and ``'base'`` (1,8,24,1) from the
+    paper, ``'tiny'`` and ``'small'`` with the ViL-T/S depths; dims 96..768 (48..384
+    for tiny). ``r = 8``; ``w = 7`` at 224, ``window_size=8`` for the 384 models;
+    global tokens 1,1,1,0.
+
+    Args:
+        arch (str | dict): A preset of ``LS_ARCH_ZOO`` or a dict, as for :class:`ViL`.
+            Default: ``'medium'``.
+        attn_types (str | Sequence[str]): Attention per stage. Default:
+            ``('long_short', 'long_short', 'sliding_chunk', 'sliding_chunk')``.
+        **kwargs: Every other argument of :class:`ViL` (``dp_rank`` defaults to 8;
+            ``masking_mode``, ``shift_mode`` and ``random_shift`` act on the
+            sliding-chunk stages only).
+    """
+
+    arch_zoo = LS_ARCH_ZOO
+
+    def __init__(self, arch='medium', attn_types=LS_ATTN_TYPES, **kwargs):
+        super().__init__(arch=arch, attn_types=attn_types, **kwargs)
+
+
 def adapt_position_tensor(name, value, target_shape):
     """Fit a checkpoint's position table or global-token tensor to another size.
 
     * ``local_relative_position_bias_table``: bilinear resize of the square
       offset grid (e.g. a 13x13 full-attention table of a 7x7 map -> 27x27).
+      Long-short window tables (same name, no grid) never get here with another
+      size: :meth:`ViL._check_long_short_tables` refuses them first.
     * ``x_pos_embed`` / ``y_pos_embed``: linear resize of the 1-D APE tables.
     * ``cls_token``, ``cls_pos_embed``, ``g2l_*``/``g2g_*`` biases: another number
       of global tokens; tokens are repeated cyclically or cut.

@@ -72,3 +72,114 @@ def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0
     if masking_mode == 1:
         visible &= (rel_y.abs() <= w) & (rel_x.abs() <= w)
     return visible, torch.stack([rel_y, rel_x], dim=-1)
+
+
+def vicinity_attention_dense(q, k, v, height, width, eps=1e-4, clamp=True):
+    """Vicinity attention in its quadratic form: explicit ``(N, N)`` weights.
+
+    ``w_ij = (relu(q_i) . relu(k_j)) (cos(a_i - a_j) + cos(b_i - b_j))`` with
+    ``a = pi * row / (2H)`` and ``b = pi * col / (2W)`` (paper Eq. 9-10), rows
+    normalised as ``out_i = (sum_j w_ij v_j) / (sum_j w_ij + eps)``. With
+    ``clamp``, the signed clamp of the linear form is applied where it has a
+    counterpart here: to ``1 / (sum_j w_ij + eps)``, to ``sum_j w_ij v_j`` and to
+    their product. The linear form's clamp of ``KV = k'^T v`` has none, so the two
+    agree wherever that clamp is inactive.
+
+    Args: as :func:`visattn_mm.ops.vicinity.vicinity_attention`.
+    """
+    from .vicinity import signed_clamp
+
+    compute = torch.promote_types(q.dtype, torch.float32)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    rows = torch.arange(height).repeat_interleave(width).to(compute)
+    cols = torch.arange(width).repeat(height).to(compute)
+    a = torch.pi * rows / (2 * height)
+    b = torch.pi * cols / (2 * width)
+    locality = torch.cos(a[:, None] - a[None]) + torch.cos(b[:, None] - b[None])   # (N, N)
+    weights = (q.relu() @ k.relu().transpose(-1, -2)) * locality                     # (..., N, N)
+    norm = 1.0 / (weights.sum(dim=-1, keepdim=True) + eps)
+    numerator = weights @ v
+    if clamp:
+        norm, numerator = signed_clamp(norm), signed_clamp(numerator)
+    out = numerator * norm
+    return signed_clamp(out) if clamp else out
+
+
+def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
+                               global_k=None, global_v=None, table=None):
+    """Long-short attention of the local queries, written densely from its definition.
+
+    Query ``(qy, qx)`` belongs to segment ``(qy // w, qx // w)`` and sees the image
+    pixels ``(ky, kx)`` with ``w * (qy // w) - p <= ky < w * (qy // w) + w + p`` (and
+    likewise for x), ``p = max(w // 2, 1)``, plus every projected key and every global
+    key: one softmax over ``[K_bar | the H*W pixels, invisible ones hidden | global]``.
+    The window bias of a visible pair is ``table[ry * (2p + w) + rx]`` with
+    ``(ry, rx) = q - k + (p + w - 1)`` (the official aliasing formula). There is no
+    padding here: the map is exactly ``H x W``.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` local queries, already scaled.
+        k (Tensor): ``(B, heads, H*W, d)`` local keys.
+        v (Tensor): ``(B, heads, H*W, d)`` local values.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Segment size ``w``.
+        k_bar (Tensor, optional): ``(B, heads, r, d)`` projected keys.
+        v_bar (Tensor, optional): ``(B, heads, r, d)`` projected values.
+        global_k (Tensor, optional): ``(B, heads, G, d)`` global keys.
+        global_v (Tensor, optional): ``(B, heads, G, d)`` global values.
+        table (Tensor, optional): ``(rows, heads)`` window RPB table.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    from .long_short import segment_pad
+
+    w, p = window, segment_pad(window)
+    heads, n = q.shape[1], height * width
+    ys, xs = (t.reshape(-1) for t in torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij'))
+    top, left = (ys // w * w)[:, None], (xs // w * w)[:, None]
+    visible = ((ys[None] >= top - p) & (ys[None] < top + w + p)
+               & (xs[None] >= left - p) & (xs[None] < left + w + p))
+    bias = torch.zeros(heads, n, n, dtype=q.dtype)
+    if table is not None:
+        rel_y = ys[:, None] - ys[None] + p + w - 1
+        rel_x = xs[:, None] - xs[None] + p + w - 1
+        index = torch.where(visible, rel_y * (2 * p + w) + rel_x, torch.zeros_like(rel_y))
+        bias = table[index].permute(2, 0, 1).to(q.dtype)
+    r = 0 if k_bar is None else k_bar.shape[2]
+    g = 0 if global_k is None else global_k.shape[2]
+    keys = torch.cat([t for t in (k_bar, k, global_k) if t is not None], dim=2)
+    values = torch.cat([t for t in (v_bar, v, global_v) if t is not None], dim=2)
+    no_mask = torch.zeros(n, r + g, dtype=torch.bool)
+    hidden = torch.cat([no_mask[:, :r], ~visible, no_mask[:, r:]], dim=-1)
+    return dense_attention(q, keys, values, torch.nn.functional.pad(bias, (r, g)), hidden)
+
+
+def pale_attention_dense(q, k, v, height, width, pale_size):
+    """Parallel PS-Attention over the full map with an explicit membership mask.
+
+    Written from the group rule, pixel pair by pixel pair: for the first half of
+    the heads query ``(i, x)`` sees key ``(j, y)`` iff rows ``i`` and ``j`` lie in the
+    same interlaced row group, ``i = j (mod ceil(H / s_r))``; for the second half iff
+    ``x = y (mod ceil(W / s_c))``. No padding, no gathering: one ``(N, N)`` softmax.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)``, already scaled; ``heads`` even.
+        k (Tensor): ``(B, heads, H*W, d)``.
+        v (Tensor): ``(B, heads, H*W, d)``.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    s_r, s_c = tuple(pale_size) if isinstance(pale_size, (tuple, list)) else (pale_size, pale_size)
+    stride_r, stride_c = -(-height // s_r), -(-width // s_c)
+    ys, xs = (t.reshape(-1) for t in torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij'))
+    same_row_group = (ys[:, None] % stride_r) == (ys[None] % stride_r)
+    same_col_group = (xs[:, None] % stride_c) == (xs[None] % stride_c)
+    half = q.shape[1] // 2
+    hidden = torch.stack([~same_row_group] * half + [~same_col_group] * (q.shape[1] - half))
+    return dense_attention(q, k, v, hidden=hidden)

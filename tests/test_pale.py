@@ -1,0 +1,250 @@
+"""Pale Transformer backbone: fidelity (parameter counts, FLOPs, attention wiring), dense-prediction surface."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+from torch.utils.flop_counter import FlopCounterMode
+
+import visattn_mm  # noqa: F401  (registration)
+from visattn_mm.checkpoint import load_pretrained
+from visattn_mm.models import PaleTransformer
+from visattn_mm.models import Classifier
+from visattn_mm.models.pale import PaleAttention
+from visattn_mm.ops.reference import pale_attention_dense
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(2, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
+
+
+def classifier_macs(arch, size=224):
+    """Multiply-adds of the classifier at ``size x size``, counted on the meta device.
+
+    ``torch.utils.flop_counter.FlopCounterMode`` counts convolutions and matrix
+    products (2 FLOPs per multiply-add), nothing else -- the fvcore convention the
+    paper's "FLOPs" (multiply-adds) follow: softmax, norms, GELU and additions are
+    not counted. Returned in multiply-adds (FLOPs / 2).
+    """
+    with torch.device('meta'):
+        model = Classifier(backbone_type='PaleTransformer', arch=arch).eval()
+        x = torch.empty(1, 3, size, size)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops() / 2
+
+
+@pytest.mark.parametrize('arch,paper_m,port_m', [('tiny', 22, 21.8), ('small', 48, 48.3), ('base', 85, 85.4)])
+def test_classification_parameter_counts(arch, paper_m, port_m):
+    """SPEC 6 / paper Table 2: 1000-class head on the pooled last stage.
+
+    Within 2% of the paper, and equal after rounding to 0.1M to the unofficial port
+    (the BatchNorm inside the q/k/v separable convs and the depthwise biases are
+    what bring T and B up to 21.8M / 85.4M).
+    """
+    with torch.device('meta'):
+        model = Classifier(backbone_type='PaleTransformer', arch=arch, num_classes=1000)
+    count = sum(p.numel() for p in model.parameters()) / 1e6
+    assert abs(count - paper_m) / paper_m < 0.02, count
+    assert round(count, 1) == port_m, count
+
+
+@pytest.mark.parametrize('arch,paper_g', [('tiny', 4.2), ('small', 9.0), ('base', 15.6)])
+def test_classification_flops_at_224(arch, paper_g):
+    """Measured: 4.20 / 8.98 / 15.53 G multiply-adds (paper: 4.2 / 9.0 / 15.6G)."""
+    macs = classifier_macs(arch) / 1e9
+    assert abs(macs - paper_g) / paper_g < 0.02, macs
+
+
+def test_detection_and_segmentation_config_parameter_counts():
+    """Paper Tables 3-4: Mask R-CNN Pale-T 41M, UperNet Pale-T 52M."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS as SEG_MODELS
+
+    for name in ('maskrcnn_pale_t_1x.py', 'upernet_pale_t_160k_ade20k.py'):
+        assert 'default_scope' not in (ROOT / 'configs' / name).read_text()
+    cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_pale_t_1x.py')
+    assert cfg.optim_wrapper.optimizer.weight_decay == 0.001 and cfg.model.backbone.drop_path_rate == 0.2
+    init_default_scope('mmdet')
+    with torch.device('meta'):
+        detector = DET_MODELS.build(cfg.model)
+    assert isinstance(detector.backbone, PaleTransformer) and detector.backbone.embed_dims == (64, 128, 256, 512)
+    count = sum(p.numel() for p in detector.parameters()) / 1e6
+    assert abs(count - 41) / 41 < 0.02, count
+
+    cfg = Config.fromfile(ROOT / 'configs' / 'upernet_pale_t_160k_ade20k.py')
+    assert cfg.model.backbone.drop_path_rate == 0.3 and cfg.model.auxiliary_head.in_channels == 256
+    assert cfg.default_scope == 'mmseg'
+    init_default_scope('mmseg')
+    with torch.device('meta'):
+        segmentor = SEG_MODELS.build(cfg.model)
+    assert isinstance(segmentor.backbone, PaleTransformer)
+    count = sum(p.numel() for p in segmentor.parameters()) / 1e6
+    assert abs(count - 52) / 52 < 0.02, count
+
+
+def _module_reference(attn, x, hw):
+    """The layer written out: depthwise conv -> BN -> pointwise conv for q, k, v; first C/2
+    channels (first half of the heads) row groups, the rest column groups; dense attention; proj."""
+    b, n, c = x.shape
+    heads, d = attn.num_heads, c // attn.num_heads
+    img = x.transpose(1, 2).reshape(b, c, *hw)
+
+    def sep(conv):
+        y = torch.nn.functional.conv2d(img, conv.dw.weight, conv.dw.bias, padding=1, groups=c)
+        y = conv.bn(y)
+        return torch.einsum('oi,bihw->bohw', conv.pw.weight[:, :, 0, 0], y) + conv.pw.bias[:, None, None]
+
+    q, k, v = (sep(conv).reshape(b, heads, d, n).transpose(-1, -2) for conv in (attn.q, attn.k, attn.v))
+    out = pale_attention_dense(q * d ** -0.5, k, v, *hw, attn.pale_size)
+    return attn.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize('hw,pale_size', [((9, 11), 7), ((3, 4), 7), ((8, 6), 3)])
+def test_attention_layer_matches_dense_reference(hw, pale_size):
+    torch.manual_seed(0)
+    attn = PaleAttention(24, num_heads=4, pale_size=pale_size).double().eval()
+    for bn in (attn.q.bn, attn.k.bn, attn.v.bn):   # non-trivial BatchNorm statistics
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, hw), _module_reference(attn, x, hw), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('size', [(37, 53), (112, 137), (1, 1), (5, 300)])
+def test_output_shapes_strides_and_backward(size):
+    torch.manual_seed(0)
+    model = PaleTransformer(arch=TINY_ARCH, drop_path_rate=0.1).train()
+    x = torch.randn(2, 3, *size)
+    outs = model(x)
+    h, w = size
+    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
+        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
+        assert torch.isfinite(out).all()
+    sum(o.pow(2).mean() for o in outs).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_frozen_stages_are_frozen_and_stay_in_eval():
+    model = PaleTransformer(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
+    assert not any(p.requires_grad for p in model.block1.parameters())   # already in __init__ (DDP)
+    model.train()
+    for i in range(4):
+        frozen = i < 2
+        for module in model.stage_modules(i):
+            assert all(p.requires_grad != frozen for p in module.parameters())
+            assert all(m.training != frozen for m in module.modules())
+    outs = model(torch.randn(1, 3, 64, 64))   # stage 4 at 2x2: training BatchNorm needs > 1 value
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is None for p in model.block1.parameters())
+    assert all(p.grad is not None for p in model.block3.parameters())
+
+
+def test_frozen_stage_zero_freezes_only_the_stem():
+    model = PaleTransformer(arch=TINY_ARCH, frozen_stages=0).train()
+    assert not any(p.requires_grad for p in model.patch_embed1.parameters())
+    assert all(p.requires_grad for p in model.block1.parameters())
+    assert all(p.requires_grad for p in model.norm1.parameters())
+
+
+def test_norm_eval_keeps_batchnorms_in_eval():
+    model = PaleTransformer(arch=TINY_ARCH, norm_eval=True).train()
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(bns) == 3 * 4 and not any(m.training for m in bns)
+    assert model.block1[0].norm1.training
+    before = [m.running_mean.clone() for m in bns]
+    model(torch.randn(1, 3, 32, 32))   # 1x1 stage-4 map, batch 1: fine with frozen statistics
+    assert all(torch.equal(a, m.running_mean) for a, m in zip(before, bns))
+    with pytest.raises(ValueError, match='more than 1 value'):
+        PaleTransformer(arch=TINY_ARCH).train()(torch.randn(1, 3, 32, 32))
+
+
+def test_out_indices_build_only_needed_stages_and_norms():
+    model = PaleTransformer(arch=TINY_ARCH, out_indices=(1, 2))
+    assert model.num_stages == 3 and not hasattr(model, 'patch_embed4')
+    assert not hasattr(model, 'norm1') and hasattr(model, 'norm2') and hasattr(model, 'norm3')
+    outs = model(torch.randn(1, 3, 40, 40))
+    assert [o.shape[1] for o in outs] == [16, 16] and [o.shape[-1] for o in outs] == [5, 3]
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is not None for p in model.parameters())   # DDP without find_unused_parameters
+
+
+def test_drop_path_is_linear_over_all_blocks():
+    with torch.device('meta'):
+        model = PaleTransformer(arch='tiny', drop_path_rate=0.3)
+    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0)) for i in range(4) for b in getattr(model, f'block{i + 1}')]
+    assert rates == pytest.approx(torch.linspace(0, 0.3, 22).tolist())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = PaleTransformer(arch=TINY_ARCH, drop_path_rate=0.0).eval()   # eval: BN statistics fixed
+    ckpt = copy.deepcopy(plain)
+    ckpt.with_cp = True
+    x = torch.randn(1, 3, 48, 40, requires_grad=True)
+    grads = [torch.autograd.grad(sum(o.pow(2).mean() for o in m(x)), list(m.parameters())) for m in (plain, ckpt)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_classifier_checkpoint_loads_into_dense_backbone(tmp_path):
+    torch.manual_seed(0)
+    classifier = Classifier(backbone_type='PaleTransformer', arch=TINY_ARCH, num_classes=10)
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': classifier.state_dict()}, path)
+    dense = PaleTransformer(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dense.init_weights()
+    report = load_pretrained(dense, str(path))
+    assert report.layout == 'pale' and report.missing == [] and report.unexpected == []
+    assert set(report.dropped) <= {'head.weight', 'head.bias'}   # the loader keeps only backbone.* keys
+    assert set(report.fresh) == {f'norm{i}.{p}' for i in (1, 2, 3) for p in ('weight', 'bias')}
+    own = dense.state_dict()
+    for key, value in classifier.backbone.state_dict().items():
+        torch.testing.assert_close(own[key], value)
+
+
+def test_registered_for_mmdet_and_mmseg():
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+    for registry in (DET_MODELS, SEG_MODELS):
+        assert isinstance(registry.build(dict(type='PaleTransformer', arch=TINY_ARCH)), PaleTransformer)
+
+
+def test_pretrained_argument_is_deprecated():
+    with pytest.warns(DeprecationWarning, match='init_cfg'):
+        model = PaleTransformer(arch=TINY_ARCH, pretrained='x.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
+    with pytest.raises(ValueError, match='not both'):
+        PaleTransformer(arch=TINY_ARCH, pretrained='x.pth', init_cfg=dict(type='Pretrained', checkpoint='y.pth'))
+
+
+def _arch(**over):
+    return dict(dict(depths=(1, 1), embed_dims=(8, 8), num_heads=(2, 2)), **over)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='huge'), 'unknown arch'),
+    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
+    (dict(arch=_arch(embed_dims=(8, 8, 8))), 'embed_dims needs 2'),
+    (dict(arch=_arch(pale_sizes=(7,))), 'pale_sizes needs 2'),
+    (dict(arch=_arch(mlp_ratios=(4,))), 'mlp_ratios'),
+    (dict(arch=_arch(pale_sizes=(7, 0)), out_indices=(0, 1)), r'pale_sizes\[1\]=0'),
+    (dict(arch=_arch(pale_sizes=(7, 2.5)), out_indices=(0, 1)), r'pale_sizes\[1\]'),
+    (dict(arch=_arch(embed_dims=(10, 8), num_heads=(4, 2)), out_indices=(0, 1)), r'embed_dims\[0\]=10'),
+    (dict(arch=_arch(embed_dims=(9, 8), num_heads=(3, 2)), out_indices=(0, 1)), r'num_heads\[0\]=3 must be even'),
+    (dict(arch=_arch(num_heads=(2, 1)), out_indices=(0, 1)), r'num_heads\[1\]=1'),
+    (dict(out_indices=(0, 4)), 'out_indices'),
+    (dict(out_indices=()), 'out_indices'),
+    (dict(frozen_stages=5), 'frozen_stages'),
+    (dict(out_indices=(0, 1), frozen_stages=3), 'frozen_stages'),
+])
+def test_bad_config_values_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match), torch.device('meta'):
+        PaleTransformer(**kwargs)
+
+
+def test_bad_input_raises_clear_error():
+    with pytest.raises(ValueError, match='NCHW'):
+        PaleTransformer(arch=TINY_ARCH)(torch.randn(3, 32, 32))

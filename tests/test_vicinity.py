@@ -1,0 +1,168 @@
+"""Vicinity attention (VVT) against its quadratic form; clamps; precision; linear memory."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from visattn_mm.ops.reference import vicinity_attention_dense
+from visattn_mm.ops.vicinity import signed_clamp, vicinity_attention, vicinity_positions
+
+SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every ATen op that runs (forward and backward): name, output dtypes and sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.calls.append((str(func.overloadpacket.__name__), [t.dtype for t in tensors],
+                           [t.numel() for t in tensors]))
+        return out
+
+    @property
+    def max_numel(self):
+        return max(n for _, _, sizes in self.calls for n in sizes)
+
+
+def inputs(height, width, seed=0, heads=2, dim=3, batch=2, positive_v=True):
+    """q, k: mostly positive (ReLU still zeroes some entries); v positive or of any sign."""
+    g = torch.Generator().manual_seed(seed)
+    n = height * width
+    r = lambda: torch.randn(batch, heads, n, dim, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k = 0.5 * r() + 0.5, 0.5 * r() + 0.5
+    v = r().abs() + 0.5 if positive_v else r()
+    return q, k, v
+
+
+def test_positions_follow_the_row_major_definition():
+    a, b = vicinity_positions(3, 4, dtype=torch.float64)
+    t = torch.arange(12, dtype=torch.float64)
+    torch.testing.assert_close(a, torch.pi / 2 * torch.div(t, 4, rounding_mode='floor') / 3)
+    torch.testing.assert_close(b, torch.pi / 2 * (t % 4) / 4)
+
+
+@pytest.mark.parametrize('height,width', SIZES)
+def test_linear_equals_quadratic_where_clamp_is_inactive(height, width):
+    q, k, v = inputs(height, width)
+    fast = vicinity_attention(q, k, v, height, width)
+    # The clamps did not act on these inputs: the unclamped computation is identical.
+    torch.testing.assert_close(fast, vicinity_attention(q, k, v, height, width, clamp=False),
+                               rtol=1e-12, atol=0)
+    assert (q < 0).any() and (k < 0).any()   # the ReLU kernel matters
+    torch.testing.assert_close(fast, vicinity_attention_dense(q, k, v, height, width), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('height,width', SIZES)
+def test_linear_equals_quadratic_without_clamps_for_any_values(height, width):
+    q, k, v = inputs(height, width, seed=1, positive_v=False)
+    q, k = q - 0.5, k - 0.5
+    torch.testing.assert_close(vicinity_attention(q, k, v, height, width, clamp=False),
+                               vicinity_attention_dense(q, k, v, height, width, clamp=False),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_linear_equals_quadratic_when_normaliser_and_output_clamps_act():
+    """Large queries: 1/Z > 1e4 and |q' KV| > 1e4, so those clamps act in both forms; KV stays in range."""
+    q, k, v = inputs(4, 5, seed=2)
+    q = q * 1e3
+    fast = vicinity_attention(q, k, v, 4, 5)
+    assert not torch.allclose(fast, vicinity_attention(q, k, v, 4, 5, clamp=False))
+    torch.testing.assert_close(fast, vicinity_attention_dense(q, k, v, 4, 5), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_match_the_quadratic_form():
+    q, k, v = (t.requires_grad_() for t in inputs(3, 4, seed=3))
+    grads = []
+    for fn in (vicinity_attention, vicinity_attention_dense):
+        out = fn(q, k, v, 3, 4)
+        grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype)
+                                          .reshape(out.shape)).sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda *t: vicinity_attention(*t, 3, 4, clamp=False),
+                                    tuple(x.detach()[:1, :1].requires_grad_() for x in (q, k, v)))
+
+
+def test_signed_clamp_on_crafted_values():
+    t = torch.tensor([0.0, -0.0, 1e-9, -1e-6, 1e-4, 0.5, -3.0, 1e4, 2e5, -1e9, float('inf')],
+                     dtype=torch.float64, requires_grad=True)
+    out = signed_clamp(t)
+    expected = torch.tensor([0.0, 0.0, 1e-4, -1e-4, 1e-4, 0.5, -3.0, 1e4, 1e4, -1e4, 1e4], dtype=torch.float64)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.sum().backward()
+    # Gradient 1 strictly inside the range, 0 where the clamp acted and at exact zeros.
+    torch.testing.assert_close(t.grad, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize('qv,kv_,vv,expected,unclamped', [
+    # One token (a = b = 0, so q' = [q, 0, q, 0]), one channel. KV = k v; Z = 1 / (2 q k + 1e-4).
+    (1e3, 1e-3, 1e-3, 0.2 / 2.0001, 2e-3 / 2.0001),     # tiny KV (1e-6) pushed up to 1e-4
+    (1e3, 1e-3, -1e-3, -0.2 / 2.0001, -2e-3 / 2.0001),  # ... keeping its sign
+    (1e3, 1e3, 1e3, 1.0, 1e3),                          # huge KV, q'KV and tiny Z pushed to 1e4 / 1e-4
+    (1e3, 1e3, 1e-9, 1e-4, 2e-3 / (2e6 + 1e-4)),        # ... and the tiny product (2e-5) pushed to 1e-4
+    (1e-3, 1e-3, 1e6, 1e4, 2 / (2e-6 + 1e-4)),          # huge product (q'KV = 2, Z ~ 9804) pushed to 1e4
+    (-1.0, 1.0, 1.0, 0.0, 0.0),                         # ReLU zeroes q: the output stays exactly 0
+])
+def test_clamps_on_crafted_single_token(qv, kv_, vv, expected, unclamped):
+    q, k, v = (torch.full((1, 1, 1, 1), x, dtype=torch.float64) for x in (qv, kv_, vv))
+    out = vicinity_attention(q, k, v, 1, 1)
+    torch.testing.assert_close(out.item(), expected, rtol=1e-9, atol=0)
+    torch.testing.assert_close(vicinity_attention(q, k, v, 1, 1, clamp=False).item(), unclamped,
+                               rtol=1e-9, atol=0)
+    if expected == 0.0:
+        assert out.item() == 0.0   # not pushed to +-1e-4
+
+
+def test_token_count_must_match_the_map():
+    q = torch.zeros(1, 1, 6, 2)
+    with pytest.raises(ValueError, match='2x4'):
+        vicinity_attention(q, q, q, 2, 4)
+
+
+def test_half_precision_inputs_are_computed_in_fp32():
+    """fp16 q/k/v (as a Linear under autocast returns them): KV (~4e5) and the normaliser would
+    overflow fp16; the op must upcast and agree with the fp32 result."""
+    g = torch.Generator().manual_seed(0)
+    h, w = 48, 64
+    q, k, v = (torch.rand(1, 2, h * w, 8, generator=g) * 4 for _ in range(3))
+    reference = vicinity_attention(q, k, v, h, w)
+    assert (reference.abs() > 1e-3).all()
+    recorder = OpRecorder()
+    with recorder, torch.autocast('cpu', dtype=torch.bfloat16):
+        out = vicinity_attention(q.half(), k.half(), v.half(), h, w)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), reference, rtol=1e-2, atol=1e-3)
+    # Every product, sum and division ran in fp32 (positions: fp64) although autocast (bf16) was on.
+    reductions = [(name, dtypes) for name, dtypes, _ in recorder.calls
+                  if name in ('mm', 'bmm', 'matmul', 'sum', 'reciprocal', 'div')]
+    assert sum(name == 'bmm' for name, _ in reductions) >= 2
+    assert all(d[0] in (torch.float32, torch.float64) for _, d in reductions), reductions
+
+
+def _peak(fn, height, width, dim=4):
+    q, k, v = (t.requires_grad_() for t in inputs(height, width, heads=2, dim=dim, batch=1))
+    recorder = OpRecorder()
+    with recorder:
+        out = fn(q, k, v, height, width)
+        out.sum().backward()
+    return recorder.max_numel
+
+
+def test_memory_is_linear_in_the_number_of_tokens():
+    """Largest tensor created in forward + backward: O(N * 4d), never N x N.
+
+    The recorder sees every ATen op output, including autograd's; the dense
+    reference, run the same way, does create N x N tensors (the check can fail).
+    """
+    sizes = [(16, 16), (32, 32), (64, 64)]
+    peaks = [_peak(vicinity_attention, h, w) for h, w in sizes]
+    for (h, w), peak in zip(sizes, peaks):
+        n = h * w
+        assert peak <= 2 * 16 * n, (n, peak)     # heads x 4d = 32 values per token
+    assert peaks[2] / peaks[0] == pytest.approx(16, rel=0.05)   # 16x the tokens -> 16x the memory
+    assert _peak(vicinity_attention_dense, 16, 16) >= 256 * 256

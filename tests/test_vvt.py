@@ -1,0 +1,334 @@
+"""VVT backbone: fidelity (parameter counts, official checkpoints, attention wiring), dense-prediction surface."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+
+import visattn_mm  # noqa: F401  (registration)
+from visattn_mm.checkpoint import load_pretrained
+from visattn_mm.models import VVT
+from visattn_mm.models import Classifier
+from visattn_mm.models.vvt import VicinityAttention
+from visattn_mm.ops.reference import vicinity_attention_dense
+from visattn_mm.ops.vicinity import signed_clamp
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
+VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
+
+
+@pytest.mark.parametrize('arch,expected_m', [('tiny', 12.88), ('small', 25.49), ('medium', 47.91),
+                                             ('large', 61.85)])
+def test_classification_parameter_counts(arch, expected_m):
+    """SPEC 6: backbone (with all four stage norms) + mean-pooled last stage + 1000-class head.
+
+    Built on the meta device: same module tree, no initialisation cost.
+    """
+    with torch.device('meta'):
+        model = Classifier(backbone_type='VVT', arch=arch, num_classes=1000)
+    count = sum(p.numel() for p in model.parameters()) / 1e6
+    assert abs(count - expected_m) / expected_m < 0.005, count
+
+
+def test_upernet_config_parameter_count_and_maskrcnn_config_build():
+    """Paper (Table 5): UperNet VVT-S 55.5M; the Mask R-CNN config builds with a VVT-S backbone."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS as SEG_MODELS
+
+    cfg = Config.fromfile(ROOT / 'configs' / 'upernet_vvt_s_160k_ade20k.py')
+    assert cfg.model.backbone.type == 'VVT' and 'norm_cfg' not in cfg.model.backbone
+    assert cfg.model.decode_head.norm_cfg.type == 'BN' and cfg.model.auxiliary_head.norm_cfg.type == 'BN'
+    assert cfg.model.data_preprocessor.test_cfg == dict(size_divisor=32)
+    assert cfg.default_scope == 'mmseg'   # from mmseg's runtime base; our configs never set it
+    for name in ('_base_/upernet_160k_ade20k.py', 'upernet_vvt_s_160k_ade20k.py', 'maskrcnn_vvt_s_1x.py'):
+        assert 'default_scope' not in (ROOT / 'configs' / name).read_text()
+    init_default_scope('mmseg')
+    with torch.device('meta'):
+        segmentor = SEG_MODELS.build(cfg.model)
+    assert isinstance(segmentor.backbone, VVT)
+    count = sum(p.numel() for p in segmentor.parameters()) / 1e6
+    assert abs(count - 55.5) / 55.5 < 0.02, count
+
+    cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_vvt_s_1x.py')
+    init_default_scope('mmdet')
+    with torch.device('meta'):
+        detector = DET_MODELS.build(cfg.model)
+    assert isinstance(detector.backbone, VVT) and detector.backbone.embed_dims == (96, 160, 320, 512)
+    assert [c.conv.in_channels for c in detector.neck.lateral_convs] == [96, 160, 320, 512]
+
+
+def official_vvt_checkpoint(spec, seed=0, container=True, num_classes=1000):
+    """An official VVT classification checkpoint, written from SPEC 4.2 (not from our code).
+
+    ``patch_embed{i}.proj`` (7x7 then 3x3 convs) / ``.norm``; ``block{i}.{j}.norm1``,
+    ``attn.{q,k,v}_proj`` Linear(C, C/2), ``attn.out_proj`` Linear(C/2, C),
+    ``attn.se_fc.0`` / ``.2`` Linear(C, C) without bias, ``norm2``, ``mlp.fc1``,
+    ``mlp.dwconv.dwconv`` (depthwise 3x3), ``mlp.fc2``; ``norm{i}``; ``head``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen) * 0.02  # noqa: E731
+    sd, in_dim = {}, 3
+    for i, (depth, dim, mlp) in enumerate(zip(spec['depths'], spec['dims'], spec['mlp']), start=1):
+        kernel = 7 if i == 1 else 3
+        sd[f'patch_embed{i}.proj.weight'] = rand(dim, in_dim, kernel, kernel)
+        sd[f'patch_embed{i}.proj.bias'] = rand(dim)
+        sd[f'patch_embed{i}.norm.weight'], sd[f'patch_embed{i}.norm.bias'] = 1 + rand(dim), rand(dim)
+        for j in range(depth):
+            p = f'block{i}.{j}'
+            hidden = dim * mlp
+            for norm in ('norm1', 'norm2'):
+                sd[f'{p}.{norm}.weight'], sd[f'{p}.{norm}.bias'] = 1 + rand(dim), rand(dim)
+            for name in ('q_proj', 'k_proj', 'v_proj'):
+                sd[f'{p}.attn.{name}.weight'], sd[f'{p}.attn.{name}.bias'] = rand(dim // 2, dim), rand(dim // 2)
+            sd[f'{p}.attn.out_proj.weight'], sd[f'{p}.attn.out_proj.bias'] = rand(dim, dim // 2), rand(dim)
+            sd[f'{p}.attn.se_fc.0.weight'], sd[f'{p}.attn.se_fc.2.weight'] = rand(dim, dim), rand(dim, dim)
+            sd[f'{p}.mlp.fc1.weight'], sd[f'{p}.mlp.fc1.bias'] = rand(hidden, dim), rand(hidden)
+            sd[f'{p}.mlp.dwconv.dwconv.weight'] = rand(hidden, 1, 3, 3)
+            sd[f'{p}.mlp.dwconv.dwconv.bias'] = rand(hidden)
+            sd[f'{p}.mlp.fc2.weight'], sd[f'{p}.mlp.fc2.bias'] = rand(dim, hidden), rand(dim)
+        sd[f'norm{i}.weight'], sd[f'norm{i}.bias'] = 1 + rand(dim), rand(dim)
+        in_dim = dim
+    sd['head.weight'], sd['head.bias'] = rand(num_classes, in_dim), rand(num_classes)
+    if not container:
+        return sd
+    return dict(model=sd, optimizer={}, lr_scheduler={}, epoch=299, scaler={}, args=dict(model='vvt_tiny'))
+
+
+@pytest.fixture(scope='module')
+def vvt_tiny():
+    return VVT(arch='tiny')
+
+
+@pytest.mark.parametrize('container', [True, False])
+def test_official_checkpoint_loads_completely(vvt_tiny, container):
+    checkpoint = official_vvt_checkpoint(VVT_T, seed=int(container), container=container)
+    report = load_pretrained(vvt_tiny, checkpoint)
+    assert report.container == ('model' if container else 'bare')
+    assert report.layout == 'vvt_official'
+    assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
+    assert report.dropped == {'head.weight': 'classification head', 'head.bias': 'classification head'}
+    assert report.num_loaded_params == report.num_model_params == len(list(vvt_tiny.parameters()))
+    sd = checkpoint['model'] if container else checkpoint
+    own = vvt_tiny.state_dict()
+    assert set(own) == set(sd) - {'head.weight', 'head.bias'}
+    for key in ('patch_embed1.proj.weight', 'block3.1.attn.se_fc.2.weight', 'block2.0.mlp.dwconv.dwconv.weight',
+                'block4.1.attn.out_proj.bias', 'norm4.weight'):
+        assert torch.equal(own[key], sd[key]), key
+
+
+def test_official_checkpoint_through_init_cfg_and_truncated_stages(tmp_path):
+    spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 4), mlp=(2, 2, 2, 2))
+    checkpoint = official_vvt_checkpoint(spec)
+    checkpoint['model'] = {f'module.{k}': v for k, v in checkpoint['model'].items()}   # DataParallel
+    path = tmp_path / 'vvt_official.pth'
+    torch.save(checkpoint, path)
+    model = VVT(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    torch.testing.assert_close(model.block2[0].attn.q_proj.weight,
+                               checkpoint['model']['module.block2.0.attn.q_proj.weight'])
+
+    # out_indices stop at stage 3: stage 4 is not built and its tensors are dropped with a reason.
+    short = VVT(arch=TINY_ARCH, out_indices=(1, 2))
+    report = load_pretrained(short, str(path))
+    assert not hasattr(short, 'block4') and report.missing == [] and report.unexpected == []
+    dropped = {k for k, why in report.dropped.items() if why.startswith('stage not built')}
+    assert dropped == {k[len('module.'):] for k in checkpoint['model']
+                       if k.startswith(('module.patch_embed4.', 'module.block4.', 'module.norm4.'))}
+    assert len(dropped) == 4 + 20 + 2   # patch embedding, one block, norm4
+
+
+def test_checkpoint_of_another_size_is_refused():
+    with torch.device('meta'):
+        small = VVT(arch='small')
+    with pytest.raises(ValueError, match='refusing to load'):
+        load_pretrained(small, official_vvt_checkpoint(VVT_T))
+
+
+def test_classifier_checkpoint_round_trips_into_dense_backbone(tmp_path):
+    torch.manual_seed(0)
+    classifier = Classifier(backbone_type='VVT', arch=TINY_ARCH, num_classes=10)
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': classifier.state_dict()}, path)
+    dense = VVT(arch=TINY_ARCH)
+    report = load_pretrained(dense, str(path))
+    assert report.container == 'state_dict+backbone.' and report.missing == [] and report.unexpected == []
+    for key, value in classifier.backbone.state_dict().items():
+        torch.testing.assert_close(dense.state_dict()[key], value)
+
+
+def _module_reference(attn, x, hw):
+    """The attention layer written out: per-head channel slices, quadratic vicinity attention,
+    out_proj + clamp, gate from the mean of the layer's input, clamp."""
+    heads = attn.num_heads
+    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    d = q.shape[-1] // heads
+    outs = [vicinity_attention_dense(q[..., h * d:(h + 1) * d], k[..., h * d:(h + 1) * d],
+                                     v[..., h * d:(h + 1) * d], *hw) for h in range(heads)]
+    out = signed_clamp(attn.out_proj(torch.cat(outs, dim=-1)))
+    gate = torch.sigmoid(attn.se_fc[2](torch.relu(attn.se_fc[0](x.mean(dim=1)))))
+    return signed_clamp(out + out * gate[:, None])
+
+
+@pytest.mark.parametrize('hw', [(3, 5), (4, 4), (1, 7)])
+def test_attention_layer_matches_quadratic_reference(hw):
+    torch.manual_seed(0)
+    attn = VicinityAttention(20, num_heads=2).double().eval()
+    x = torch.randn(2, hw[0] * hw[1], 20, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, hw), _module_reference(attn, x, hw), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_layer_clamps_after_out_proj_and_gate():
+    attn = VicinityAttention(8, num_heads=1).double().eval()
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    gate = torch.sigmoid(attn.se_fc[2](torch.relu(attn.se_fc[0](x.mean(dim=1)))))
+    with torch.no_grad():
+        attn.out_proj.weight.zero_()
+        attn.out_proj.bias.fill_(1e6)       # out_proj -> 1e6 -> 1e4; gated 1e4 (1 + s) -> 1e4
+        assert torch.equal(attn(x, (2, 3)), torch.full((1, 6, 8), 1e4, dtype=torch.float64))
+        attn.out_proj.bias.fill_(1e-7)      # out_proj -> 1e-7 -> 1e-4; gated 1e-4 (1 + s), in range
+        torch.testing.assert_close(attn(x, (2, 3)), (1e-4 * (1 + gate))[:, None].expand(1, 6, 8))
+
+
+@pytest.mark.parametrize('size', [(37, 53), (1, 1), (5, 300), (64, 33)])
+def test_output_shapes_strides_and_backward(size):
+    torch.manual_seed(0)
+    model = VVT(arch=TINY_ARCH, drop_path_rate=0.1).train()
+    x = torch.randn(2, 3, *size)
+    outs = model(x)
+    h, w = size
+    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
+        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
+        assert torch.isfinite(out).all()
+    sum(o.pow(2).mean() for o in outs).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_bf16_autocast_at_detection_size_is_finite():
+    """VVT-T, 800x1216, CPU bf16 autocast: forward only (backward here takes ~11 s more on 2 cores;
+    bf16/fp16 backward are covered at a smaller size below)."""
+    torch.manual_seed(0)
+    model = VVT(arch='tiny').eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 800, 1216))
+    assert [tuple(o.shape) for o in outs] == [(1, 96, 200, 304), (1, 160, 100, 152),
+                                              (1, 320, 50, 76), (1, 512, 25, 38)]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_half_precision_autocast_backward_is_finite(dtype):
+    torch.manual_seed(0)
+    model = VVT(arch=TINY_ARCH).train()
+    with torch.autocast('cpu', dtype=dtype):
+        outs = model(torch.randn(2, 3, 96, 160) * 50)
+        loss = sum(o.float().pow(2).mean() for o in outs)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_backbone_memory_is_linear_in_pixels():
+    """Forward + backward of the whole backbone: the largest tensor grows with the pixel count."""
+    from test_vicinity import OpRecorder
+
+    model = VVT(arch=TINY_ARCH, drop_path_rate=0.0)
+    peaks = []
+    for side in (64, 128):
+        recorder = OpRecorder()
+        with recorder:
+            sum(o.sum() for o in model(torch.randn(1, 3, side, side))).backward()
+        peaks.append(recorder.max_numel)
+        tokens = (side // 4) ** 2
+        assert recorder.max_numel < tokens ** 2, (side, recorder.max_numel)
+    assert peaks[1] / peaks[0] == pytest.approx(4, rel=0.05)
+
+
+def test_frozen_stages_are_frozen_and_stay_in_eval():
+    model = VVT(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
+    model.train()
+    for i in range(4):
+        frozen = i < 2
+        for module in model.stage_modules(i):
+            assert all(p.requires_grad != frozen for p in module.parameters())
+            assert all(m.training != frozen for m in module.modules())
+    outs = model(torch.randn(1, 3, 32, 32))
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is None for p in model.block1.parameters())
+    assert all(p.grad is not None for p in model.block3.parameters())
+
+
+def test_frozen_stage_zero_freezes_only_the_stem():
+    model = VVT(arch=TINY_ARCH, frozen_stages=0).train()
+    assert not any(p.requires_grad for p in model.patch_embed1.parameters())
+    assert all(p.requires_grad for p in model.block1.parameters())
+    assert all(p.requires_grad for p in model.norm1.parameters())
+
+
+def test_out_indices_select_outputs_and_every_built_parameter_gets_a_gradient():
+    model = VVT(arch=TINY_ARCH, out_indices=(1, 2))
+    assert model.num_stages == 3 and not hasattr(model, 'patch_embed4')
+    outs = model(torch.randn(1, 3, 40, 40))
+    assert [o.shape[1] for o in outs] == [16, 16] and [o.shape[-1] for o in outs] == [5, 3]
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is not None for p in model.parameters())   # DDP without find_unused_parameters
+
+
+def test_drop_path_is_linear_over_all_blocks():
+    with torch.device('meta'):
+        model = VVT(arch='small', drop_path_rate=0.3)
+    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0))
+             for i in range(4) for b in getattr(model, f'block{i + 1}')]
+    assert rates == pytest.approx(torch.linspace(0, 0.3, 18).tolist())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = VVT(arch=TINY_ARCH, drop_path_rate=0.0).train()
+    ckpt = copy.deepcopy(plain)
+    ckpt.with_cp = True
+    x = torch.randn(1, 3, 48, 40, requires_grad=True)
+    grads = [torch.autograd.grad(sum(o.pow(2).mean() for o in m(x)), list(m.parameters())) for m in (plain, ckpt)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_registered_for_mmdet_and_mmseg():
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+    for registry in (DET_MODELS, SEG_MODELS):
+        assert isinstance(registry.build(dict(type='VVT', arch=TINY_ARCH)), VVT)
+
+
+def test_pretrained_argument_is_deprecated():
+    with pytest.warns(DeprecationWarning, match='init_cfg'):
+        model = VVT(arch=TINY_ARCH, pretrained='x.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
+    with pytest.raises(ValueError, match='not both'):
+        VVT(arch=TINY_ARCH, pretrained='x.pth', init_cfg=dict(type='Pretrained', checkpoint='y.pth'))
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='huge'), 'unknown arch'),
+    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
+    (dict(arch=dict(depths=(1, 1), embed_dims=(8, 8, 8), num_heads=(1, 1))), 'embed_dims needs 2'),
+    (dict(arch=dict(depths=(1, 1), embed_dims=(8, 8), num_heads=(1, 1), mlp_ratios=(4,))), 'mlp_ratios'),
+    (dict(arch=dict(depths=(1, 1), embed_dims=(6, 8), num_heads=(2, 1)), out_indices=(0, 1)), 'fr_ratio'),
+    (dict(fr_ratio=0), 'fr_ratio'),
+    (dict(se_ratio=7), 'se_ratio'),
+    (dict(out_indices=(0, 4)), 'out_indices'),
+    (dict(out_indices=()), 'out_indices'),
+    (dict(frozen_stages=5), 'frozen_stages'),
+    (dict(out_indices=(0, 1), frozen_stages=3), 'frozen_stages'),
+])
+def test_bad_config_values_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match), torch.device('meta'):
+        VVT(**kwargs)
+
+
+def test_bad_input_raises_clear_error():
+    with pytest.raises(ValueError, match='NCHW'):
+        VVT(arch=TINY_ARCH)(torch.randn(3, 32, 32))

@@ -1,0 +1,69 @@
+"""What every backbone shares for dense prediction."""
+import warnings
+
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..checkpoint import load_pretrained
+
+
+class DenseBackbone(BaseModule):
+    """Base of the backbones: ``pretrained``/``init_cfg``, frozen stages, ``norm_eval``.
+
+    Subclasses set ``self.frozen_stages`` and ``self.norm_eval``, implement
+    ``stage_modules(i)`` (the modules of stage ``i``, its patch embedding first),
+    call ``self._freeze_stages()`` at the end of ``__init__`` and may define
+    ``checkpoint_filter`` / ``adaptable_keys`` for :func:`load_pretrained`.
+
+    Args:
+        pretrained (str, optional): Deprecated, use ``init_cfg``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH,
+            allow_partial=False)`` loads through :func:`load_pretrained` (official
+            layouts converted, a report logged, loads matching under 90% refused).
+    """
+
+    def __init__(self, pretrained=None, init_cfg=None):
+        name = type(self).__name__
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError(f'{name}: set init_cfg or pretrained, not both')
+            warnings.warn(f'{name}: `pretrained` is deprecated; use init_cfg=dict(type="Pretrained", '
+                          'checkpoint=...)', DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
+
+    def stage_modules(self, i):
+        """The modules of stage ``i`` (0-based), its patch embedding first."""
+        raise NotImplementedError
+
+    def init_weights(self):
+        """Random init happens in ``__init__``; a ``Pretrained`` init_cfg loads through our loader."""
+        if self.init_cfg and self.init_cfg.get('type') == 'Pretrained':
+            load_pretrained(self, self.init_cfg['checkpoint'],
+                            allow_partial=self.init_cfg.get('allow_partial', False))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def _freeze_stages(self):
+        """-1: nothing; 0: the first patch embedding; i: stages 1..i.
+
+        Called in ``__init__`` (so DistributedDataParallel never sees these
+        parameters as trainable) and again in ``train()``.
+        """
+        frozen = [self.stage_modules(0)[0]] if self.frozen_stages >= 0 else []
+        for i in range(self.frozen_stages):
+            frozen.extend(self.stage_modules(i))
+        for module in frozen:
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad = False
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self

@@ -1,0 +1,310 @@
+"""Pale Transformer backbone for dense prediction.
+
+Paper: "Pale Transformer: A General Vision Transformer Backbone with Pale-Shaped
+Attention" (Wu et al., AAAI 2022). No official code or weights were ever released;
+this implementation follows the paper (method section, Table 1) and the CvT/CSWin
+conventions it cites where it is silent. Four stages, each:
+
+  * ``patch_embed{i}``: overlapping conv patch merging -- 7x7 stride 4 (stage 1) or
+    3x3 stride 2 (stages 2-4), channels ``C_{i-1} -> C_i`` -- then a LayerNorm
+    (CvT's ``ConvEmbed`` and CSWin's stem / ``Merge_Block`` both normalise there).
+    Padding ``k // 2`` (3, then 1), so every output side is ``ceil(side / stride)``
+    for any input down to 1x1. (CvT/CSWin pad the 7x7 stem by 2: identical sizes
+    when the input side is a multiple of 4, e.g. 56 at 224, but they drop the last
+    rows otherwise and fail below 3 pixels.)
+  * ``block{i}.{j}``: ``X = X + CPE(X)`` (3x3 depthwise conv with bias),
+    ``X = X + DropPath(PS-Attn(LN(X)))``, ``X = X + DropPath(MLP(LN(X)))``
+    (GELU MLP, ratio 4).
+  * ``norm{i}``: a LayerNorm on the stage output, built only for ``out_indices``
+    (mmdet Swin convention; the next stage's patch merging reads the un-normalised
+    stage output). The classification form therefore has one final norm
+    (``norm4``) before the average pooling, as CSWin.
+
+PS-Attention (parallel): q, k and v each come from a separable conv -- 3x3
+depthwise -> BatchNorm -> 1x1 pointwise (with bias), CvT's
+``conv_proj`` + ``proj_q/k/v`` -- computed on the unpadded map. The BatchNorm is
+what the parameter counts call for: with it (and a depthwise bias) the
+classifiers have 21.77M / 48.33M / 85.36M parameters, i.e. the unofficial port's
+21.8M / 48.3M / 85.4M; without it 21.72M / 48.26M / 85.26M. Then the first half of
+the heads (channels) attends within row groups, the second half within column
+groups (:mod:`visattn_mm.ops.pale`); the halves are concatenated and projected by
+``proj`` (Linear). LayerNorm eps 1e-5 throughout (PyTorch default, as CvT/CSWin).
+"""
+import re
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from timm.layers import DropPath
+
+from ..ops.pale import pale_attention
+from .base import DenseBackbone
+from .layers import Mlp, check_arch, init_transformer_weights
+
+ARCH_ZOO = {
+    'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
+    'small': dict(depths=(2, 2, 16, 2), embed_dims=(96, 192, 384, 768), num_heads=(2, 4, 8, 16)),
+    'base': dict(depths=(2, 2, 16, 2), embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32)),
+}
+for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('b', 'base')):
+    ARCH_ZOO[_alias] = ARCH_ZOO[_name]
+
+DEFAULT_PALE_SIZE = 7   # per stage, for arch dicts without ``pale_sizes`` (paper: 7 everywhere)
+DEFAULT_MLP_RATIO = 4   # per stage, for arch dicts without ``mlp_ratios``
+LN_EPS = 1e-5
+
+
+class SeparableConv(nn.Module):
+    """3x3 depthwise conv -> BatchNorm -> 1x1 pointwise conv (CvT's q/k/v projection).
+
+    Args:
+        dim (int): Channels in and out.
+        bias (bool): Bias of the pointwise conv. Default: True.
+    """
+
+    def __init__(self, dim, bias=True):
+        super().__init__()
+        # The depthwise bias is redundant before BatchNorm (CvT has none); it is kept
+        # because the unofficial port's counts (21.8M / 48.3M / 85.4M) include it.
+        self.dw = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.bn = nn.BatchNorm2d(dim)
+        self.pw = nn.Conv2d(dim, dim, 1, bias=bias)
+
+    def forward(self, x):
+        return self.pw(self.bn(self.dw(x)))
+
+
+class PaleAttention(nn.Module):
+    """Parallel pale-shaped self-attention.
+
+    Args:
+        dim (int): Channels C; divisible by ``num_heads``.
+        num_heads (int): Heads; even, half of them per branch (row / column).
+        pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``, interlaced rows /
+            columns per group. Default: 7.
+        qkv_bias (bool): Bias of the pointwise q/k/v convs. Default: True.
+        attn_drop (float): Dropout on the attention probabilities. Default: 0.
+        proj_drop (float): Dropout after ``proj``. Default: 0.
+    """
+
+    def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.pale_size = pale_size
+        self.scale = (dim // num_heads) ** -0.5
+        self.q = SeparableConv(dim, qkv_bias)
+        self.k = SeparableConv(dim, qkv_bias)
+        self.v = SeparableConv(dim, qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x, hw):
+        """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
+        b, n, c = x.shape
+        x = x.transpose(1, 2).reshape(b, c, *hw)
+        q, k, v = (conv(x).reshape(b, self.num_heads, -1, n).transpose(-1, -2)
+                   for conv in (self.q, self.k, self.v))
+        out = pale_attention(q * self.scale, k, v, *hw, self.pale_size,
+                             dropout_p=self.attn_drop if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+
+class PaleBlock(nn.Module):
+    """``x + cpe(x)``; ``x + attn(norm1(x))``; ``x + mlp(norm2(x))`` (drop path on the last two).
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads (even).
+        pale_size (int): Pale size of the attention.
+        mlp_ratio (float): MLP hidden width / dim.
+        qkv_bias (bool): Bias of the pointwise q/k/v convs.
+        drop (float): Dropout after the attention projection and in the MLP.
+        attn_drop (float): Dropout on the attention probabilities.
+        drop_path (float): Stochastic depth of this block.
+    """
+
+    def __init__(self, dim, num_heads, pale_size, mlp_ratio, qkv_bias=True, drop=0.0, attn_drop=0.0,
+                 drop_path=0.0):
+        super().__init__()
+        self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.attn = PaleAttention(dim, num_heads, pale_size, qkv_bias, attn_drop, drop)
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x, hw):
+        b, n, c = x.shape
+        x = x + self.cpe(x.transpose(1, 2).reshape(b, c, *hw)).flatten(2).transpose(1, 2)
+        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class ConvPatchMerging(nn.Module):
+    """Overlapping conv patch merging (kernel ``k``, stride ``s``, padding ``k // 2``) + LayerNorm."""
+
+    def __init__(self, in_channels, dim, kernel_size, stride):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size, stride, padding=kernel_size // 2)
+        self.norm = nn.LayerNorm(dim, eps=LN_EPS)
+
+    def forward(self, x):
+        x = self.proj(x)
+        h, w = x.shape[-2:]
+        return self.norm(x.flatten(2).transpose(1, 2)), (h, w)
+
+
+class PaleTransformer(DenseBackbone):
+    """Pale Transformer backbone.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``'t'``/``'s'``/``'b'``),
+            or a dict with ``depths``, ``embed_dims`` and ``num_heads`` (one entry per
+            stage) and optionally ``pale_sizes`` (default 7) and ``mlp_ratios``
+            (default 4). ``embed_dims[i]`` must be divisible by ``num_heads[i]``, and
+            ``num_heads[i]`` must be even (half the heads per branch). Default: 'tiny'.
+        in_channels (int): Input image channels. Default: 3.
+        qkv_bias (bool): Bias of the pointwise q/k/v convs. Default: True.
+        drop_rate (float): Dropout after the attention projection and in the MLP. Default: 0.
+        attn_drop_rate (float): Dropout on the attention probabilities. Default: 0.
+        drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
+            blocks to this value. Default: 0.1.
+        out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
+            NCHW maps, each after its LayerNorm ``norm{i+1}`` (built only for these
+            stages). Stages after the last index are not built. Default: (0, 1, 2, 3).
+        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
+            merging; ``i >= 1`` freezes stages 1..i (patch merging, blocks and their
+            ``norm{i}`` if built). Default: -1.
+        norm_eval (bool): Keep the BatchNorms of the q/k/v projections in eval mode
+            while training (running statistics frozen). Training-mode BatchNorm needs
+            more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
+            with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
+        with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        pretrained (str, optional): Deprecated, use ``init_cfg``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
+            classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg
+            checkpoints of this backbone) load as they are.
+    """
+
+    arch_zoo = ARCH_ZOO
+
+    def __init__(self, arch='tiny', in_channels=3, qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0,
+                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
+                 with_cp=False, pretrained=None, init_cfg=None):
+        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'PaleTransformer')
+        depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
+        num_stages = len(depths)
+        pale_sizes = spec.get('pale_sizes', (DEFAULT_PALE_SIZE,) * num_stages)
+        mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
+        for name, values in (('embed_dims', dims), ('num_heads', heads), ('pale_sizes', pale_sizes),
+                             ('mlp_ratios', mlp_ratios)):
+            if len(values) != num_stages:
+                raise ValueError(f'PaleTransformer: {name} needs {num_stages} entries (one per stage), '
+                                 f'got {values}')
+        for i, (d, h, s) in enumerate(zip(dims, heads, pale_sizes)):
+            if not isinstance(s, int) or s < 1:
+                raise ValueError(f'PaleTransformer: pale_sizes[{i}]={s!r} must be a positive int')
+            if not isinstance(h, int) or h < 2 or h % 2:
+                raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
+                                 f'attend within row groups, half within column groups)')
+            if d % h:
+                raise ValueError(f'PaleTransformer: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
+            raise ValueError(f'PaleTransformer: out_indices={out_indices} must be a non-empty subset of '
+                             f'{tuple(range(num_stages))}')
+        self.num_stages = max(out_indices) + 1   # built stages
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'PaleTransformer: frozen_stages={frozen_stages} must be in '
+                             f'[-1, {self.num_stages}] ({self.num_stages} stages are built for '
+                             f'out_indices={out_indices})')
+
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.embed_dims = tuple(dims[:self.num_stages])
+        self.pale_sizes = tuple(pale_sizes[:self.num_stages])
+        total = sum(depths)
+        drop_paths = [drop_path_rate * j / max(total - 1, 1) for j in range(total)]  # linear from 0
+
+        in_dim = in_channels
+        for i in range(self.num_stages):
+            kernel, stride = (7, 4) if i == 0 else (3, 2)
+            blocks = [PaleBlock(dims[i], heads[i], pale_sizes[i], mlp_ratios[i], qkv_bias, drop_rate,
+                                attn_drop_rate, drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
+            self.add_module(f'patch_embed{i + 1}', ConvPatchMerging(in_dim, dims[i], kernel, stride))
+            self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
+            if i in out_indices:
+                self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
+            in_dim = dims[i]
+
+        self.apply(init_transformer_weights)   # convs and BatchNorms keep PyTorch's defaults
+        self._freeze_stages()
+
+    def checkpoint_filter(self, state_dict, target_keys, report):
+        """Drop the classification head and tensors of stages/norms this backbone does not build."""
+        return pale_checkpoint_filter(state_dict, target_keys, report)
+
+    def adaptable_keys(self, state_dict):
+        """Pale has no size-dependent tensors (no position tables)."""
+        return set()
+
+    def stage_modules(self, i):
+        """Patch merging, blocks and (if built) output norm of stage ``i`` (0-based)."""
+        norm = getattr(self, f'norm{i + 1}', None)
+        modules = (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'))
+        return modules + ((norm,) if norm is not None else ())
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'PaleTransformer expects an NCHW image batch, got shape {tuple(x.shape)}')
+        outs = []
+        for i in range(self.num_stages):
+            tokens, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            for block in getattr(self, f'block{i + 1}'):
+                if self.with_cp and tokens.requires_grad:
+                    tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
+                else:
+                    tokens = block(tokens, hw)
+            b, _, c = tokens.shape
+            x = tokens.transpose(1, 2).reshape(b, c, *hw)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i + 1}')(tokens)
+                outs.append(out.transpose(1, 2).reshape(b, c, *hw).contiguous())
+        return tuple(outs)
+
+
+_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
+
+
+def pale_checkpoint_filter(state_dict, target_keys, report):
+    """Prepare a Pale state_dict (ours, e.g. from :class:`~visattn_mm.models.Classifier`) for the dense backbone.
+
+    Dropped, with the reason in the report: the classification ``head``, tensors of
+    stages this backbone does not build, and output norms ``norm{i}`` it does not
+    build. A classification checkpoint has only the last stage's output norm; the
+    dense backbone's other ``norm{i}`` keep their fresh initialisation and are
+    reported as such (not as missing).
+    """
+    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q.dw.weight' in state_dict:
+        report.layout = 'pale'
+    built = {int(m.group(1)) for m in map(_STAGE_KEY.match, target_keys) if m}
+    out = {}
+    for key, value in state_dict.items():
+        match = _STAGE_KEY.match(key)
+        if key.startswith('head.'):
+            report.dropped[key] = 'classification head'
+        elif match and int(match.group(1)) not in built:
+            report.dropped[key] = 'stage not built (after the last out_indices)'
+        elif key.startswith('norm') and key not in target_keys:
+            report.dropped[key] = 'output norm not built (stage not in out_indices)'
+        else:
+            out[key] = value
+    if report.layout == 'pale':
+        for key in sorted(target_keys):
+            if key.startswith('norm') and key not in state_dict:
+                report.fresh[key] = 'output norm not in the checkpoint (a classifier has only the last one)'
+    return out

@@ -1,0 +1,296 @@
+"""Vicinity Vision Transformer (VVT) backbone for dense prediction.
+
+Paper: "Vicinity Vision Transformer" (Sun et al., TPAMI 2023); official code
+OpenNLPLab/Vicinity-Vision-Transformer (built on PVTv2). Four stages; each is an
+overlapping patch embedding (conv + LayerNorm), pre-LN blocks of vicinity
+attention and a PVTv2 conv-FFN, and a LayerNorm ``norm{i}`` whose output both
+feeds the next stage and is the stage's multi-scale output (strides 4, 8, 16, 32).
+
+Module names follow the official code (``patch_embed{i}``, ``block{i}.{j}``,
+``norm{i}``, 1-based), so official checkpoints load key for key; only their
+classification ``head`` is dropped.
+"""
+import math
+import re
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from timm.layers import DropPath
+
+from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
+from .base import DenseBackbone
+from .layers import check_arch, init_transformer_weights
+
+ARCH_ZOO = {
+    'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
+                 mlp_ratios=(8, 8, 4, 4)),
+    'small': dict(depths=(3, 3, 9, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
+                  mlp_ratios=(8, 8, 4, 4)),
+    'medium': dict(depths=(3, 3, 27, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
+                   mlp_ratios=(8, 8, 4, 4)),
+    'large': dict(depths=(4, 4, 36, 4), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
+                  mlp_ratios=(4, 4, 4, 4)),
+}
+for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'), ('l', 'large')):
+    ARCH_ZOO[_alias] = ARCH_ZOO[_name]
+
+DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
+EMBED_LN_EPS = 1e-5    # patch-embedding LayerNorm (official: nn.LayerNorm default)
+LN_EPS = 1e-6          # every other LayerNorm of the official code
+
+
+def init_vvt_weights(module):
+    """Official initialisation: trunc-normal(0.02) Linear, unit LayerNorm, fan-out normal Conv2d."""
+    init_transformer_weights(module)
+    if isinstance(module, nn.Conv2d):
+        fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
+        nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+class VicinityAttention(nn.Module):
+    """Vicinity Attention Block: Feature Reduction Attention + Feature Preserving Connection.
+
+    ``q_proj``/``k_proj``/``v_proj`` project C channels to ``C / fr_ratio``; the
+    linear vicinity attention (:func:`visattn_mm.ops.vicinity.vicinity_attention`)
+    runs per head on ``C / (fr_ratio * heads)`` channels; ``out_proj`` maps back to C.
+    The gate ``s = sigmoid(se_fc(mean over tokens of the input))`` then gives
+    ``out + out * s``. Signed clamps follow ``out_proj`` and the gate, as in the
+    official code.
+
+    Args:
+        dim (int): Channels C.
+        num_heads (int): Attention heads.
+        fr_ratio (int): Feature reduction ratio of q/k/v. Default: 2.
+        se_ratio (int): Hidden-width reduction of the gate's ``se_fc`` MLP
+            (official models: 1, i.e. ``Linear(C, C)`` twice, without bias). Default: 1.
+        proj_drop (float): Dropout on the output. Default: 0.
+    """
+
+    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        reduced = dim // fr_ratio
+        self.q_proj = nn.Linear(dim, reduced)
+        self.k_proj = nn.Linear(dim, reduced)
+        self.v_proj = nn.Linear(dim, reduced)
+        self.out_proj = nn.Linear(reduced, dim)
+        # Official key names se_fc.0 / se_fc.2 (ReLU and Sigmoid carry no weights).
+        self.se_fc = nn.Sequential(nn.Linear(dim, dim // se_ratio, bias=False), nn.ReLU(),
+                                   nn.Linear(dim // se_ratio, dim, bias=False), nn.Sigmoid())
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x, hw):
+        """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
+        b, n, _ = x.shape
+        gate = self.se_fc(x.mean(dim=1))
+        q, k, v = (proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        out = vicinity_attention(q, k, v, *hw)
+        out = signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
+        return self.proj_drop(preserve_features(out, gate))
+
+
+class DWConv(nn.Module):
+    """3x3 depthwise convolution applied to tokens laid out as an ``H x W`` map."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+
+    def forward(self, x, hw):
+        b, n, c = x.shape
+        x = self.dwconv(x.transpose(1, 2).reshape(b, c, *hw))
+        return x.flatten(2).transpose(1, 2)
+
+
+class ConvMlp(nn.Module):
+    """PVTv2 conv-FFN: fc1 -> 3x3 depthwise conv -> GELU -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, dim, hidden_dim, drop=0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.dwconv = DWConv(hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x, hw):
+        x = self.drop(self.act(self.dwconv(self.fc1(x), hw)))
+        return self.drop(self.fc2(x))
+
+
+class VVTBlock(nn.Module):
+    """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6."""
+
+    def __init__(self, dim, num_heads, mlp_ratio, fr_ratio=2, se_ratio=1, drop=0.0, drop_path=0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop)
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x, hw):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x), hw))
+
+
+class OverlapPatchEmbed(nn.Module):
+    """Overlapping conv patch embedding + LayerNorm (eps 1e-5).
+
+    Kernel ``2s - 1`` (7 for stride 4, 3 for stride 2) with padding ``k // 2``,
+    so output sides are ``ceil(H / s)`` for any input size, down to 1x1.
+    """
+
+    def __init__(self, in_channels, dim, kernel_size, stride):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size, stride, padding=kernel_size // 2)
+        self.norm = nn.LayerNorm(dim, eps=EMBED_LN_EPS)
+
+    def forward(self, x):
+        x = self.proj(x)
+        h, w = x.shape[-2:]
+        return self.norm(x.flatten(2).transpose(1, 2)), (h, w)
+
+
+class VVT(DenseBackbone):
+    """Vicinity Vision Transformer backbone.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'medium'``, ``'large'`` (or
+            ``'t'``/``'s'``/``'m'``/``'l'``), or a dict with ``depths``,
+            ``embed_dims`` and ``num_heads`` (one entry per stage) and optionally
+            ``mlp_ratios`` (default 4 per stage). Default: 'small'.
+        in_channels (int): Input image channels. Default: 3.
+        fr_ratio (int): Feature reduction ratio of the attention's q/k/v
+            (official models: 2). ``embed_dims[i]`` must be divisible by
+            ``num_heads[i] * fr_ratio``. Default: 2.
+        se_ratio (int): Hidden-width reduction of the Feature Preserving
+            Connection's gate (official models: 1). Default: 1.
+        drop_rate (float): Dropout after the attention output and in the MLP. Default: 0.
+        drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
+            blocks to this value. Default: 0.1.
+        out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
+            NCHW maps, each after that stage's LayerNorm ``norm{i+1}``. Stages after
+            the last index are not built (they would receive no gradient).
+            Default: (0, 1, 2, 3).
+        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
+            embedding; ``i >= 1`` freezes stages 1..i (patch embedding, blocks and
+            ``norm{i}``).  Default: -1.
+        norm_eval (bool): Keep BatchNorm layers in eval mode while training (VVT
+            has only LayerNorms, so this only affects BatchNorms added by
+            subclasses). Default: False.
+        with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        pretrained (str, optional): Deprecated, use ``init_cfg``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
+            official VVT checkpoints (``model`` container or bare) load as they are.
+    """
+
+    arch_zoo = ARCH_ZOO
+
+    def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
+                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
+                 with_cp=False, pretrained=None, init_cfg=None):
+        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'VVT')
+        depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
+        num_stages = len(depths)
+        mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
+        for name, values in (('embed_dims', dims), ('num_heads', heads), ('mlp_ratios', mlp_ratios)):
+            if len(values) != num_stages:
+                raise ValueError(f'VVT: {name} needs {num_stages} entries (one per stage), got {values}')
+        for name, value in (('fr_ratio', fr_ratio), ('se_ratio', se_ratio)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f'VVT: {name}={value!r} must be a positive int')
+        for i, (d, h) in enumerate(zip(dims, heads)):
+            if d % (h * fr_ratio):
+                raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
+                                 f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
+            if d % se_ratio:
+                raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
+            raise ValueError(f'VVT: out_indices={out_indices} must be a non-empty subset of '
+                             f'{tuple(range(num_stages))}')
+        self.num_stages = max(out_indices) + 1   # built stages
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'VVT: frozen_stages={frozen_stages} must be in [-1, {self.num_stages}] '
+                             f'({self.num_stages} stages are built for out_indices={out_indices})')
+
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.embed_dims = tuple(dims[:self.num_stages])
+        total = sum(depths)
+        drop_paths = [drop_path_rate * j / max(total - 1, 1) for j in range(total)]  # linear from 0
+
+        in_dim = in_channels
+        for i in range(self.num_stages):
+            kernel, stride = (7, 4) if i == 0 else (3, 2)
+            blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
+                               drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
+            self.add_module(f'patch_embed{i + 1}', OverlapPatchEmbed(in_dim, dims[i], kernel, stride))
+            self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
+            self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
+            in_dim = dims[i]
+
+        self.apply(init_vvt_weights)
+        self._freeze_stages()
+
+    def checkpoint_filter(self, state_dict, target_keys, report):
+        """Official-layout handling used by :func:`load_pretrained`."""
+        return vvt_checkpoint_filter(state_dict, target_keys, report)
+
+    def adaptable_keys(self, state_dict):
+        """VVT has no size-dependent tensors (positions are recomputed every forward)."""
+        return set()
+
+    def stage_modules(self, i):
+        """Patch embedding, blocks and norm of stage ``i`` (0-based)."""
+        return (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'),
+                getattr(self, f'norm{i + 1}'))
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'VVT expects an NCHW image batch, got shape {tuple(x.shape)}')
+        outs = []
+        for i in range(self.num_stages):
+            patch_embed, blocks, norm = self.stage_modules(i)
+            tokens, hw = patch_embed(x)
+            for block in blocks:
+                if self.with_cp and tokens.requires_grad:
+                    tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
+                else:
+                    tokens = block(tokens, hw)
+            x = norm(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+
+_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
+
+
+def vvt_checkpoint_filter(state_dict, target_keys, report):
+    """Prepare an official VVT (or our) state_dict for the dense backbone.
+
+    Official key names are ours, so tensors pass through unchanged. Dropped, with
+    the reason in the report: the classification ``head``, and the tensors of
+    stages this backbone does not build (stages after the last ``out_indices``).
+    """
+    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q_proj.weight' in state_dict:
+        report.layout = 'vvt_official' if 'head.weight' in state_dict else 'vvt'
+    built = {int(m.group(1)) for m in map(_STAGE_KEY.match, target_keys) if m}
+    out = {}
+    for key, value in state_dict.items():
+        match = _STAGE_KEY.match(key)
+        if key.startswith('head.'):
+            report.dropped[key] = 'classification head'
+        elif match and int(match.group(1)) not in built:
+            report.dropped[key] = 'stage not built (after the last out_indices)'
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,207 @@
+"""Transformer-LS long-short attention over a 2-D map: segment windows + dynamic projection.
+
+The map is zero-padded at the bottom/right to multiples of the segment size ``w``
+and its queries are grouped into non-overlapping ``w x w`` segments. Every query
+attends, in ONE softmax (fp32), to
+
+  * the ``r`` projected keys ``K_bar = P k`` of the dynamic projection (the same
+    for every query; ``P`` is a softmax over the local tokens, see
+    :func:`dynamic_projection`),
+  * the ``(w + 2p) x (w + 2p)`` key patch centred on its segment, with
+    ``p = max(w // 2, 1)``; keys outside the image -- beyond its borders or in
+    the padding -- are hidden, and
+  * the keys of the global tokens,
+
+in that order. Patches are gathered per segment (``unfold``), so memory is
+``O(N (w + 2p)^2)`` logits, never ``O(N^2)``.
+
+The official code (NVIDIA/transformer-ls, ``AttentionLS``) needs square maps whose
+side is a multiple of ``w``; on those maps this computes the same thing. Here any
+``H x W`` works: padded keys are hidden in the window branch, and the dynamic
+projection is taken over the ``H * W`` real tokens only (the callers pass unpadded
+tokens), so padding changes nothing for the real tokens.
+
+Window RPB (official formula, reproduced with its aliasing): query coordinates in
+``[0, w)^2`` and key coordinates in ``[-p, p + w)^2`` inside a segment's patch,
+``rel = q - k + (p + w - 1)`` per axis, ``index = rel_y * (2p + w) + rel_x``, into a
+table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` is
+smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
+share rows (w=7: 361 offsets on 253 rows).
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .common import softmax_fp32
+from .sliding_chunk import _from_chunks, _to_chunks
+
+
+def segment_pad(window):
+    """Keys on each side of a segment in the window branch: ``p = max(w // 2, 1)``.
+
+    The official code uses ``max(w // 2, 1)`` for the key patch and ``int(0.5 * w)``
+    for the RPB table; the two agree for every ``w >= 2`` (the only sizes at which its
+    RPB shapes fit). One value serves both here.
+
+    Args:
+        window (int): Segment size ``w``.
+
+    Returns:
+        int: ``p`` (3 for w=7, 4 for w=8).
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f'window must be a positive int, got {window!r}')
+    return max(window // 2, 1)
+
+
+def long_short_rpb_table_size(window):
+    """Rows of the window RPB table: ``2 (w + p - 1)(2p + w + 1) + 1`` (253 for w=7, 375 for w=8).
+
+    Args:
+        window (int): Segment size ``w``.
+    """
+    p = segment_pad(window)
+    return 2 * (window + p - 1) * (2 * p + window + 1) + 1
+
+
+def long_short_rpb_index(window):
+    """Index of the window RPB table, shape ``(w*w, (w + 2p)**2)``, with the official aliasing.
+
+    Rows are the queries of a segment (row-major), columns the keys of its patch
+    (row-major, starting at offset ``(-p, -p)`` from the segment's corner).
+
+    Args:
+        window (int): Segment size ``w``.
+    """
+    w, p = window, segment_pad(window)
+    q = torch.arange(w)
+    k = torch.arange(-p, w + p)
+    qy, qx = (t.reshape(-1) for t in torch.meshgrid(q, q, indexing='ij'))
+    ky, kx = (t.reshape(-1) for t in torch.meshgrid(k, k, indexing='ij'))
+    shift = p + w - 1
+    rel_y = qy[:, None] - ky[None] + shift
+    rel_x = qx[:, None] - kx[None] + shift
+    return rel_y * (2 * p + w) + rel_x
+
+
+@functools.lru_cache(maxsize=64)
+def window_key_mask(height, width, window, device):
+    """Which keys of each segment's patch lie outside the ``H x W`` image (True = hidden).
+
+    Cached per shape and device.
+
+    Args:
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Segment size ``w``.
+        device (torch.device): Where the mask is needed.
+
+    Returns:
+        BoolTensor: ``(R*C, (w + 2p)**2)`` for the ``R x C`` segment grid (row-major);
+        the same for every query of a segment.
+    """
+    w, p = window, segment_pad(window)
+    rows, cols = -(-height // w), -(-width // w)
+    span = torch.arange(-p, w + p)
+    ys = torch.arange(rows)[:, None] * w + span          # (R, K) image rows of each patch
+    xs = torch.arange(cols)[:, None] * w + span          # (C, K)
+    out_y = (ys < 0) | (ys >= height)
+    out_x = (xs < 0) | (xs >= width)
+    hidden = out_y[:, None, :, None] | out_x[None, :, None, :]       # (R, C, K, K)
+    return hidden.reshape(rows * cols, -1).to(device)
+
+
+def segment_patches(x, height, width, window):
+    """Every segment's ``(w + 2p) x (w + 2p)`` patch of ``x``, zero outside the image.
+
+    Args:
+        x (Tensor): ``(B, heads, H*W, d)``, row-major.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Segment size ``w``.
+
+    Returns:
+        Tensor: ``(B, heads, R*C, (w + 2p)**2, d)``.
+    """
+    b, heads, _, d = x.shape
+    w, p = window, segment_pad(window)
+    rows, cols = -(-height // w), -(-width // w)
+    size = w + 2 * p
+    x = x.reshape(b, heads, height, width, d)
+    x = F.pad(x, (0, 0, p, cols * w - width + p, p, rows * w - height + p))
+    patches = x.unfold(2, size, w).unfold(3, size, w)      # (B, h, R, C, d, K, K)
+    return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(b, heads, rows * cols, size * size, d)
+
+
+def dynamic_projection(logits, num_heads):
+    """The dynamic projection ``P``: a softmax over the tokens, computed in fp32.
+
+    Args:
+        logits (Tensor): ``(B, N, heads * r)``, the output of ``to_dynamic_projection``
+            on the ``N`` local tokens (no padding); channel ``h * r + j`` is row ``j``
+            of head ``h``.
+        num_heads (int): Attention heads.
+
+    Returns:
+        Tensor: ``(B, heads, r, N)`` in the input dtype; each row sums to 1 over the
+        tokens. ``K_bar = P @ k`` and ``V_bar = P @ v`` per head.
+    """
+    b, n, channels = logits.shape
+    if channels % num_heads:
+        raise ValueError(f'dynamic projection has {channels} channels, not a multiple of '
+                         f'num_heads={num_heads}')
+    return softmax_fp32(logits.transpose(1, 2).reshape(b, num_heads, channels // num_heads, n))
+
+
+def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
+                         global_k=None, global_v=None, local_bias=None, dropout_p=0.0):
+    """Local queries attend to ``[projected keys | their segment's patch | global keys]``.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` local queries, row-major, already scaled.
+        k (Tensor): ``(B, heads, H*W, d)`` local keys.
+        v (Tensor): ``(B, heads, H*W, d)`` local values.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Segment size ``w``.
+        k_bar (Tensor, optional): ``(B, heads, r, d)`` keys of the dynamic projection.
+        v_bar (Tensor, optional): ``(B, heads, r, d)`` values of the dynamic projection.
+        global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
+        global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
+        local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
+            ``table[long_short_rpb_index(w)]`` with heads moved first.
+        dropout_p (float): Dropout on the attention probabilities.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    w = window
+    q_seg = _to_chunks(q, height, width, w)
+    b, heads, rows, cols, _, d = q_seg.shape
+    q_seg = q_seg.reshape(b, heads, rows * cols, w * w, d)
+    k_win = segment_patches(k, height, width, w)
+    v_win = segment_patches(v, height, width, w)
+
+    logits = q_seg @ k_win.transpose(-1, -2)             # (B, h, R*C, w*w, K*K)
+    if local_bias is not None:
+        logits = logits + local_bias[:, None]
+    logits = logits.masked_fill(window_key_mask(height, width, w, q.device)[:, None, :], float('-inf'))
+    parts = [logits]
+    num_bar = 0 if k_bar is None else k_bar.shape[2]
+    if num_bar:
+        parts.insert(0, q_seg @ k_bar.unsqueeze(2).transpose(-1, -2))
+    num_global = 0 if global_k is None else global_k.shape[2]
+    if num_global:
+        parts.append(q_seg @ global_k.unsqueeze(2).transpose(-1, -2))
+
+    attn = softmax_fp32(torch.cat(parts, dim=-1)).to(v.dtype)
+    if dropout_p > 0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    num_win = k_win.shape[3]
+    out = attn[..., num_bar:num_bar + num_win] @ v_win
+    if num_bar:
+        out = out + attn[..., :num_bar] @ v_bar.unsqueeze(2)
+    if num_global:
+        out = out + attn[..., num_bar + num_win:] @ global_v.unsqueeze(2)
+    return _from_chunks(out.reshape(b, heads, rows, cols, w * w, d), height, width, w)

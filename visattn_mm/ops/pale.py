@@ -1,0 +1,147 @@
+"""Pale-shaped self-attention (PS-Attention, parallel form) of the Pale Transformer.
+
+Paper: "Pale Transformer: A General Vision Transformer Backbone with Pale-Shaped
+Attention" (Wu et al., AAAI 2022); no official code was released. A pale of an
+``H x W`` map is ``s_r`` interlaced rows plus ``s_c`` interlaced columns; the
+parallel implementation splits the heads in two halves:
+
+  * row half: the rows are cut into ``stride_r = H / s_r`` groups of ``s_r``
+    interlaced rows -- group ``g`` holds rows ``g, g + stride_r, g + 2 stride_r, ...``
+    -- and every query attends to the ``s_r * W`` tokens of its row group;
+  * column half: likewise with ``s_c`` interlaced columns (stride ``W / s_c``) over
+    the full height, ``s_c * H`` keys per query.
+
+Any map size: the grouping axis is zero-padded at the end to ``stride * s`` with
+``stride = ceil(side / s)``, padded keys are masked and padded queries cropped.
+Equivalently, rows ``i`` and ``j`` share a row group iff ``i = j (mod ceil(H / s_r))``
+(:func:`visattn_mm.ops.reference.pale_attention_dense` is written from that rule).
+Maps smaller than the pale size (``side < s``) use the effective pale size
+``min(s, side)``: stride 1, one group holding the whole axis -- exactly what padding
+to ``s`` with masked keys would compute, without the padded work. Every group holds
+its row ``g < stride <= side``, so no query ever has all its keys masked.
+
+Keys are gathered group-wise: the score tensors are ``(H / s_r) x (s_r W)^2`` and
+``(W / s_c) x (s_c H)^2`` per head, never ``(HW)^2``. Only the grouping axis is
+padded; the other axis is used at its full size.
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .common import softmax_fp32
+
+
+def _pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def interlace_stride(side, pale_size):
+    """``(effective pale size, stride, padded side)`` of one axis.
+
+    ``stride = ceil(side / s)`` groups of ``s_eff = min(s, side)`` interlaced lines;
+    the axis is padded to ``stride * s_eff >= side``.
+    """
+    if not isinstance(pale_size, int) or pale_size < 1:
+        raise ValueError(f'pale_size must be a positive int, got {pale_size!r}')
+    size = min(pale_size, side)
+    stride = -(-side // size)
+    return size, stride, stride * size
+
+
+@functools.lru_cache(maxsize=64)
+def padded_key_mask(side, length, pale_size, device):
+    """Which gathered keys of each interlaced group are padding (True = hidden).
+
+    Returns ``None`` when the axis needs no padding, else a BoolTensor
+    ``(stride, 1, s_eff * length)``: key ``k * length + x`` of group ``g`` is line
+    ``k * stride + g`` of the padded axis, hidden when that line is ``>= side``.
+    """
+    size, stride, padded = interlace_stride(side, pale_size)
+    if padded == side:
+        return None
+    line = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]    # (stride, s)
+    hidden = (line >= side)[:, :, None].expand(stride, size, length)
+    return hidden.reshape(stride, 1, size * length).to(device)
+
+
+def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+    """Self-attention within groups of ``s`` interlaced rows spanning the full width.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` queries, row-major, already scaled.
+        k (Tensor): ``(B, heads, H*W, d)`` keys.
+        v (Tensor): ``(B, heads, H*W, d_v)`` values.
+        height (int): Map height ``H`` (the grouped axis).
+        width (int): Map width ``W``.
+        pale_size (int): Rows per group ``s`` (``min(s, H)`` is used).
+        dropout_p (float): Dropout on the attention probabilities.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d_v)``.
+    """
+    b, heads, n, _ = q.shape
+    if n != height * width:
+        raise ValueError(f'interlaced_row_attention: {n} tokens do not form a {height}x{width} map')
+    size, stride, padded = interlace_stride(height, pale_size)
+
+    def group(t):
+        # Row k * stride + g of the padded map is line k of group g: (B, h, stride, s*W, d).
+        d = t.shape[-1]
+        t = F.pad(t.reshape(b, heads, height, width, d), (0, 0, 0, 0, 0, padded - height))
+        t = t.reshape(b, heads, size, stride, width, d).transpose(2, 3)
+        return t.reshape(b, heads, stride, size * width, d)
+
+    logits = group(q) @ group(k).transpose(-1, -2)          # (B, h, stride, s*W, s*W)
+    hidden = padded_key_mask(height, width, pale_size, q.device)
+    if hidden is not None:
+        logits = logits.masked_fill(hidden, float('-inf'))
+    attn = softmax_fp32(logits).to(v.dtype)
+    if dropout_p > 0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    d = v.shape[-1]
+    out = (attn @ group(v)).reshape(b, heads, stride, size, width, d).transpose(2, 3)
+    return out.reshape(b, heads, padded, width, d)[:, :, :height].reshape(b, heads, n, d)
+
+
+def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+    """Self-attention within groups of ``s`` interlaced columns spanning the full height.
+
+    The row attention of the transposed map. Arguments and result as
+    :func:`interlaced_row_attention`, with ``pale_size`` = columns per group.
+    """
+    b, heads, n, _ = q.shape
+
+    def transpose(t, h, w):
+        return t.reshape(b, heads, h, w, -1).transpose(2, 3).reshape(b, heads, n, -1)
+
+    out = interlaced_row_attention(*(transpose(t, height, width) for t in (q, k, v)),
+                                   width, height, pale_size, dropout_p)
+    return transpose(out, width, height)
+
+
+def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+    """Parallel PS-Attention: the first half of the heads attends within interlaced
+    row groups, the second half within interlaced column groups.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` queries, row-major, already scaled;
+            ``heads`` must be even.
+        k (Tensor): ``(B, heads, H*W, d)`` keys.
+        v (Tensor): ``(B, heads, H*W, d)`` values.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``.
+        dropout_p (float): Dropout on the attention probabilities.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
+    """
+    heads = q.shape[1]
+    if heads % 2:
+        raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
+    s_r, s_c = _pair(pale_size)
+    half = heads // 2
+    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p)
+    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p)
+    return torch.cat([row, col], dim=1)
