@@ -6,6 +6,7 @@ configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 """
 from mmengine.registry import HOOKS, MODELS
 
+from . import timm_models  # noqa: F401  (registers the timm.create_model names)
 from .engine import RandomShiftHook
 from .models import VVT, PaleTransformer, ViL, ViLLS
 

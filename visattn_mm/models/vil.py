@@ -723,15 +723,36 @@ def vil_checkpoint_filter(state_dict, target_keys, report):
     ``query`` (first C rows) and ``kv`` where our stage uses sliding-chunk attention;
     the ``*_global`` copies of shared weights are dropped after checking they equal
     their originals; index buffers and the classification head are dropped; the
-    final ``norm`` becomes the last stage's output norm when there is one. Other
-    layouts (ours, our classifier's ``backbone.`` keys) pass through unchanged.
+    final ``norm`` becomes the last stage's output norm when there is one. Our own
+    layouts (dense, or the classifier's ``backbone.`` keys) keep their names; in all
+    layouts a full-attention ``qkv`` is split where the target stage is sliding-chunk.
     Position tables of another size are resized later by the load pre-hook.
     """
-    out = _convert_official_vil(state_dict, target_keys, report) \
-        if 'layer1.0.proj.weight' in state_dict else state_dict
+    if 'layer1.0.proj.weight' in state_dict:
+        state_dict = _convert_official_vil(state_dict, target_keys, report)
+    out = _split_full_qkv(state_dict, target_keys, report)
     for key in target_keys:
         if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
             report.fresh[key] = 'output norm; classification checkpoints have only the final one'
+    return out
+
+
+def _split_full_qkv(state_dict, target_keys, report):
+    """Full-attention ``qkv`` (official or our classification layout) into ``query``/``kv``.
+
+    Only where the target stage runs sliding-chunk attention (it has ``query``);
+    ``query`` is the first C rows, ``kv`` the remaining 2C.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        qkv = re.match(r'(.+\.attn\.)qkv\.(weight|bias)$', key)
+        if qkv and f'{qkv.group(1)}query.{qkv.group(2)}' in target_keys:
+            dim = value.shape[0] // 3
+            for name, part_value in (('query', value[:dim]), ('kv', value[dim:])):
+                out[f'{qkv.group(1)}{name}.{qkv.group(2)}'] = part_value
+                report.converted[f'{qkv.group(1)}{name}.{qkv.group(2)}'] = f'{key}[{"0:C" if name == "query" else "C:3C"}]'
+        else:
+            out[key] = value
     return out
 
 
@@ -775,14 +796,6 @@ def _convert_official_vil(state_dict, target_keys, report):
                 report.dropped[key] = 'DIFFERS from the shared weight it should copy; ours shares one'
             else:
                 report.dropped[key] = 'duplicate of a shared weight'
-            continue
-        qkv = re.match(r'(.+\.attn\.)qkv\.(weight|bias)$', new)
-        if qkv and f'{qkv.group(1)}query.{qkv.group(2)}' in target_keys:
-            dim = value.shape[0] // 3
-            for name, part_value in (('query', value[:dim]), ('kv', value[dim:])):
-                converted = f'{qkv.group(1)}{name}.{qkv.group(2)}'
-                out[converted] = part_value
-                report.converted[converted] = f'{key}[{"0:C" if name == "query" else "C:3C"}]'
             continue
         out[new] = value  # renamed only: counts as loaded as-is
     return out

@@ -1,0 +1,72 @@
+"""timm model names for the classification forms of the four backbones (ImageNet pretraining).
+
+After ``import visattn_mm`` (whose registry imports this module),
+``timm.create_model('pale_tiny', num_classes=1000, drop_path_rate=0.1)`` builds a
+:class:`~visattn_mm.models.Classifier` through timm's ``build_model_with_cfg``, so the
+model carries timm's ``pretrained_cfg``/``default_cfg`` and works with timm's
+``train.py``/``validate.py`` (see ``tools/timm_train.py``). Its state_dict
+(``backbone.*`` + ``head.*``, bare or in timm's ``{'state_dict': ...}`` checkpoint)
+loads into the dense backbone of the same size through
+:func:`visattn_mm.checkpoint.load_pretrained`.
+
+Nothing is built at import time; no pretrained weights are hosted (``pretrained=True``
+has no file to fetch, pass ``pretrained_cfg_overlay=dict(file=PATH)`` for a local one).
+Importing twice is a no-op (Python caches the module); reloading it only makes timm
+warn that the names are overwritten.
+"""
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from .models.classifier import Classifier
+
+VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # official classification layout
+VIL_LS_CLS_ATTN = ('long_short', 'long_short', 'full', 'full')
+
+# timm name -> (backbone_type, default backbone kwargs). create_model kwargs override them
+# (e.g. ``drop_path_rate``, or a small ``arch`` dict for tests); ``num_classes``,
+# ``in_chans`` and ``global_pool`` go to the Classifier.
+VARIANTS = {}
+for _size in ('tiny', 'small', 'medium', 'base'):
+    VARIANTS[f'vil_{_size}'] = ('ViL', dict(arch=_size, attn_types=VIL_CLS_ATTN))
+    VARIANTS[f'vil_ls_{_size}'] = ('ViLLS', dict(arch=_size, attn_types=VIL_LS_CLS_ATTN))
+for _size in ('tiny', 'small', 'medium', 'large'):
+    VARIANTS[f'vvt_{_size}'] = ('VVT', dict(arch=_size))
+for _size, _drop_path in (('tiny', 0.1), ('small', 0.3), ('base', 0.5)):  # Pale paper's ImageNet drop path
+    VARIANTS[f'pale_{_size}'] = ('PaleTransformer', dict(arch=_size, drop_path_rate=_drop_path))
+
+FIRST_CONV = {'ViL': 'backbone.stages.0.patch_embed.proj', 'ViLLS': 'backbone.stages.0.patch_embed.proj',
+              'VVT': 'backbone.patch_embed1.proj', 'PaleTransformer': 'backbone.patch_embed1.proj'}
+
+
+# Evaluation crops of the papers' recipes: ViL and LS follow DeiT, Pale resizes to 256 and
+# crops 224 (both 0.875); VVT follows PVT (0.9).
+CROP_PCT = {'ViL': 0.875, 'ViLLS': 0.875, 'VVT': 0.9, 'PaleTransformer': 0.875}
+
+
+def _cfg(backbone_type):
+    return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=None,
+                crop_pct=CROP_PCT[backbone_type],
+                interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+                first_conv=FIRST_CONV[backbone_type], classifier='head')
+
+
+default_cfgs = generate_default_cfgs({name: _cfg(spec[0]) for name, spec in VARIANTS.items()})
+
+
+def _create(variant, pretrained=False, **kwargs):
+    backbone_type, defaults = VARIANTS[variant]
+    kwargs = {**defaults, **kwargs}
+    return build_model_with_cfg(Classifier, variant, pretrained, backbone_type=backbone_type, **kwargs)
+
+
+def _register(variant):
+    def entrypoint(pretrained=False, **kwargs):
+        return _create(variant, pretrained, **kwargs)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = variant
+    entrypoint.__doc__ = f'{VARIANTS[variant][0]} classifier ({variant}), 224x224 ImageNet layout.'
+    globals()[variant] = register_model(entrypoint)
+
+
+for _variant in VARIANTS:
+    _register(_variant)
