@@ -6,13 +6,7 @@
 # norms (mmdet's Swin settings), no gradient clipping (CSWin/Swin Mask R-CNN 1x configs).
 # No official Pale weights exist: train a Pale classifier first (e.g. through timm) and load it
 # with init_cfg; the classification head and missing output norms are reported.
-_base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
-]
-custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)
+_base_ = ['./_base_/maskrcnn_1x.py']
 
 model = dict(
     backbone=dict(
@@ -28,15 +22,4 @@ model = dict(
         # init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pale_tiny.pth')
     neck=dict(in_channels=[64, 128, 256, 512]))
 
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.001),
-    paramwise_cfg=dict(norm_decay_mult=0.0))
-
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
-]
-
-# Learning rates above are for 16 images per step (8 GPUs x 2), as in the paper.
-auto_scale_lr = dict(enable=False, base_batch_size=16)
+optim_wrapper = dict(optimizer=dict(weight_decay=0.001))

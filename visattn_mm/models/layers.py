@@ -53,3 +53,22 @@ def check_arch(arch, arch_zoo, required_keys, name):
         raise ValueError(f'{name}: custom arch dict is missing {sorted(missing)} '
                          f'(needs {sorted(required_keys)})')
     return dict(arch)
+
+
+class OverlapPatchEmbed(nn.Module):
+    """Overlapping conv patch embedding (VVT) / patch merging (Pale) + LayerNorm.
+
+    Kernel ``k``, stride ``s`` and padding ``k // 2``, so output sides are
+    ``ceil(H / s)`` for every odd ``k = 2s - 1`` (7/4 and 3/2) and any input size.
+    Returns the ``(B, H*W, C)`` tokens and ``(H, W)``.
+    """
+
+    def __init__(self, in_channels, dim, kernel_size, stride, eps=1e-5):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size, stride, padding=kernel_size // 2)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x):
+        x = self.proj(x)
+        h, w = x.shape[-2:]
+        return self.norm(x.flatten(2).transpose(1, 2)), (h, w)

@@ -38,7 +38,7 @@ from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
 from .base import DenseBackbone
-from .layers import Mlp, check_arch, init_transformer_weights
+from .layers import Mlp, OverlapPatchEmbed, check_arch, init_transformer_weights
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
@@ -141,20 +141,6 @@ class PaleBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class ConvPatchMerging(nn.Module):
-    """Overlapping conv patch merging (kernel ``k``, stride ``s``, padding ``k // 2``) + LayerNorm."""
-
-    def __init__(self, in_channels, dim, kernel_size, stride):
-        super().__init__()
-        self.proj = nn.Conv2d(in_channels, dim, kernel_size, stride, padding=kernel_size // 2)
-        self.norm = nn.LayerNorm(dim, eps=LN_EPS)
-
-    def forward(self, x):
-        x = self.proj(x)
-        h, w = x.shape[-2:]
-        return self.norm(x.flatten(2).transpose(1, 2)), (h, w)
-
-
 class PaleTransformer(DenseBackbone):
     """Pale Transformer backbone.
 
@@ -235,7 +221,8 @@ class PaleTransformer(DenseBackbone):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [PaleBlock(dims[i], heads[i], pale_sizes[i], mlp_ratios[i], qkv_bias, drop_rate,
                                 attn_drop_rate, drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
-            self.add_module(f'patch_embed{i + 1}', ConvPatchMerging(in_dim, dims[i], kernel, stride))
+            self.add_module(f'patch_embed{i + 1}',
+                            OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS))
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
             if i in out_indices:
                 self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))

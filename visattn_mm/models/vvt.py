@@ -19,7 +19,7 @@ from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
 from .base import DenseBackbone
-from .layers import check_arch, init_transformer_weights
+from .layers import OverlapPatchEmbed, check_arch, init_transformer_weights
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -137,24 +137,6 @@ class VVTBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x), hw))
 
 
-class OverlapPatchEmbed(nn.Module):
-    """Overlapping conv patch embedding + LayerNorm (eps 1e-5).
-
-    Kernel ``2s - 1`` (7 for stride 4, 3 for stride 2) with padding ``k // 2``,
-    so output sides are ``ceil(H / s)`` for any input size, down to 1x1.
-    """
-
-    def __init__(self, in_channels, dim, kernel_size, stride):
-        super().__init__()
-        self.proj = nn.Conv2d(in_channels, dim, kernel_size, stride, padding=kernel_size // 2)
-        self.norm = nn.LayerNorm(dim, eps=EMBED_LN_EPS)
-
-    def forward(self, x):
-        x = self.proj(x)
-        h, w = x.shape[-2:]
-        return self.norm(x.flatten(2).transpose(1, 2)), (h, w)
-
-
 class VVT(DenseBackbone):
     """Vicinity Vision Transformer backbone.
 
@@ -232,7 +214,8 @@ class VVT(DenseBackbone):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
                                drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
-            self.add_module(f'patch_embed{i + 1}', OverlapPatchEmbed(in_dim, dims[i], kernel, stride))
+            self.add_module(f'patch_embed{i + 1}',
+                            OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS))
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
             self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
             in_dim = dims[i]
