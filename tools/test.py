@@ -125,6 +125,7 @@ def main(argv=None) -> None:
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     runner.test()
+    common.finish_distributed()
 
 
 if __name__ == '__main__':

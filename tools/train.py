@@ -92,6 +92,7 @@ def main(argv=None) -> None:
     common.prepare_cpu_distributed(cfg)
     runner = common.build_runner(cfg)
     runner.train()
+    common.finish_distributed()
 
 
 if __name__ == '__main__':
