@@ -73,44 +73,6 @@ def test_config_custom_imports_alone_registers(tmp_path, scope):
     assert out.strip() == 'ViL'
 
 
-def _build_detector(config):
-    import visattn_mm  # noqa: F401
-    from mmdet.registry import MODELS
-    from mmengine.registry import init_default_scope
-    init_default_scope('mmdet')
-    return MODELS.build(Config.fromfile(ROOT / 'configs' / config).model)
-
-
-@pytest.mark.parametrize('config,expected_m', [('maskrcnn_vil_s_1x.py', 45.0), ('maskrcnn_vil_t_1x.py', 26.9)])
-def test_maskrcnn_parameter_count_matches_paper(config, expected_m):
-    """The paper's detector counts include the official backbone's unused ImageNet head: with it
-    (1000 x C_last + 1000) Mask R-CNN and RetinaNet T/S all land within 0.25% of the paper;
-    without it all are 1-2.5% low. Our detectors drop that head, so it is added back here."""
-    detector = _build_detector(config)
-    unused_head = 1000 * detector.backbone.embed_dims[-1] + 1000
-    count = (sum(p.numel() for p in detector.parameters()) + unused_head) / 1e6
-    assert abs(count - expected_m) / expected_m < 0.01, count
-
-
-def test_maskrcnn_vil_optimizer_groups():
-    """No weight decay for norms (by type), RPB tables and global tokens; decay elsewhere."""
-    from mmengine.optim import build_optim_wrapper
-    model = _build_detector('maskrcnn_vil_t_1x.py')
-    cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_vil_t_1x.py')
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    decay_of = {}
-    names = {id(p): n for n, p in model.named_parameters()}
-    for group in wrapper.optimizer.param_groups:
-        for p in group['params']:
-            decay_of[names[id(p)]] = group['weight_decay']
-    for name, decay in decay_of.items():
-        if not name.startswith('backbone.'):
-            continue
-        no_decay = ('norm' in name or 'relative_position' in name or 'cls_token' in name)
-        assert (decay == 0.0) == no_decay, (name, decay)
-    assert wrapper.clip_grad_kwargs['max_norm'] == 0.5
-
-
 @pytest.fixture(scope='module')
 def toy_coco(tmp_path_factory):
     return make_coco_instances(tmp_path_factory.mktemp('toy_coco'), num_train=8, num_val=4, seed=1)
@@ -148,6 +110,7 @@ def test_maskrcnn_vil_s_config_trains_and_evaluates(tmp_path, toy_coco):
         'maskrcnn_vil_s_1x.py', toy_coco, tmp_path / 'vil_s_toy.py',
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=1, val_interval=1),
         param_scheduler=[],
+        model=dict(backbone=dict(init_cfg=None)),   # no ImageNet weights here
         default_hooks=dict(checkpoint=dict(by_epoch=False, interval=1)))
     _tool('tools/train.py', cfg, '--work-dir', tmp_path / 'work')
     checkpoint = tmp_path / 'work' / 'iter_1.pth'

@@ -1,7 +1,8 @@
 # UperNet on ADE20K, 160k iterations, 512x512 crops: the shared segmentation recipe
 # (mmseg's Swin UperNet setting, which the VVT and Pale papers follow).
-# Derived configs replace the backbone and the heads' input channels:
-#   model = dict(backbone=dict(_delete_=True, type=..., ...),
+# Final configs replace the backbone (a family base's dict, `_delete_=True`) and the heads'
+# input channels:
+#   model = dict(backbone=dict(_base_.<family>_backbone, arch=..., ...),
 #                decode_head=dict(in_channels=[c1, c2, c3, c4]),
 #                auxiliary_head=dict(in_channels=c3))
 _base_ = [
@@ -9,8 +10,12 @@ _base_ = [
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_160k.py',
+    './optim_no_decay.py',
 ]
 custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)
+# Random-number states go into every checkpoint, so --resume continues exactly
+# (configs that use RandomShiftHook replace this list; that hook saves them too).
+custom_hooks = [dict(type='RngStateHook')]
 
 crop_size = (512, 512)
 # Plain BN instead of mmseg's SyncBN, so single-process (CPU, one GPU) runs work too.
@@ -27,18 +32,12 @@ model = dict(
     auxiliary_head=dict(in_index=2, num_classes=150, norm_cfg=norm_cfg,
                         loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=0.4)))
 
-# AdamW lr 6e-5, weight decay 0.01; none on norms (by type) or position tables/tokens.
+# AdamW lr 6e-5, weight decay 0.01; no decay per ./optim_no_decay.py.
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        custom_keys={
-            'relative_position': dict(decay_mult=0.0),
-            'pos_embed': dict(decay_mult=0.0),
-            'cls_token': dict(decay_mult=0.0),
-        }))
+    paramwise_cfg=_base_.no_decay_paramwise_cfg)
 
 # Linear warm-up over 1500 iterations, then poly decay (power 1.0) to 0 at 160k.
 param_scheduler = [

@@ -10,8 +10,9 @@ image_scale = (160, 128)
 max_iters = 150
 
 model = dict(
-    # Small data from scratch: no stochastic depth; random-shift training (RandomShiftHook below).
-    backbone=dict(drop_path_rate=0.0),
+    # Small data from scratch (no ImageNet weights): no stochastic depth; random-shift training
+    # (RandomShiftHook below).
+    backbone=dict(drop_path_rate=0.0, init_cfg=None),
     roi_head=dict(bbox_head=dict(num_classes=len(classes)), mask_head=dict(num_classes=len(classes))),
     # At most 4 objects per image: fewer sampled anchors/RoIs keep mmcv's CPU RoIAlign cheap.
     train_cfg=dict(rpn=dict(sampler=dict(num=128)), rcnn=dict(sampler=dict(num=128))))
