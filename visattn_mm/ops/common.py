@@ -1,5 +1,6 @@
 """Numerics shared by the attention ops."""
 import torch
+import torch.nn.functional as F
 
 
 def softmax_fp32(logits, dim=-1):
@@ -11,3 +12,82 @@ def softmax_fp32(logits, dim=-1):
     if logits.dtype in (torch.float16, torch.bfloat16):
         return logits.softmax(dim=dim, dtype=torch.float32).to(logits.dtype)
     return logits.softmax(dim=dim)
+
+
+# Logit added to keys hidden through an extra feature column (see
+# :func:`fused_attention`): exp(-1e4) is exactly 0 in fp16/bf16/fp32 softmax,
+# yet finite, so the gradient through the column stays 0 instead of 0 * inf.
+HIDDEN_KEY_LOGIT = -1e4
+
+
+def fused_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
+    """``softmax(q k^T + bias, key mask) v`` through ``scaled_dot_product_attention``.
+
+    The fused kernels (flash on CPU, flash / memory-efficient on CUDA)
+    accumulate in fp32 and keep only a log-sum-exp per query for backward,
+    never the ``L x S`` scores. PyTorch picks its explicit math kernel instead
+    (same result) when the bias requires grad or dropout is on (CPU).
+
+    A bias shared by all groups combined with a mask that differs per group
+    would need a materialised ``(N, h, L, S)`` float mask -- as large as the
+    scores. Instead the mask is folded into the dot product: queries get an
+    extra feature 1, keys ``0`` or :data:`HIDDEN_KEY_LOGIT` (values get a 0
+    feature to keep the head dims equal, as the fused kernels require). All
+    three are then zero-padded to a head dim that is a multiple of 8.
+
+    Numerics under fp16/bf16 (autocast): the explicit path rounds the logits
+    and the fp32 softmax to the input dtype before ``@ v``; the fused kernels
+    keep scores, softmax and accumulation in fp32 and round only the output.
+    The two agree to the input dtype's precision (about 1e-2 relative in bf16).
+
+    Args:
+        q (Tensor): ``(N, h, L, d)`` queries, already scaled.
+        k (Tensor): ``(N, h, S, d)`` keys.
+        v (Tensor): ``(N, h, S, d)`` values.
+        bias (Tensor, optional): ``(h, L, S)`` logit bias shared by the N groups.
+        hidden (BoolTensor, optional): broadcastable to ``(N, h, 1, S)``,
+            True where a key is hidden from every query.
+        dropout_p (float): Dropout on the attention probabilities.
+
+    Returns:
+        Tensor: ``(N, h, L, d)``.
+    """
+    head_dim = v.shape[-1]
+    mask = None if bias is None else bias.to(q.dtype)
+    if hidden is not None and mask is None:
+        mask = ~hidden
+    elif hidden is not None:
+        key_logit = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device)
+        key_logit = key_logit.masked_fill(hidden, HIDDEN_KEY_LOGIT).transpose(-1, -2)
+        # Pad the head dim to a multiple of 8 that the fused CUDA kernels require.
+        extra = 8 - head_dim % 8
+        q = torch.cat([q, F.pad(torch.ones_like(q[..., :1]), (0, extra - 1))], dim=-1)
+        k = torch.cat([k, F.pad(key_logit.expand(*k.shape[:-1], 1), (0, extra - 1))], dim=-1)
+        v = F.pad(v, (0, extra))
+    if mask is not None:
+        # A mask with fewer dims than q makes PyTorch (2.12, CPU) skip the fused kernel.
+        mask = mask.reshape((1, ) * (q.dim() - mask.dim()) + tuple(mask.shape))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+    return out[..., :head_dim]
+
+
+def dense_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
+    """softmax(q k^T + bias, masked) v with the softmax in fp32.
+
+    Args:
+        q (Tensor): ``(..., Nq, d)``, already scaled.
+        k (Tensor): ``(..., Nk, d)``.
+        v (Tensor): ``(..., Nk, d)``.
+        bias (Tensor, optional): broadcastable to ``(..., Nq, Nk)``.
+        hidden (BoolTensor, optional): True where a key is hidden from a query.
+        dropout_p (float): Dropout on the attention probabilities.
+    """
+    logits = q @ k.transpose(-1, -2)
+    if bias is not None:
+        logits = logits + bias
+    if hidden is not None:
+        logits = logits.masked_fill(hidden, float('-inf'))
+    attn = softmax_fp32(logits).to(v.dtype)
+    if dropout_p > 0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    return attn @ v

@@ -33,7 +33,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .common import softmax_fp32
+from .common import fused_attention, softmax_fp32
+from .impl import use_fast_path
 from .sliding_chunk import _from_chunks, _to_chunks
 
 
@@ -125,13 +126,19 @@ def segment_patches(x, height, width, window):
         Tensor: ``(B, heads, R*C, (w + 2p)**2, d)``.
     """
     b, heads, _, d = x.shape
+    patches = _segment_patch_view(x, height, width, window)      # (B, h, R, C, d, K, K)
+    return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(b, heads, -1, patches.shape[-1] ** 2, d)
+
+
+def _segment_patch_view(x, height, width, window):
+    """``(B, h, R, C, d, K, K)`` strided view of every segment's patch (see :func:`segment_patches`)."""
+    b, heads, _, d = x.shape
     w, p = window, segment_pad(window)
     rows, cols = -(-height // w), -(-width // w)
     size = w + 2 * p
     x = x.reshape(b, heads, height, width, d)
     x = F.pad(x, (0, 0, p, cols * w - width + p, p, rows * w - height + p))
-    patches = x.unfold(2, size, w).unfold(3, size, w)      # (B, h, R, C, d, K, K)
-    return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(b, heads, rows * cols, size * size, d)
+    return x.unfold(2, size, w).unfold(3, size, w)
 
 
 def dynamic_projection(logits, num_heads):
@@ -176,6 +183,9 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if use_fast_path(q, local_bias):
+        return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v,
+                                           local_bias, dropout_p)
     w = window
     q_seg = _to_chunks(q, height, width, w)
     b, heads, rows, cols, _, d = q_seg.shape
@@ -205,3 +215,36 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
     if num_global:
         out = out + attn[..., num_bar + num_win:] @ global_v.unsqueeze(2)
     return _from_chunks(out.reshape(b, heads, rows, cols, w * w, d), height, width, w)
+
+
+def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias,
+                                dropout_p):
+    """:func:`long_short_attention` through :func:`fused_attention`.
+
+    Segments become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
+    against ``[projected | patch | global]`` keys. The window RPB is the same
+    for every segment; the outside-the-image keys are key-only per segment,
+    which :func:`fused_attention` folds into the dot product.
+    """
+    w = window
+    q_seg = _to_chunks(q, height, width, w)
+    b, heads, rows, cols, segment, d = q_seg.shape
+    q_seg = q_seg.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, segment, d)
+    num_bar = 0 if k_bar is None else k_bar.shape[2]
+    num_global = 0 if global_k is None else global_k.shape[2]
+
+    def keys(t, bar, glob):
+        patches = _segment_patch_view(t, height, width, w).permute(0, 2, 3, 1, 5, 6, 4)
+        parts = [patches.reshape(b, rows * cols, heads, -1, d)]
+        for extra, first in ((bar, True), (glob, False)):
+            if extra is not None and extra.shape[2]:
+                extra = extra[:, None].expand(b, rows * cols, *extra.shape[1:])
+                parts.insert(0 if first else len(parts), extra)
+        return torch.cat(parts, dim=3).reshape(b * rows * cols, heads, -1, d)
+
+    bias = None if local_bias is None else F.pad(local_bias, (num_bar, num_global))
+    hidden = window_key_mask(height, width, w, q.device)
+    hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
+    out = fused_attention(q_seg, keys(k, k_bar, global_k), keys(v, v_bar, global_v), bias, hidden, dropout_p)
+    out = out.reshape(b, rows, cols, heads, segment, d).permute(0, 3, 1, 2, 4, 5)
+    return _from_chunks(out, height, width, w)

@@ -20,8 +20,11 @@ Maps smaller than the pale size (``side < s``) use the effective pale size
 to ``s`` with masked keys would compute, without the padded work. Every group holds
 its row ``g < stride <= side``, so no query ever has all its keys masked.
 
-Keys are gathered group-wise: the score tensors are ``(H / s_r) x (s_r W)^2`` and
-``(W / s_c) x (s_c H)^2`` per head, never ``(HW)^2``. Only the grouping axis is
+Keys are gathered group-wise. The explicit ('math') path builds score tensors of
+``(H / s_r) x (s_r W)^2`` and ``(W / s_c) x (s_c H)^2`` per head -- never ``(HW)^2``,
+but growing like ``N^1.5``. The fused ('fast', default on CPU and CUDA) path runs
+the groups through ``scaled_dot_product_attention`` and stores no scores, so its
+memory is linear in N (see :mod:`visattn_mm.ops.impl`). Only the grouping axis is
 padded; the other axis is used at its full size.
 """
 import functools
@@ -29,7 +32,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .common import softmax_fp32
+from .common import dense_attention, fused_attention
+from .impl import use_fast_path
 
 
 def _pair(value):
@@ -92,15 +96,12 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         t = t.reshape(b, heads, size, stride, width, d).transpose(2, 3)
         return t.reshape(b, heads, stride, size * width, d)
 
-    logits = group(q) @ group(k).transpose(-1, -2)          # (B, h, stride, s*W, s*W)
-    hidden = padded_key_mask(height, width, pale_size, q.device)
-    if hidden is not None:
-        logits = logits.masked_fill(hidden, float('-inf'))
-    attn = softmax_fp32(logits).to(v.dtype)
-    if dropout_p > 0:
-        attn = F.dropout(attn, p=dropout_p, training=True)
+    attend = fused_attention if use_fast_path(q) else dense_attention
+    # Groups as (B*h, stride, s*W, d): the (stride, 1, s*W) key mask broadcasts.
+    out = attend(*(group(t).flatten(0, 1) for t in (q, k, v)),
+                 hidden=padded_key_mask(height, width, pale_size, q.device), dropout_p=dropout_p)
     d = v.shape[-1]
-    out = (attn @ group(v)).reshape(b, heads, stride, size, width, d).transpose(2, 3)
+    out = out.reshape(b, heads, stride, size, width, d).transpose(2, 3)
     return out.reshape(b, heads, padded, width, d)[:, :, :height].reshape(b, heads, n, d)
 
 

@@ -6,31 +6,9 @@ small maps only.
 """
 import torch
 
-from .common import softmax_fp32
+from .common import dense_attention  # the explicit kernel; imported from here by models and tests
 from .rel_pos import NEIGHBOUR_OFFSETS
 from .sliding_chunk import check_modes, neighbour_blocks
-
-
-def dense_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
-    """softmax(q k^T + bias, masked) v with the softmax in fp32.
-
-    Args:
-        q (Tensor): ``(..., Nq, d)``, already scaled.
-        k (Tensor): ``(..., Nk, d)``.
-        v (Tensor): ``(..., Nk, d)``.
-        bias (Tensor, optional): broadcastable to ``(..., Nq, Nk)``.
-        hidden (BoolTensor, optional): True where a key is hidden from a query.
-        dropout_p (float): Dropout on the attention probabilities.
-    """
-    logits = q @ k.transpose(-1, -2)
-    if bias is not None:
-        logits = logits + bias
-    if hidden is not None:
-        logits = logits.masked_fill(hidden, float('-inf'))
-    attn = softmax_fp32(logits).to(v.dtype)
-    if dropout_p > 0:
-        attn = torch.nn.functional.dropout(attn, p=dropout_p, training=True)
-    return attn @ v
 
 
 def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0):

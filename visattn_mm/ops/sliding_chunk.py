@@ -4,7 +4,9 @@ The map is zero-padded at the bottom/right to multiples of the chunk size ``w``
 and cut into ``w x w`` chunks. Every query attends, in one softmax, to all global
 tokens and to the keys of its own chunk and of the neighbour chunks that the
 random-shift mode selects (all 8 by default). Keys are gathered chunk-wise, so
-memory is ``O(N * 9 w^2)``, never ``O(N^2)``.
+memory is ``O(N * 9 w^2)``, never ``O(N^2)``; the fused path (see
+:mod:`visattn_mm.ops.impl`) also leaves the ``w^2 x 9 w^2`` scores per chunk
+unstored when no bias needs a gradient.
 
 Masking modes (which keys outside the image are hidden):
   * ``0``  -- neighbour chunks outside the chunk grid and padded positions.
@@ -24,7 +26,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .common import softmax_fp32
+from .common import fused_attention, softmax_fp32
+from .impl import use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
 MASKING_MODES = (0, -1, 1)
@@ -82,21 +85,33 @@ def key_mask(height, width, window, masking_mode, shift_mode, device):
     key_y = (wrap_r * w)[..., None, None] + inner[:, None]
     key_x = (wrap_c * w)[..., None, None] + inner[None, :]
     in_image = (key_y < height) & (key_x < width)
-    if masking_mode == 0:
-        hidden = ~in_image | ~in_grid[..., None, None]
-    elif masking_mode == -1:
-        hidden = ~in_image
-    else:
-        # Exact window: compare unwrapped key coordinates with each query position.
-        full = (rows, cols, len(blocks), w, w)
-        key_yu = ((raw_r * w)[..., None, None] + inner[:, None]).expand(full).reshape(rows, cols, 1, -1)
-        key_xu = ((raw_c * w)[..., None, None] + inner[None, :]).expand(full).reshape(rows, cols, 1, -1)
-        qy = (r[..., None] * w + inner.repeat_interleave(w)).reshape(rows, 1, -1, 1)
-        qx = (c[..., None] * w + inner.repeat(w)).reshape(1, cols, -1, 1)
-        near = ((qy - key_yu).abs() <= w) & ((qx - key_xu).abs() <= w)
-        visible = near & (in_image & in_grid[..., None, None]).reshape(rows, cols, 1, -1)
-        return (~visible).reshape(rows * cols, w * w, -1).to(device)
-    return hidden.reshape(rows * cols, -1).to(device)
+    if masking_mode == -1:
+        return (~in_image).reshape(rows * cols, -1).to(device)
+    hidden = (~in_image | ~in_grid[..., None, None]).reshape(rows * cols, -1).to(device)
+    if masking_mode == 1:
+        # Exact window: the outside-the-image keys of mode 0, plus keys beyond +-w.
+        return hidden[:, None, :] | outside_exact_window(w, device)
+    return hidden
+
+
+@functools.lru_cache(maxsize=16)
+def outside_exact_window(window, device):
+    """Which of the 9 neighbour chunks' keys lie beyond ``+-w`` rows or columns of each query.
+
+    The same for every chunk: query and key offsets are taken from the query
+    chunk's corner, unwrapped (masking mode 1, shift mode 0).
+
+    Returns:
+        BoolTensor: ``(w*w, 9*w*w)``, True = hidden.
+    """
+    w = window
+    inner = torch.arange(w)
+    offsets = torch.tensor(NEIGHBOUR_OFFSETS)                    # (9, 2)
+    key_y = (offsets[:, 0, None, None] * w + inner[:, None]).expand(9, w, w).reshape(-1)
+    key_x = (offsets[:, 1, None, None] * w + inner[None, :]).expand(9, w, w).reshape(-1)
+    query_y, query_x = inner.repeat_interleave(w), inner.repeat(w)
+    near = ((query_y[:, None] - key_y).abs() <= w) & ((query_x[:, None] - key_x).abs() <= w)
+    return (~near).to(device)
 
 
 def _to_chunks(x, height, width, window):
@@ -119,8 +134,8 @@ def _from_chunks(x, height, width, window):
     return x.reshape(b, heads, height * width, d)
 
 
-def gather_neighbour_chunks(chunks, blocks):
-    """Concatenate, for every chunk, the keys of the given neighbour chunks.
+def neighbour_chunk_views(chunks, blocks):
+    """For every chunk, views of the keys of the given neighbour chunks.
 
     The grid is extended by one chunk on each side with the opposite edge
     (wrap-around); keys that masking mode 0 must not see there are hidden by
@@ -133,15 +148,26 @@ def gather_neighbour_chunks(chunks, blocks):
         blocks (Sequence[int]): Indices into ``NEIGHBOUR_OFFSETS``.
 
     Returns:
-        Tensor: ``(B, h, R, C, nb*w*w, d)``.
+        list[Tensor]: one ``(B, h, R, C, w*w, d)`` view per block.
     """
     rows, cols = chunks.shape[2:4]
     grid = torch.cat([chunks[:, :, -1:], chunks, chunks[:, :, :1]], dim=2)
     grid = torch.cat([grid[:, :, :, -1:], grid, grid[:, :, :, :1]], dim=3)
-    parts = []
-    for b in blocks:
-        dy, dx = NEIGHBOUR_OFFSETS[b]
-        parts.append(grid[:, :, 1 + dy:1 + dy + rows, 1 + dx:1 + dx + cols])
+    return [grid[:, :, 1 + dy:1 + dy + rows, 1 + dx:1 + dx + cols]
+            for dy, dx in (NEIGHBOUR_OFFSETS[b] for b in blocks)]
+
+
+def gather_neighbour_chunks(chunks, blocks):
+    """Concatenate, for every chunk, the keys of the given neighbour chunks.
+
+    Args:
+        chunks (Tensor): ``(B, h, R, C, w*w, d)``.
+        blocks (Sequence[int]): Indices into ``NEIGHBOUR_OFFSETS``.
+
+    Returns:
+        Tensor: ``(B, h, R, C, nb*w*w, d)``, see :func:`neighbour_chunk_views`.
+    """
+    parts = neighbour_chunk_views(chunks, blocks)
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=4)
 
 
@@ -169,6 +195,9 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if use_fast_path(q, local_bias, l2g_bias):
+        return _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias,
+                                              l2g_bias, masking_mode, shift_mode, dropout_p)
     w = window
     hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
     blocks = neighbour_blocks(shift_mode)
@@ -202,4 +231,48 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     if num_global:
         out = out + attn[..., :num_global] @ global_v.unsqueeze(2)
     out = out.reshape(b, heads, rows, cols, w * w, d)
+    return _from_chunks(out, height, width, w)
+
+
+def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias, l2g_bias,
+                                   masking_mode, shift_mode, dropout_p):
+    """:func:`sliding_chunk_attention` through :func:`fused_attention`.
+
+    Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
+    against ``[global | neighbour]`` keys ``(B*R*C, h, G + nb*w*w, d)``, gathered
+    heads-after-chunks in one concatenation. The bias (RPB, local->global bias,
+    exact window) is the same for every chunk; the per-chunk hidden keys are
+    key-only, which :func:`fused_attention` folds into the dot product.
+    """
+    check_modes(masking_mode, shift_mode)
+    w = window
+    blocks = neighbour_blocks(shift_mode)
+    # Mode 1 = the key-only mask of mode 0 plus the chunk-independent window.
+    hidden = key_mask(height, width, w, 0 if masking_mode == 1 else masking_mode, shift_mode, q.device)
+    q_chunks = _to_chunks(q, height, width, w)
+    b, heads, rows, cols, chunk, d = q_chunks.shape
+    q_chunks = q_chunks.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, chunk, d)
+
+    num_global = 0 if global_k is None else global_k.shape[2]
+
+    def gather(t, global_t):
+        parts = [p.permute(0, 2, 3, 1, 4, 5)
+                 for p in neighbour_chunk_views(_to_chunks(t, height, width, w), blocks)]
+        if num_global:
+            parts.insert(0, global_t[:, None, None].expand(b, rows, cols, heads, num_global, d))
+        return torch.cat(parts, dim=4).reshape(b * rows * cols, heads, -1, d)
+
+    bias = None
+    if local_bias is not None or l2g_bias is not None or masking_mode == 1:
+        bias = q.new_zeros(heads, chunk, len(blocks) * chunk)
+        if local_bias is not None:
+            bias = bias + local_bias.reshape(heads, chunk, 9, chunk)[:, :, list(blocks)].flatten(2)
+        if masking_mode == 1:
+            bias = bias.masked_fill(outside_exact_window(w, q.device), float('-inf'))
+        if num_global:
+            to_global = q.new_zeros(heads, 1, num_global) if l2g_bias is None else l2g_bias[:, None, :]
+            bias = torch.cat([to_global.expand(heads, chunk, num_global), bias], dim=-1)
+    hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
+    out = fused_attention(q_chunks, gather(k, global_k), gather(v, global_v), bias, hidden, dropout_p)
+    out = out.reshape(b, rows, cols, heads, chunk, d).permute(0, 3, 1, 2, 4, 5)
     return _from_chunks(out, height, width, w)

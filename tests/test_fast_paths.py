@@ -1,0 +1,207 @@
+"""Fused (fast) attention paths against the explicit (math) paths, and the selection API.
+
+Each op runs once per path on the same leaf inputs; outputs and the gradients of
+every input must agree. A spy on ``scaled_dot_product_attention`` proves that the
+two runs really took different paths.
+"""
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import visattn_mm.ops.impl as impl_module
+from visattn_mm.ops import ATTENTION_IMPLS, attention_impl, get_attention_impl, set_attention_impl
+from visattn_mm.ops.long_short import long_short_attention, segment_pad
+from visattn_mm.ops.pale import pale_attention
+from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+
+HEADS, DIM = 2, 5
+TOLERANCES = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
+
+
+def random_tensors(shapes, dtype, seed=0):
+    """Leaf tensors of the given shapes (None for a None shape), requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    return [None if s is None else torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def run_path(impl, op, inputs, monkeypatch):
+    """Output and input gradients of ``op(*inputs)`` on one path; counts fused-kernel calls."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    leaves = [t for t in inputs if t is not None and t.requires_grad]
+    with attention_impl(impl):
+        out = op(*inputs)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', sdpa)
+    return out, grads, len(calls)
+
+
+def assert_paths_agree(op, inputs, monkeypatch, **tolerance):
+    math_out, math_grads, math_calls = run_path('math', op, inputs, monkeypatch)
+    fast_out, fast_grads, fast_calls = run_path('fast', op, inputs, monkeypatch)
+    assert math_calls == 0 and fast_calls > 0, (math_calls, fast_calls)
+    tolerance = tolerance or TOLERANCES[math_out.dtype]
+    torch.testing.assert_close(fast_out, math_out, **tolerance)
+    for fast, math in zip(fast_grads, math_grads):
+        torch.testing.assert_close(fast, math, **tolerance)
+
+
+# --- sliding chunk: (H, W, w) odd, non-square, padded, < 3 chunks, smaller than a chunk.
+SLIDING_CASES = [
+    # H, W, w, masking, shift, globals, rpb
+    (7, 9, 3, 0, 0, 1, True),
+    (5, 11, 2, 0, 0, 0, True),
+    (2, 5, 3, 0, 0, 2, True),
+    (10, 11, 3, -1, 0, 2, True),
+    (10, 10, 3, -1, -1, 0, False),
+    (7, 9, 3, 1, 0, 1, True),
+    (8, 7, 4, 1, 0, 0, False),
+    (9, 10, 3, 0, 3, 1, True),
+    (9, 10, 3, 0, 8, 0, True),
+    (9, 10, 3, 0, -1, 2, False),
+]
+
+
+def sliding_chunk_inputs(height, width, window, num_global, rpb, dtype):
+    n, w2 = height * width, window ** 2
+    g = num_global or None
+    return random_tensors([(2, HEADS, n, DIM)] * 3 + [g and (2, HEADS, g, DIM)] * 2
+                          + [rpb and (HEADS, w2, 9 * w2) or None, g and (HEADS, g)], dtype)
+
+
+@pytest.mark.parametrize('height,width,window,masking_mode,shift_mode,num_global,rpb', SLIDING_CASES)
+def test_sliding_chunk_fast_path_matches_math(height, width, window, masking_mode, shift_mode, num_global, rpb,
+                                              monkeypatch):
+    def op(q, k, v, gk, gv, local_bias, l2g_bias):
+        return sliding_chunk_attention(q, k, v, height, width, window, global_k=gk, global_v=gv,
+                                       local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode,
+                                       shift_mode=shift_mode)
+
+    inputs = sliding_chunk_inputs(height, width, window, num_global, rpb, torch.float64)
+    assert_paths_agree(op, inputs, monkeypatch)
+
+
+# --- long-short: with / without dynamic projection, global tokens, RPB.
+LONG_SHORT_CASES = [
+    # H, W, w, projected r, globals, rpb
+    (7, 9, 3, 2, 1, True),
+    (5, 11, 2, 0, 0, True),
+    (3, 5, 4, 1, 1, True),
+    (8, 8, 4, 3, 0, False),
+    (9, 7, 3, 0, 2, False),
+]
+
+
+@pytest.mark.parametrize('height,width,window,num_bar,num_global,rpb', LONG_SHORT_CASES)
+def test_long_short_fast_path_matches_math(height, width, window, num_bar, num_global, rpb, monkeypatch):
+    def op(q, k, v, k_bar, v_bar, gk, gv, local_bias):
+        return long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar, global_k=gk,
+                                    global_v=gv, local_bias=local_bias)
+
+    n, r, g = height * width, num_bar or None, num_global or None
+    patch = (window + 2 * segment_pad(window)) ** 2
+    inputs = random_tensors([(2, HEADS, n, DIM)] * 3 + [r and (2, HEADS, r, DIM)] * 2
+                            + [g and (2, HEADS, g, DIM)] * 2 + [rpb and (HEADS, window ** 2, patch) or None],
+                            torch.float64)
+    assert_paths_agree(op, inputs, monkeypatch)
+
+
+# --- pale: padded and unpadded axes, maps smaller than the pale, asymmetric pale sizes.
+@pytest.mark.parametrize('height,width,pale_size', [(7, 9, 3), (14, 21, 7), (5, 11, (2, 4)), (2, 3, 7)])
+def test_pale_fast_path_matches_math(height, width, pale_size, monkeypatch):
+    inputs = random_tensors([(2, 2 * HEADS, height * width, DIM)] * 3, torch.float64)
+    assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, height, width, pale_size), inputs, monkeypatch)
+
+
+def test_fast_paths_match_math_in_float32(monkeypatch):
+    """The fused CPU kernel itself (float64 runs PyTorch's math kernel) against the explicit path."""
+    inputs = sliding_chunk_inputs(9, 10, 3, 1, True, torch.float32)
+    for t in inputs[5:]:
+        t.requires_grad_(False)    # a bias without grad lets PyTorch use the fused kernel
+    assert_paths_agree(lambda *t: sliding_chunk_attention(*t[:3], 9, 10, 3, global_k=t[3], global_v=t[4],
+                                                          local_bias=t[5], l2g_bias=t[6]), inputs, monkeypatch)
+    inputs = random_tensors([(1, 2, 14 * 9, 8)] * 3, torch.float32)
+    assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, 14, 9, 7), inputs, monkeypatch)
+
+
+def test_bf16_paths_agree_within_bf16_precision(monkeypatch):
+    """Both paths softmax in fp32 (explicitly / inside the fused kernel); only bf16 rounding of
+    the logits and of the probabilities before ``@ v`` differs."""
+    inputs = random_tensors([(1, 2, 14 * 9, 8)] * 3, torch.bfloat16)
+    assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, 14, 9, 7), inputs, monkeypatch,
+                       rtol=0.05, atol=0.05)
+
+
+def test_dropout_runs_on_the_fast_path():
+    q, k, v = random_tensors([(1, 2, 7 * 9, DIM)] * 3, torch.float32)
+    with attention_impl('fast'):
+        plain = pale_attention(q, k, v, 7, 9, 3)
+        torch.manual_seed(0)
+        dropped = pale_attention(q, k, v, 7, 9, 3, dropout_p=0.5)
+    assert torch.isfinite(dropped).all() and not torch.allclose(plain, dropped)
+
+
+def saved_bytes(op):
+    """Bytes of the tensors autograd saves for backward while running ``op()``."""
+    total = []
+
+    def pack(t):
+        total.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        op()
+    return sum(total)
+
+
+def test_pale_fast_path_saves_linear_memory():
+    """4x tokens: the fast path saves at most ~4.5x; the math path's (s*W)^2 scores grow ~8x."""
+    def pale(impl, side):
+        q, k, v = random_tensors([(1, 2, side * side, 8)] * 3, torch.float32)
+        with attention_impl(impl):
+            return saved_bytes(lambda: pale_attention(q, k, v, side, side, 7))
+
+    fast_ratio = pale('fast', 56) / pale('fast', 28)
+    math_ratio = pale('math', 56) / pale('math', 28)
+    assert fast_ratio <= 4.5 < 7 < math_ratio, (fast_ratio, math_ratio)
+
+
+def test_impl_selection_api(monkeypatch):
+    initial = get_attention_impl()
+    assert ATTENTION_IMPLS == ('auto', 'fast', 'math') and initial in ATTENTION_IMPLS
+    with pytest.raises(ValueError, match=r"'auto', 'fast', 'math'"):
+        set_attention_impl('flash')
+    with pytest.raises(RuntimeError), attention_impl('math'):
+        assert get_attention_impl() == 'math'
+        raise RuntimeError
+    assert get_attention_impl() == initial
+    cpu, trained_bias, frozen_bias = torch.zeros(1), torch.zeros(1, requires_grad=True), torch.zeros(1)
+    with attention_impl('math'):
+        assert not impl_module.use_fast_path(cpu)
+    with attention_impl('fast'):
+        assert impl_module.use_fast_path(cpu, trained_bias)
+    with attention_impl('auto'):
+        # The CPU kernel cannot return bias gradients: 'auto' keeps the explicit path then.
+        assert impl_module.use_fast_path(cpu, None, frozen_bias)
+        assert not impl_module.use_fast_path(cpu, None, trained_bias)
+        with torch.no_grad():
+            assert impl_module.use_fast_path(cpu, trained_bias)
+    try:
+        monkeypatch.setenv(impl_module.ENV_VAR, 'fast')
+        assert importlib.reload(impl_module).get_attention_impl() == 'fast'
+        monkeypatch.setenv(impl_module.ENV_VAR, 'dense')
+        with pytest.raises(ValueError, match='dense'):
+            importlib.reload(impl_module)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(impl_module)
+    assert get_attention_impl() == initial

@@ -1,0 +1,98 @@
+"""Choice between the explicit (math) and fused (fast) attention paths.
+
+Every softmax attention op in this package has two implementations computing the same
+function:
+
+* ``'math'``: explicit ``logits -> softmax (fp32) -> @ v`` over the gathered
+  neighbours; the reference the fast path is tested against.
+* ``'fast'``: the neighbours go through
+  :func:`torch.nn.functional.scaled_dot_product_attention`, whose fused
+  kernels never store the attention scores for backward.
+* ``'auto'`` (default): whichever of the two measured faster for the
+  inputs' device and whether a bias needs a gradient (see ``FUSED_DEVICES``
+  and :func:`use_fast_path`).
+
+Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
+linear by construction; it has a single path and ignores the choice.
+
+The choice is process-global: :func:`set_attention_impl`, the
+:func:`attention_impl` context manager, or the ``VISATTN_ATTENTION_IMPL``
+environment variable read at import.
+"""
+import contextlib
+import os
+
+import torch
+
+ATTENTION_IMPLS = ('auto', 'fast', 'math')
+ENV_VAR = 'VISATTN_ATTENTION_IMPL'
+
+# Device types on which 'auto' picks the fused path. Measured on CPU (torch
+# 2.12, forward + backward, stage-1 shapes; rerun with
+# tools/analysis/attention_benchmark.py): unless a bias needs a gradient
+# (see use_fast_path), the fused path is faster for all
+# three softmax attentions, and for Pale it turns the N^1.5 memory of the
+# stored scores into linear memory. On CUDA the fused kernels are the flash /
+# memory-efficient ones.
+FUSED_DEVICES = ('cpu', 'cuda')
+
+
+def _checked(name):
+    if name not in ATTENTION_IMPLS:
+        raise ValueError(f'unknown attention implementation {name!r}; '
+                         f'allowed values are {ATTENTION_IMPLS}')
+    return name
+
+
+_selected = _checked(os.environ.get(ENV_VAR, 'auto'))
+
+
+def get_attention_impl():
+    """Returns the selected implementation name ('auto', 'fast' or 'math')."""
+    return _selected
+
+
+def set_attention_impl(name):
+    """Selects the implementation for all ops, process-wide.
+
+    Args:
+        name (str): 'auto', 'fast' or 'math'.
+
+    Raises:
+        ValueError: for any other name.
+    """
+    global _selected
+    _selected = _checked(name)
+
+
+@contextlib.contextmanager
+def attention_impl(name):
+    """Context manager forcing an implementation, restoring the previous one.
+
+    Args:
+        name (str): 'auto', 'fast' or 'math'.
+    """
+    previous = get_attention_impl()
+    set_attention_impl(name)
+    try:
+        yield
+    finally:
+        set_attention_impl(previous)
+
+
+def use_fast_path(tensor, *biases):
+    """Whether an op should run its fused path.
+
+    Args:
+        tensor (torch.Tensor): an input of the op; its device decides 'auto'.
+        *biases (torch.Tensor | None): the op's logit biases. PyTorch's CPU
+            fused kernel cannot return a bias gradient, so PyTorch runs its
+            math kernel on the fused path's padded tensors instead: no faster
+            than the explicit path and more saved for backward; 'auto' keeps
+            the explicit path then.
+    """
+    if _selected != 'auto':
+        return _selected == 'fast'
+    device = tensor.device.type
+    bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
+    return device in FUSED_DEVICES and not (device == 'cpu' and bias_grad)
