@@ -14,60 +14,30 @@ from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state
 from visattn_mm.models import Classifier, ViL
 from visattn_mm.ops.rel_pos import resize_rpb_table
 
+from helpers import VIL_TINY_ARCH as TINY_ARCH
+from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
 SMALL = dict(depths=(1, 2, 8, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))
 TINY = dict(depths=(1, 1, 9, 1), dims=(48, 96, 192, 384), heads=(1, 3, 3, 6))
 
 
 def official_vil_checkpoint(spec, seed=0, img_size=224, window=7):
-    """An official ViL classification checkpoint, written from SPEC 1.2 (not from our code).
+    """An official ViL classification checkpoint (see :func:`official_vil_layout_checkpoint`).
 
-    ``net`` container, ``module.`` prefix, ``layerN`` sequentials (0 = patch embedding,
-    2j+1 = attention block, 2j+2 = MLP block), sliding-chunk stages 1-2 with duplicate
-    ``*_global`` keys sharing the same tensors, full-attention stages 3-4 with fused qkv
-    and (2n-1)^2 tables (27^2 at 14x14, 13^2 at 7x7), index buffers, final norm and head.
+    Sliding-chunk stages 1-2: separate ``query``/``kv``/``proj`` with duplicate ``*_global``
+    keys sharing the same tensors, ``(4w-1)^2`` tables and index buffers, g2l/g2g biases.
     """
-    gen = torch.Generator().manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, generator=gen) * 0.02  # noqa: E731
-    net, in_dim, side = {}, 3, img_size
-    for i, (depth, dim, heads) in enumerate(zip(spec['depths'], spec['dims'], spec['heads'])):
-        patch, num_global = (4, 2, 2, 2)[i], (1, 1, 1, 0)[i]
-        side //= patch
-        layer = f'module.layer{i + 1}'
-        net[f'{layer}.0.proj.weight'] = rand(dim, in_dim, patch, patch)
-        net[f'{layer}.0.proj.bias'] = rand(dim)
-        net[f'{layer}.0.norm_embed.weight'] = 1 + rand(dim)
-        net[f'{layer}.0.norm_embed.bias'] = rand(dim)
-        if num_global:
-            net[f'{layer}.0.cls_token'] = rand(1, num_global, dim)
-        for j in range(depth):
-            attn, mlp = f'{layer}.{2 * j + 1}', f'{layer}.{2 * j + 2}'
-            net[f'{attn}.norm.weight'], net[f'{attn}.norm.bias'] = 1 + rand(dim), rand(dim)
-            if i < 2:
-                for name, rows in (('query', dim), ('kv', 2 * dim), ('proj', dim)):
-                    weight, bias = rand(rows, dim), rand(rows)
-                    net[f'{attn}.attn.{name}.weight'] = net[f'{attn}.attn.{name}_global.weight'] = weight
-                    net[f'{attn}.attn.{name}.bias'] = net[f'{attn}.attn.{name}_global.bias'] = bias
-                net[f'{attn}.attn.local_relative_position_bias_table'] = rand((4 * window - 1) ** 2, heads)
-                net[f'{attn}.attn.relative_position_index'] = torch.zeros(window ** 2, 9 * window ** 2,
-                                                                          dtype=torch.long)
-            else:
-                net[f'{attn}.attn.qkv.weight'], net[f'{attn}.attn.qkv.bias'] = rand(3 * dim, dim), rand(3 * dim)
-                net[f'{attn}.attn.proj.weight'], net[f'{attn}.attn.proj.bias'] = rand(dim, dim), rand(dim)
-                net[f'{attn}.attn.local_relative_position_bias_table'] = rand((2 * side - 1) ** 2, heads)
-                net[f'{attn}.attn.relative_position_index'] = torch.zeros(side ** 2, side ** 2, dtype=torch.long)
-            if num_global:
-                net[f'{attn}.attn.g2l_relative_position_bias'] = rand(2, heads, num_global)
-                net[f'{attn}.attn.g2g_relative_position_bias'] = rand(heads, num_global, num_global)
-            net[f'{mlp}.norm.weight'], net[f'{mlp}.norm.bias'] = 1 + rand(dim), rand(dim)
-            net[f'{mlp}.mlp.fc1.weight'], net[f'{mlp}.mlp.fc1.bias'] = rand(4 * dim, dim), rand(4 * dim)
-            net[f'{mlp}.mlp.fc2.weight'], net[f'{mlp}.mlp.fc2.bias'] = rand(dim, 4 * dim), rand(dim)
-        in_dim = dim
-    last = spec['dims'][-1]
-    net['module.norm.weight'], net['module.norm.bias'] = 1 + rand(last), rand(last)
-    net['module.head.weight'], net['module.head.bias'] = rand(1000, last), rand(1000)
-    return dict(net=net, arch='official', epoch=300, best_acc=82.4, optimizer={}, scheduler={})
+    def sliding_chunk_keys(net, attn, dim, heads, num_global, rand):
+        for name, rows in (('query', dim), ('kv', 2 * dim), ('proj', dim)):
+            weight, bias = rand(rows, dim), rand(rows)
+            net[f'{attn}.attn.{name}.weight'] = net[f'{attn}.attn.{name}_global.weight'] = weight
+            net[f'{attn}.attn.{name}.bias'] = net[f'{attn}.attn.{name}_global.bias'] = bias
+        net[f'{attn}.attn.local_relative_position_bias_table'] = rand((4 * window - 1) ** 2, heads)
+        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window ** 2, 9 * window ** 2, dtype=torch.long)
+        add_global_biases(net, attn, heads, num_global, rand)
+
+    return official_vil_layout_checkpoint(spec, sliding_chunk_keys, seed, img_size, best_acc=82.4)
 
 
 def bilinear_reference(grid, size):
@@ -172,11 +142,11 @@ def test_wrong_model_is_refused_and_nothing_loads(tmp_path, make):
     else:
         checkpoint = official_vil_checkpoint(TINY)
     model = ViL(arch='small')
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    before = snapshot(model)
     with pytest.raises(ValueError, match='refusing to load') as err:
         load_pretrained(model, checkpoint)
     assert 'layout' in str(err.value) and 'allow_partial' in str(err.value)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert_unchanged(model, before)
 
 
 def test_allow_partial_loads_on_purpose():
@@ -207,23 +177,6 @@ def test_plain_load_state_dict_resizes_tables():
     sd['stages.0.blocks.0.attn.relative_position_index'] = torch.zeros(3, dtype=torch.long)
     model.load_state_dict(sd, strict=True)
     assert model.state_dict()[key].shape == (121, 1)
-
-
-def test_unreadable_files_give_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match='convert_ckpt'):
-        read_checkpoint(tmp_path / 'missing.pth')
-    good = tmp_path / 'good.pth'
-    torch.save({'state_dict': ViL(arch=TINY_ARCH).state_dict()}, good)
-    truncated = tmp_path / 'truncated.pth'
-    truncated.write_bytes(good.read_bytes()[:2000])
-    with pytest.raises(ValueError, match='truncated|not a readable'):
-        read_checkpoint(truncated)
-    text = tmp_path / 'notes.txt'
-    text.write_text('not a checkpoint')
-    with pytest.raises(ValueError, match='not a readable'), pytest.warns(UserWarning):
-        read_checkpoint(text)
-    with pytest.raises(ValueError, match='no state_dict'):
-        unwrap_state_dict({'epoch': 3})
 
 
 def test_non_weights_only_checkpoint_falls_back_with_a_warning(tmp_path):

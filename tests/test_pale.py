@@ -14,8 +14,11 @@ from visattn_mm.models import Classifier
 from visattn_mm.models.pale import PaleAttention
 from visattn_mm.ops.reference import pale_attention_dense
 
+from helpers import PALE_TINY_ARCH as TINY_ARCH
+from helpers import (assert_only_stem_frozen, assert_same_gradients, assert_stages_frozen, assert_trains_at_size,
+                     drop_path_rates)
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(2, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
 
 
 def classifier_macs(arch, size=224):
@@ -115,38 +118,18 @@ def test_attention_layer_matches_dense_reference(hw, pale_size):
 @pytest.mark.parametrize('size', [(37, 53), (112, 137), (1, 1), (5, 300)])
 def test_output_shapes_strides_and_backward(size):
     torch.manual_seed(0)
-    model = PaleTransformer(arch=TINY_ARCH, drop_path_rate=0.1).train()
-    x = torch.randn(2, 3, *size)
-    outs = model(x)
-    h, w = size
-    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
-        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
-        assert torch.isfinite(out).all()
-    sum(o.pow(2).mean() for o in outs).backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert_trains_at_size(PaleTransformer(arch=TINY_ARCH, drop_path_rate=0.1), size)
 
 
 def test_frozen_stages_are_frozen_and_stay_in_eval():
     model = PaleTransformer(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
     assert not any(p.requires_grad for p in model.block1.parameters())   # already in __init__ (DDP)
-    model.train()
-    for i in range(4):
-        frozen = i < 2
-        for module in model.stage_modules(i):
-            assert all(p.requires_grad != frozen for p in module.parameters())
-            assert all(m.training != frozen for m in module.modules())
-    outs = model(torch.randn(1, 3, 64, 64))   # stage 4 at 2x2: training BatchNorm needs > 1 value
-    sum(o.sum() for o in outs).backward()
-    assert all(p.grad is None for p in model.block1.parameters())
-    assert all(p.grad is not None for p in model.block3.parameters())
+    # 64x64: stage 4 at 2x2, training BatchNorm needs more than 1 value
+    assert_stages_frozen(model, 2, torch.randn(1, 3, 64, 64))
 
 
 def test_frozen_stage_zero_freezes_only_the_stem():
-    model = PaleTransformer(arch=TINY_ARCH, frozen_stages=0).train()
-    assert not any(p.requires_grad for p in model.patch_embed1.parameters())
-    assert all(p.requires_grad for p in model.block1.parameters())
-    assert all(p.requires_grad for p in model.norm1.parameters())
+    assert_only_stem_frozen(PaleTransformer(arch=TINY_ARCH, frozen_stages=0))
 
 
 def test_norm_eval_keeps_batchnorms_in_eval():
@@ -174,8 +157,7 @@ def test_out_indices_build_only_needed_stages_and_norms():
 def test_drop_path_is_linear_over_all_blocks():
     with torch.device('meta'):
         model = PaleTransformer(arch='tiny', drop_path_rate=0.3)
-    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0)) for i in range(4) for b in getattr(model, f'block{i + 1}')]
-    assert rates == pytest.approx(torch.linspace(0, 0.3, 22).tolist())
+    assert drop_path_rates(model) == pytest.approx(torch.linspace(0, 0.3, 22).tolist())
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
@@ -183,10 +165,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     plain = PaleTransformer(arch=TINY_ARCH, drop_path_rate=0.0).eval()   # eval: BN statistics fixed
     ckpt = copy.deepcopy(plain)
     ckpt.with_cp = True
-    x = torch.randn(1, 3, 48, 40, requires_grad=True)
-    grads = [torch.autograd.grad(sum(o.pow(2).mean() for o in m(x)), list(m.parameters())) for m in (plain, ckpt)]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_gradients(plain, ckpt, torch.randn(1, 3, 48, 40, requires_grad=True))
 
 
 def test_classifier_checkpoint_loads_into_dense_backbone(tmp_path):
@@ -203,48 +182,3 @@ def test_classifier_checkpoint_loads_into_dense_backbone(tmp_path):
     own = dense.state_dict()
     for key, value in classifier.backbone.state_dict().items():
         torch.testing.assert_close(own[key], value)
-
-
-def test_registered_for_mmdet_and_mmseg():
-    from mmdet.registry import MODELS as DET_MODELS
-    from mmseg.registry import MODELS as SEG_MODELS
-    for registry in (DET_MODELS, SEG_MODELS):
-        assert isinstance(registry.build(dict(type='PaleTransformer', arch=TINY_ARCH)), PaleTransformer)
-
-
-def test_pretrained_argument_is_deprecated():
-    with pytest.warns(DeprecationWarning, match='init_cfg'):
-        model = PaleTransformer(arch=TINY_ARCH, pretrained='x.pth')
-    assert model.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
-    with pytest.raises(ValueError, match='not both'):
-        PaleTransformer(arch=TINY_ARCH, pretrained='x.pth', init_cfg=dict(type='Pretrained', checkpoint='y.pth'))
-
-
-def _arch(**over):
-    return dict(dict(depths=(1, 1), embed_dims=(8, 8), num_heads=(2, 2)), **over)
-
-
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(arch='huge'), 'unknown arch'),
-    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
-    (dict(arch=_arch(embed_dims=(8, 8, 8))), 'embed_dims needs 2'),
-    (dict(arch=_arch(pale_sizes=(7,))), 'pale_sizes needs 2'),
-    (dict(arch=_arch(mlp_ratios=(4,))), 'mlp_ratios'),
-    (dict(arch=_arch(pale_sizes=(7, 0)), out_indices=(0, 1)), r'pale_sizes\[1\]=0'),
-    (dict(arch=_arch(pale_sizes=(7, 2.5)), out_indices=(0, 1)), r'pale_sizes\[1\]'),
-    (dict(arch=_arch(embed_dims=(10, 8), num_heads=(4, 2)), out_indices=(0, 1)), r'embed_dims\[0\]=10'),
-    (dict(arch=_arch(embed_dims=(9, 8), num_heads=(3, 2)), out_indices=(0, 1)), r'num_heads\[0\]=3 must be even'),
-    (dict(arch=_arch(num_heads=(2, 1)), out_indices=(0, 1)), r'num_heads\[1\]=1'),
-    (dict(out_indices=(0, 4)), 'out_indices'),
-    (dict(out_indices=()), 'out_indices'),
-    (dict(frozen_stages=5), 'frozen_stages'),
-    (dict(out_indices=(0, 1), frozen_stages=3), 'frozen_stages'),
-])
-def test_bad_config_values_raise_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match), torch.device('meta'):
-        PaleTransformer(**kwargs)
-
-
-def test_bad_input_raises_clear_error():
-    with pytest.raises(ValueError, match='NCHW'):
-        PaleTransformer(arch=TINY_ARCH)(torch.randn(3, 32, 32))

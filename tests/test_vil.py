@@ -8,7 +8,9 @@ from visattn_mm.models import Classifier, ViL, set_random_shift
 from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
 from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
 
-TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
+from helpers import VIL_TINY_ARCH as TINY_ARCH
+from helpers import (assert_dense_outputs, assert_only_stem_frozen, assert_same_gradients, assert_stages_frozen,
+                     drop_path_rates)
 
 
 @pytest.mark.parametrize('arch,expected_m', [('tiny', 6.72), ('small', 24.66), ('medium', 39.78), ('base', 55.80)])
@@ -75,10 +77,7 @@ def test_output_shapes_and_strides(size):
     model = ViL(arch=TINY_ARCH, window_size=7).eval()
     with torch.no_grad():
         outs = model(torch.randn(2, 3, *size))
-    h, w = size
-    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
-        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
-        assert torch.isfinite(out).all()
+    assert_dense_outputs(outs, 2, size, TINY_ARCH['embed_dims'])
 
 
 def test_output_shapes_at_detection_size():
@@ -91,29 +90,17 @@ def test_output_shapes_at_detection_size():
 
 def test_frozen_stages_are_frozen_and_stay_in_eval():
     model = ViL(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
-    model.train()
-    for i, stage in enumerate(model.stages):
-        frozen = i < 2
-        assert all(p.requires_grad != frozen for p in stage.parameters())
-        assert all(m.training != frozen for m in stage.modules())
-        assert all(p.requires_grad != frozen for p in getattr(model, f'norm{i}').parameters())
-    outs = model(torch.randn(1, 3, 32, 32))
-    sum(o.sum() for o in outs).backward()
-    assert all(p.grad is None for p in model.stages[0].parameters())
-    assert all(p.grad is not None for p in model.stages[3].parameters())
+    assert not any(p.requires_grad for p in model.stages[0].parameters())   # already in __init__ (DDP)
+    assert_stages_frozen(model, 2, torch.randn(1, 3, 32, 32))
 
 
 def test_frozen_stage_zero_freezes_only_the_stem():
-    model = ViL(arch=TINY_ARCH, frozen_stages=0).train()
-    assert not any(p.requires_grad for p in model.stages[0].patch_embed.parameters())
-    assert all(p.requires_grad for p in model.stages[0].blocks.parameters())
+    assert_only_stem_frozen(ViL(arch=TINY_ARCH, frozen_stages=0))
 
 
 def test_drop_path_is_linear_over_all_blocks():
     model = ViL(arch='small', drop_path_rate=0.3)
-    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0)) for s in model.stages for b in s.blocks]
-    expected = torch.linspace(0, 0.3, 12).tolist()
-    assert rates == pytest.approx(expected)
+    assert drop_path_rates(model) == pytest.approx(torch.linspace(0, 0.3, 12).tolist())
 
 
 def test_random_shift_draws_in_training_and_uses_mode_zero_in_eval():
@@ -139,14 +126,7 @@ def test_checkpointing_reuses_the_random_shift_draw():
     ckpt = copy.deepcopy(plain)
     for stage in ckpt.stages:
         stage.with_cp = True
-    x = torch.randn(1, 3, 64, 64, requires_grad=True)
-    grads = []
-    for model in (plain, ckpt):
-        torch.manual_seed(123)
-        loss = sum(o.pow(2).mean() for o in model(x))
-        grads.append(torch.autograd.grad(loss, list(model.parameters())))
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_gradients(plain, ckpt, torch.randn(1, 3, 64, 64, requires_grad=True), seed=123)
 
 
 def test_absolute_position_embedding_variant_runs_at_any_size():
@@ -156,26 +136,3 @@ def test_absolute_position_embedding_variant_runs_at_any_size():
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 45, 70))
     assert outs[0].shape == (1, 16, 12, 18)
-
-
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(arch='huge'), 'unknown arch'),
-    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
-    (dict(out_indices=(0, 4)), 'out_indices'),
-    (dict(frozen_stages=5), 'frozen_stages'),
-    (dict(window_size=0), 'window_size'),
-    (dict(window_size=(7, 7)), 'window_size'),
-    (dict(masking_mode=2), 'masking_mode'),
-    (dict(masking_mode=1, random_shift=True), 'exact'),
-    (dict(shift_mode=9), 'shift_mode'),
-    (dict(attn_types='dense'), 'attn_types'),
-    (dict(arch=dict(depths=(1,) * 4, embed_dims=(10,) * 4, num_heads=(3,) * 4)), 'divisible'),
-])
-def test_bad_config_values_raise_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ViL(**kwargs)
-
-
-def test_bad_input_raises_clear_error():
-    with pytest.raises(ValueError, match='NCHW'):
-        ViL(arch=TINY_ARCH)(torch.randn(3, 32, 32))

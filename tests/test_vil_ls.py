@@ -1,6 +1,5 @@
 """ViL-LS (Transformer-LS) backbone: fidelity, official checkpoints, dense-prediction surface."""
 import copy
-import importlib
 from pathlib import Path
 
 import pytest
@@ -12,64 +11,37 @@ from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, ViLLS
 from visattn_mm.models.vil import LongShortAttention, SlidingChunkAttention
 
+from helpers import VIL_TINY_ARCH as TINY_ARCH
+from helpers import assert_same_gradients, assert_trains_at_size, official_vil_layout_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
 CLS_LAYOUT = ('long_short', 'long_short', 'full', 'full')
 MEDIUM = dict(depths=(1, 4, 16, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))
 LS_TINY = dict(depths=(1, 1, 9, 1), dims=(48, 96, 192, 384), heads=(1, 3, 3, 6))
 
 
 def official_vil_ls_checkpoint(spec, seed=0, img_size=224, window=7, rank=8):
-    """An official ViL-LS classification checkpoint, written from SPEC 2.2 / 1.2 (not from our code).
+    """An official ViL-LS classification checkpoint (see :func:`official_vil_layout_checkpoint`).
 
-    ``net`` container, ``module.`` prefix, ``layerN`` sequentials (0 = patch embedding, 2j+1 =
-    attention block, 2j+2 = MLP block). Stages 1-2: long-short layers (fused qkv, proj,
-    to_dynamic_projection (r*heads, C), dual_ln_dp, dual_ln_full, a 2(w+p-1)(2p+w+1)+1-row table
-    with p = int(0.5 w), the (w^2, (w+2p)^2) index buffer; no global-token biases). Stages 3-4:
-    ViL full attention (fused qkv, (2n-1)^2 tables, g2l/g2g where the stage has global tokens).
+    Stages 1-2: long-short layers (fused qkv, proj, to_dynamic_projection (r*heads, C),
+    dual_ln_dp, dual_ln_full, a 2(w+p-1)(2p+w+1)+1-row table with p = int(0.5 w), the
+    (w^2, (w+2p)^2) index buffer; no global-token biases).
     """
-    gen = torch.Generator().manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, generator=gen) * 0.02  # noqa: E731
     p = int(0.5 * window)
     ls_rows = 2 * (window + p - 1) * (2 * p + window + 1) + 1
-    net, in_dim, side = {}, 3, img_size
-    for i, (depth, dim, heads) in enumerate(zip(spec['depths'], spec['dims'], spec['heads'])):
-        patch, num_global = (4, 2, 2, 2)[i], (1, 1, 1, 0)[i]
-        side //= patch
-        layer = f'module.layer{i + 1}'
-        net[f'{layer}.0.proj.weight'] = rand(dim, in_dim, patch, patch)
-        net[f'{layer}.0.proj.bias'] = rand(dim)
-        net[f'{layer}.0.norm_embed.weight'], net[f'{layer}.0.norm_embed.bias'] = 1 + rand(dim), rand(dim)
-        if num_global:
-            net[f'{layer}.0.cls_token'] = rand(1, num_global, dim)
-        for j in range(depth):
-            attn, mlp = f'{layer}.{2 * j + 1}', f'{layer}.{2 * j + 2}'
-            net[f'{attn}.norm.weight'], net[f'{attn}.norm.bias'] = 1 + rand(dim), rand(dim)
-            net[f'{attn}.attn.qkv.weight'], net[f'{attn}.attn.qkv.bias'] = rand(3 * dim, dim), rand(3 * dim)
-            net[f'{attn}.attn.proj.weight'], net[f'{attn}.attn.proj.bias'] = rand(dim, dim), rand(dim)
-            if i < 2:
-                net[f'{attn}.attn.to_dynamic_projection.weight'] = rand(rank * heads, dim)
-                net[f'{attn}.attn.to_dynamic_projection.bias'] = rand(rank * heads)
-                for ln in ('dual_ln_dp', 'dual_ln_full'):
-                    net[f'{attn}.attn.{ln}.weight'], net[f'{attn}.attn.{ln}.bias'] = 1 + rand(dim), rand(dim)
-                net[f'{attn}.attn.local_relative_position_bias_table'] = rand(ls_rows, heads)
-                net[f'{attn}.attn.relative_position_index'] = torch.zeros(
-                    window ** 2, (window + 2 * p) ** 2, dtype=torch.long)
-            else:
-                net[f'{attn}.attn.local_relative_position_bias_table'] = rand((2 * side - 1) ** 2, heads)
-                net[f'{attn}.attn.relative_position_index'] = torch.zeros(side ** 2, side ** 2,
-                                                                          dtype=torch.long)
-                if num_global:
-                    net[f'{attn}.attn.g2l_relative_position_bias'] = rand(2, heads, num_global)
-                    net[f'{attn}.attn.g2g_relative_position_bias'] = rand(heads, num_global, num_global)
-            net[f'{mlp}.norm.weight'], net[f'{mlp}.norm.bias'] = 1 + rand(dim), rand(dim)
-            net[f'{mlp}.mlp.fc1.weight'], net[f'{mlp}.mlp.fc1.bias'] = rand(4 * dim, dim), rand(4 * dim)
-            net[f'{mlp}.mlp.fc2.weight'], net[f'{mlp}.mlp.fc2.bias'] = rand(dim, 4 * dim), rand(dim)
-        in_dim = dim
-    last = spec['dims'][-1]
-    net['module.norm.weight'], net['module.norm.bias'] = 1 + rand(last), rand(last)
-    net['module.head.weight'], net['module.head.bias'] = rand(1000, last), rand(1000)
-    return dict(net=net, arch='official', epoch=300, best_acc=83.8, optimizer={}, scheduler={})
+
+    def long_short_keys(net, attn, dim, heads, num_global, rand):
+        net[f'{attn}.attn.qkv.weight'], net[f'{attn}.attn.qkv.bias'] = rand(3 * dim, dim), rand(3 * dim)
+        net[f'{attn}.attn.proj.weight'], net[f'{attn}.attn.proj.bias'] = rand(dim, dim), rand(dim)
+        net[f'{attn}.attn.to_dynamic_projection.weight'] = rand(rank * heads, dim)
+        net[f'{attn}.attn.to_dynamic_projection.bias'] = rand(rank * heads)
+        for ln in ('dual_ln_dp', 'dual_ln_full'):
+            net[f'{attn}.attn.{ln}.weight'], net[f'{attn}.attn.{ln}.bias'] = 1 + rand(dim), rand(dim)
+        net[f'{attn}.attn.local_relative_position_bias_table'] = rand(ls_rows, heads)
+        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window ** 2, (window + 2 * p) ** 2,
+                                                                  dtype=torch.long)
+
+    return official_vil_layout_checkpoint(spec, long_short_keys, seed, img_size, best_acc=83.8)
 
 
 @pytest.mark.parametrize('arch,expected_m', [('medium', 39.80), ('base', 55.83)])
@@ -99,15 +71,7 @@ def test_default_layout_and_long_short_keys():
 
 @pytest.mark.parametrize('size', [(37, 53), (1, 1), (5, 300), (29, 19)])
 def test_forward_backward_at_any_size(size):
-    model = ViLLS(arch=TINY_ARCH, num_global_tokens=(1, 2, 1, 0)).train()
-    x = torch.randn(2, 3, *size, requires_grad=True)
-    outs = model(x)
-    h, w = size
-    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
-        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
-        assert torch.isfinite(out).all()
-    sum(o.pow(2).mean() for o in outs).backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    x = assert_trains_at_size(ViLLS(arch=TINY_ARCH, num_global_tokens=(1, 2, 1, 0)), size)
     assert torch.isfinite(x.grad).all()
 
 
@@ -117,11 +81,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     ckpt = copy.deepcopy(plain)
     for stage in ckpt.stages:
         stage.with_cp = True
-    x = torch.randn(1, 3, 45, 38, requires_grad=True)
-    grads = [torch.autograd.grad(sum(o.pow(2).mean() for o in m(x)), list(m.parameters()))
-             for m in (plain, ckpt)]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_gradients(plain, ckpt, torch.randn(1, 3, 45, 38, requires_grad=True))
 
 
 def test_official_checkpoint_loads_into_dense_backbone(tmp_path):
@@ -186,12 +146,6 @@ def test_window_table_of_another_size_is_an_error_not_a_resize():
         model.load_state_dict(sd)
 
 
-@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
-def test_registered_for_both_scopes(scope):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    assert isinstance(registry.build(dict(type='ViLLS', arch=TINY_ARCH)), ViLLS)
-
-
 def test_maskrcnn_config_builds():
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
@@ -204,17 +158,6 @@ def test_maskrcnn_config_builds():
     assert isinstance(backbone.stages[1].blocks[0].attn, LongShortAttention)
     assert isinstance(backbone.stages[2].blocks[0].attn, SlidingChunkAttention)
     assert backbone.stages[-1].blocks[0].drop_path.drop_prob == pytest.approx(cfg.model.backbone.drop_path_rate)
-
-
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(dp_rank=0), 'dp_rank'),
-    (dict(dp_rank=(8, 8)), 'dp_rank'),
-    (dict(attn_types='linear'), 'long_short'),
-    (dict(arch='huge'), 'unknown arch'),
-])
-def test_bad_config_values_raise_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ViLLS(**{'arch': TINY_ARCH, **kwargs})
 
 
 def test_classifier_rejects_unknown_backbone_type():

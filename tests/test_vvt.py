@@ -14,8 +14,11 @@ from visattn_mm.models.vvt import VicinityAttention
 from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import signed_clamp
 
+from helpers import VVT_TINY_ARCH as TINY_ARCH
+from helpers import (assert_only_stem_frozen, assert_same_gradients, assert_stages_frozen, assert_trains_at_size,
+                     drop_path_rates)
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
 
 
@@ -195,16 +198,7 @@ def test_attention_layer_clamps_after_out_proj_and_gate():
 @pytest.mark.parametrize('size', [(37, 53), (1, 1), (5, 300), (64, 33)])
 def test_output_shapes_strides_and_backward(size):
     torch.manual_seed(0)
-    model = VVT(arch=TINY_ARCH, drop_path_rate=0.1).train()
-    x = torch.randn(2, 3, *size)
-    outs = model(x)
-    h, w = size
-    for out, stride, dim in zip(outs, (4, 8, 16, 32), TINY_ARCH['embed_dims']):
-        assert out.shape == (2, dim, -(-h // stride), -(-w // stride))
-        assert torch.isfinite(out).all()
-    sum(o.pow(2).mean() for o in outs).backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert_trains_at_size(VVT(arch=TINY_ARCH, drop_path_rate=0.1), size)
 
 
 def test_bf16_autocast_at_detection_size_is_finite():
@@ -249,23 +243,12 @@ def test_backbone_memory_is_linear_in_pixels():
 
 def test_frozen_stages_are_frozen_and_stay_in_eval():
     model = VVT(arch=TINY_ARCH, frozen_stages=2, drop_path_rate=0.5)
-    model.train()
-    for i in range(4):
-        frozen = i < 2
-        for module in model.stage_modules(i):
-            assert all(p.requires_grad != frozen for p in module.parameters())
-            assert all(m.training != frozen for m in module.modules())
-    outs = model(torch.randn(1, 3, 32, 32))
-    sum(o.sum() for o in outs).backward()
-    assert all(p.grad is None for p in model.block1.parameters())
-    assert all(p.grad is not None for p in model.block3.parameters())
+    assert not any(p.requires_grad for p in model.block1.parameters())   # already in __init__ (DDP)
+    assert_stages_frozen(model, 2, torch.randn(1, 3, 32, 32))
 
 
 def test_frozen_stage_zero_freezes_only_the_stem():
-    model = VVT(arch=TINY_ARCH, frozen_stages=0).train()
-    assert not any(p.requires_grad for p in model.patch_embed1.parameters())
-    assert all(p.requires_grad for p in model.block1.parameters())
-    assert all(p.requires_grad for p in model.norm1.parameters())
+    assert_only_stem_frozen(VVT(arch=TINY_ARCH, frozen_stages=0))
 
 
 def test_out_indices_select_outputs_and_every_built_parameter_gets_a_gradient():
@@ -280,9 +263,7 @@ def test_out_indices_select_outputs_and_every_built_parameter_gets_a_gradient():
 def test_drop_path_is_linear_over_all_blocks():
     with torch.device('meta'):
         model = VVT(arch='small', drop_path_rate=0.3)
-    rates = [float(getattr(b.drop_path, 'drop_prob', 0.0))
-             for i in range(4) for b in getattr(model, f'block{i + 1}')]
-    assert rates == pytest.approx(torch.linspace(0, 0.3, 18).tolist())
+    assert drop_path_rates(model) == pytest.approx(torch.linspace(0, 0.3, 18).tolist())
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
@@ -290,45 +271,4 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     plain = VVT(arch=TINY_ARCH, drop_path_rate=0.0).train()
     ckpt = copy.deepcopy(plain)
     ckpt.with_cp = True
-    x = torch.randn(1, 3, 48, 40, requires_grad=True)
-    grads = [torch.autograd.grad(sum(o.pow(2).mean() for o in m(x)), list(m.parameters())) for m in (plain, ckpt)]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_registered_for_mmdet_and_mmseg():
-    from mmdet.registry import MODELS as DET_MODELS
-    from mmseg.registry import MODELS as SEG_MODELS
-    for registry in (DET_MODELS, SEG_MODELS):
-        assert isinstance(registry.build(dict(type='VVT', arch=TINY_ARCH)), VVT)
-
-
-def test_pretrained_argument_is_deprecated():
-    with pytest.warns(DeprecationWarning, match='init_cfg'):
-        model = VVT(arch=TINY_ARCH, pretrained='x.pth')
-    assert model.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
-    with pytest.raises(ValueError, match='not both'):
-        VVT(arch=TINY_ARCH, pretrained='x.pth', init_cfg=dict(type='Pretrained', checkpoint='y.pth'))
-
-
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(arch='huge'), 'unknown arch'),
-    (dict(arch=dict(depths=(1, 1, 1, 1))), 'missing'),
-    (dict(arch=dict(depths=(1, 1), embed_dims=(8, 8, 8), num_heads=(1, 1))), 'embed_dims needs 2'),
-    (dict(arch=dict(depths=(1, 1), embed_dims=(8, 8), num_heads=(1, 1), mlp_ratios=(4,))), 'mlp_ratios'),
-    (dict(arch=dict(depths=(1, 1), embed_dims=(6, 8), num_heads=(2, 1)), out_indices=(0, 1)), 'fr_ratio'),
-    (dict(fr_ratio=0), 'fr_ratio'),
-    (dict(se_ratio=7), 'se_ratio'),
-    (dict(out_indices=(0, 4)), 'out_indices'),
-    (dict(out_indices=()), 'out_indices'),
-    (dict(frozen_stages=5), 'frozen_stages'),
-    (dict(out_indices=(0, 1), frozen_stages=3), 'frozen_stages'),
-])
-def test_bad_config_values_raise_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match), torch.device('meta'):
-        VVT(**kwargs)
-
-
-def test_bad_input_raises_clear_error():
-    with pytest.raises(ValueError, match='NCHW'):
-        VVT(arch=TINY_ARCH)(torch.randn(3, 32, 32))
+    assert_same_gradients(plain, ckpt, torch.randn(1, 3, 48, 40, requires_grad=True))

@@ -14,36 +14,63 @@ import torch
 CONTAINER_KEYS = ('state_dict', 'net', 'model', 'module')
 
 
+MISSING_FILE_HELP = (
+    'Get ImageNet weights by converting an official release with tools/convert_ckpt.py '
+    '(e.g. `python tools/convert_ckpt.py vil_small_official.pth checkpoints/vil_small.pth --config CONFIG`) '
+    'or by training a timm classifier (tools/timm_train.py, e.g. --model vil_small) and pointing '
+    'init_cfg.checkpoint at its checkpoint; or train from scratch with '
+    '`--cfg-options model.backbone.init_cfg=None`.')
+
+
+def _reason(err):
+    """The informative line of a load error (torch's weights-only errors wrap it in advice)."""
+    message = str(err)
+    marker = 'WeightsUnpickler error:'
+    if marker in message:
+        message = message.split(marker, 1)[1]
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:200]
+
+
+def _not_a_checkpoint(path, err, detected):
+    return ValueError(f'{path}: not a readable torch checkpoint: {detected} ({type(err).__name__}: '
+                      f'{_reason(err)}). Re-download or re-convert it (tools/convert_ckpt.py) '
+                      'and point init_cfg.checkpoint at a .pth file written by torch.save.')
+
+
 def read_checkpoint(path, map_location='cpu'):
     """``torch.load`` with ``weights_only=True``, falling back to full unpickling.
 
     The fallback is allowed only because ``path`` is a local file the user named
-    (a config or command line); it is announced with a warning that says why.
+    (a config or command line), only for a pickle that references classes outside
+    the weights-only allow-list (e.g. ``argparse.Namespace`` arguments), never for
+    bytes that are not a pickle at all; it is announced with a warning that says why.
 
     Raises:
-        FileNotFoundError: If ``path`` does not exist, naming it.
-        ValueError: If the file is not a torch checkpoint.
+        FileNotFoundError: If ``path`` does not exist, naming it and how to get it.
+        ValueError: If the file is not a torch checkpoint (truncated, text, random
+            bytes, another pickle format), naming the file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint file not found: {path!r}. Download or convert the ImageNet weights '
-            '(tools/convert_ckpt.py) and point init_cfg.checkpoint at the file.')
+        raise FileNotFoundError(f'checkpoint file not found: {path!r} (working directory {os.getcwd()!r}). '
+                                + MISSING_FILE_HELP)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first_line = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        message = str(err)
+        if 'global' not in message.lower():   # e.g. "Unsupported operand": not a pickle of objects
+            raise _not_a_checkpoint(path, err, 'its bytes are not a torch pickle') from err
         warnings.warn(
-            f'{path}: not loadable with weights_only=True ({first_line[:200]}); unpickling it fully '
+            f'{path}: not loadable with weights_only=True ({_reason(err)}); unpickling it fully '
             'because it is a local file you pointed to. Convert it once with tools/convert_ckpt.py '
             'to get a weights-only file.', stacklevel=2)
     except Exception as err:  # zip/pickle framing errors: truncated or not a checkpoint at all
-        raise ValueError(f'{path}: not a readable torch checkpoint ({type(err).__name__}: {err}); '
-                         'the file may be truncated or of another format') from err
+        raise _not_a_checkpoint(path, err, 'the file may be truncated or of another format') from err
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:
-        raise ValueError(f'{path}: not a readable torch checkpoint ({type(err).__name__}: {err})') from err
+        raise _not_a_checkpoint(path, err, 'full unpickling failed too') from err
 
 
 def _is_state_dict(obj):

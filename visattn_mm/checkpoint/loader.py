@@ -9,6 +9,7 @@ load that matched too little.
 """
 from dataclasses import dataclass, field
 
+import torch
 from mmengine.logging import MMLogger
 
 from .formats import read_checkpoint, unwrap_state_dict
@@ -89,13 +90,19 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
         LoadReport: What was loaded.
 
     Raises:
-        ValueError: If fewer than 90% of the parameter tensors would be loaded and
-            ``allow_partial`` is False. Nothing is loaded then.
+        FileNotFoundError: If the file does not exist (the message says how to get it).
+        ValueError: If the file is not a checkpoint, holds no state_dict, holds NaN
+            or inf values, or fewer than 90% of the parameter tensors would be loaded
+            and ``allow_partial`` is False. Nothing is loaded then.
     """
     source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
     if isinstance(checkpoint, str):
         checkpoint = read_checkpoint(checkpoint, map_location)
-    state_dict, container = unwrap_state_dict(checkpoint)
+    try:
+        state_dict, container = unwrap_state_dict(checkpoint)
+    except ValueError as err:
+        raise ValueError(f'{source}: {err}. Is it a model checkpoint? Point init_cfg.checkpoint at a '
+                         'file holding a state_dict (tools/convert_ckpt.py writes one).') from None
     report = LoadReport(source=str(source), container=container, layout='ours')
     target = model.state_dict()
     filter_fn = getattr(model, 'checkpoint_filter', None)
@@ -127,6 +134,36 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
             f'{MIN_LOADED_FRACTION:.0%}); is it a checkpoint of another model or size? Pass '
             f'allow_partial=True (init_cfg=dict(..., allow_partial=True)) to load it anyway.\n'
             + report.summary())
-    model.load_state_dict(usable, strict=False)
+    check_finite(usable, source)
+    _load_all_or_nothing(model, usable)
     (logger or MMLogger.get_current_instance()).info(report.summary())
     return report
+
+
+def check_finite(state_dict, source, max_keys=5):
+    """Raise a ValueError naming ``source`` and the tensors that hold NaN or inf values."""
+    bad = [key for key, value in state_dict.items()
+           if value.is_floating_point() and not torch.isfinite(value).all()]
+    if bad:
+        shown = ', '.join(bad[:max_keys]) + (f', ... (+{len(bad) - max_keys})' if len(bad) > max_keys else '')
+        raise ValueError(f'refusing to load {source}: {len(bad)} tensor(s) hold NaN or inf values ({shown}). '
+                         'The run that wrote it probably diverged; use an earlier checkpoint of that run '
+                         'or retrain. Nothing was loaded.')
+
+
+def _load_all_or_nothing(model, state_dict):
+    """``load_state_dict(strict=False)``, restoring every tensor if it fails half-way.
+
+    ``nn.Module.load_state_dict`` copies tensor by tensor and raises only at the end,
+    so a failure could otherwise leave a model half-loaded.
+    """
+    backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict(state_dict, strict=False)
+    except Exception:
+        # Copied back in place, not through load_state_dict, whose hooks may be what failed.
+        current = model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key, value in backup.items():
+                current[key].copy_(value)
+        raise

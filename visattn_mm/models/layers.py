@@ -38,8 +38,25 @@ def init_transformer_weights(module):
         nn.init.zeros_(module.bias)
 
 
+def _is_int(value):
+    # bool is an int subclass, but True as a window size or stage index is a config mistake
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value, arg, name, minimum=1):
+    """Raise a ValueError naming ``arg`` unless ``value`` is an int ``>= minimum``."""
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f'{name}: {arg}={value!r} must be an int >= {minimum}')
+    return value
+
+
 def check_arch(arch, arch_zoo, required_keys, name):
-    """Resolve an ``arch`` preset name (or alias) or validate a custom dict."""
+    """Resolve an ``arch`` preset name (or alias) or validate a custom dict.
+
+    A custom dict needs ``required_keys``; its ``depths`` entries must be ints
+    ``>= 0`` and its ``embed_dims`` / ``num_heads`` entries ints ``>= 1``, one per
+    stage.
+    """
     if isinstance(arch, str):
         key = arch.lower()
         if key not in arch_zoo:
@@ -52,7 +69,57 @@ def check_arch(arch, arch_zoo, required_keys, name):
     if missing:
         raise ValueError(f'{name}: custom arch dict is missing {sorted(missing)} '
                          f'(needs {sorted(required_keys)})')
+    for key, minimum in (('depths', 0), ('embed_dims', 1), ('num_heads', 1)):
+        values = arch.get(key, ())
+        if not isinstance(values, (list, tuple)):
+            raise ValueError(f'{name}: arch[{key!r}] must be a list or tuple with one entry per stage, '
+                             f'got {values!r}')
+        for i, value in enumerate(values):
+            check_int(value, f'arch[{key!r}][{i}]', name, minimum)
     return dict(arch)
+
+
+def check_stage_lengths(name, num_stages, **per_stage):
+    """Raise a ValueError unless every keyword is a list/tuple with one entry per stage."""
+    for arg, values in per_stage.items():
+        if not isinstance(values, (list, tuple)) or len(values) != num_stages:
+            raise ValueError(f'{name}: {arg} needs {num_stages} entries (one per stage), got {values!r}')
+
+
+def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rate,
+                     builds_up_to_last_output=False):
+    """Validate the arguments every backbone takes, at build time.
+
+    Args:
+        name (str): The backbone's name, for the messages.
+        num_stages (int): Stages of the arch.
+        out_indices (Sequence[int]): Must be a non-empty set of distinct stage
+            indices in ``[0, num_stages)``.
+        frozen_stages (int): Must be an int in ``[-1, built stages]``.
+        drop_path_rate (float): Must be a number in ``[0, 1)``.
+        builds_up_to_last_output (bool): The backbone builds only the stages up
+            to ``max(out_indices)`` (VVT, Pale) rather than all of them (ViL).
+
+    Returns:
+        tuple[int]: ``out_indices`` as a tuple.
+    """
+    allowed = tuple(range(num_stages))
+    if not isinstance(out_indices, (list, tuple)):
+        raise ValueError(f'{name}: out_indices={out_indices!r} must be a list or tuple of stage '
+                         f'indices from {allowed}')
+    out_indices = tuple(out_indices)
+    if (not out_indices or len(set(out_indices)) != len(out_indices)
+            or any(not _is_int(i) or not 0 <= i < num_stages for i in out_indices)):
+        raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of {allowed} '
+                         f'without repeats')
+    limit = max(out_indices) + 1 if builds_up_to_last_output else num_stages
+    if not _is_int(frozen_stages) or not -1 <= frozen_stages <= limit:
+        built = '' if limit == num_stages else f' ({limit} stages are built for out_indices={out_indices})'
+        raise ValueError(f'{name}: frozen_stages={frozen_stages!r} must be an int in [-1, {limit}]{built}')
+    if (isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float))
+            or not 0 <= drop_path_rate < 1):
+        raise ValueError(f'{name}: drop_path_rate={drop_path_rate!r} must be a number in [0, 1)')
+    return out_indices
 
 
 class OverlapPatchEmbed(nn.Module):

@@ -38,7 +38,8 @@ from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
 from .base import DenseBackbone
-from .layers import Mlp, OverlapPatchEmbed, check_arch, init_transformer_weights
+from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
+                     init_transformer_weights)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
@@ -184,28 +185,18 @@ class PaleTransformer(DenseBackbone):
         num_stages = len(depths)
         pale_sizes = spec.get('pale_sizes', (DEFAULT_PALE_SIZE,) * num_stages)
         mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
-        for name, values in (('embed_dims', dims), ('num_heads', heads), ('pale_sizes', pale_sizes),
-                             ('mlp_ratios', mlp_ratios)):
-            if len(values) != num_stages:
-                raise ValueError(f'PaleTransformer: {name} needs {num_stages} entries (one per stage), '
-                                 f'got {values}')
+        check_stage_lengths('PaleTransformer', num_stages, embed_dims=dims, num_heads=heads,
+                            pale_sizes=pale_sizes, mlp_ratios=mlp_ratios)
         for i, (d, h, s) in enumerate(zip(dims, heads, pale_sizes)):
-            if not isinstance(s, int) or s < 1:
-                raise ValueError(f'PaleTransformer: pale_sizes[{i}]={s!r} must be a positive int')
-            if not isinstance(h, int) or h < 2 or h % 2:
+            check_int(s, f'pale_sizes[{i}]', 'PaleTransformer')
+            if h % 2:
                 raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
                                  f'attend within row groups, half within column groups)')
             if d % h:
                 raise ValueError(f'PaleTransformer: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
-            raise ValueError(f'PaleTransformer: out_indices={out_indices} must be a non-empty subset of '
-                             f'{tuple(range(num_stages))}')
+        out_indices = check_stage_args('PaleTransformer', num_stages, out_indices, frozen_stages,
+                                       drop_path_rate, builds_up_to_last_output=True)
         self.num_stages = max(out_indices) + 1   # built stages
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'PaleTransformer: frozen_stages={frozen_stages} must be in '
-                             f'[-1, {self.num_stages}] ({self.num_stages} stages are built for '
-                             f'out_indices={out_indices})')
 
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
@@ -245,9 +236,24 @@ class PaleTransformer(DenseBackbone):
         modules = (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'))
         return modules + ((norm,) if norm is not None else ())
 
+    def _check_batchnorm_statistics(self, x):
+        """Training BatchNorm (in the q/k/v convs) needs more than one value per channel.
+
+        The last built stage has ``B * ceil(H / s) * ceil(W / s)`` values, ``s`` its stride.
+        """
+        stride = 4 * 2 ** (self.num_stages - 1)
+        values = x.shape[0] * -(-x.shape[2] // stride) * -(-x.shape[3] // stride)
+        training_bn = any(m.training for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+        if training_bn and values < 2:
+            raise ValueError(
+                f'PaleTransformer in training mode needs more than 1 value per channel at stride {stride} '
+                f'for its BatchNorms; a batch of {x.shape[0]} image(s) of {tuple(x.shape[2:])} gives 1. Use '
+                f'a batch of 2 or more, an image larger than {stride} pixels on one side, or norm_eval=True.')
+
     def forward(self, x):
         if x.dim() != 4:
             raise ValueError(f'PaleTransformer expects an NCHW image batch, got shape {tuple(x.shape)}')
+        self._check_batchnorm_statistics(x)
         outs = []
         for i in range(self.num_stages):
             tokens, hw = getattr(self, f'patch_embed{i + 1}')(x)

@@ -27,7 +27,8 @@ from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
 from .base import DenseBackbone
-from .layers import Mlp, check_arch, init_transformer_weights, pad_to_multiple
+from .layers import (Mlp, check_arch, check_int, check_stage_args, check_stage_lengths, init_transformer_weights,
+                     pad_to_multiple)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
@@ -480,31 +481,27 @@ class ViL(DenseBackbone):
         windows = self._per_stage(window_size, num_stages, 'window_size')
         attn_types = self._per_stage(attn_types, num_stages, 'attn_types')
         dp_ranks = self._per_stage(dp_rank, num_stages, 'dp_rank')
-        for arg, values in (('embed_dims', dims), ('num_heads', heads), ('patch_sizes', patch_sizes),
-                            ('num_global_tokens', num_global_tokens)):
-            if len(values) != num_stages:
-                raise ValueError(f'{name}: {arg} needs {num_stages} entries (one per stage), got {values}')
+        check_stage_lengths(name, num_stages, embed_dims=dims, num_heads=heads, patch_sizes=patch_sizes,
+                            num_global_tokens=num_global_tokens)
         for i, (d, h) in enumerate(zip(dims, heads)):
             if d % h:
                 raise ValueError(f'{name}: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
         for i, t in enumerate(attn_types):
             if t not in ATTN_TYPES:
                 raise ValueError(f'{name}: attn_types[{i}]={t!r}; allowed: {ATTN_TYPES}')
-        for i, w in enumerate(windows):
-            if not isinstance(w, int) or w < 1:
-                raise ValueError(f'{name}: window_size[{i}]={w!r} must be a positive int')
-        for i, r in enumerate(dp_ranks):
-            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-                raise ValueError(f'{name}: dp_rank[{i}]={r!r} must be a positive int')
+        for i, (w, r, p) in enumerate(zip(windows, dp_ranks, patch_sizes)):
+            check_int(w, f'window_size[{i}]', name)
+            check_int(r, f'dp_rank[{i}]', name)
+            check_int(p, f'patch_sizes[{i}]', name)
+        for i, g in enumerate(num_global_tokens):
+            check_int(g, f'num_global_tokens[{i}]', name, minimum=0)
         if shift_mode not in SHIFT_MODES:
             raise ValueError(f'{name}: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
-        check_modes(masking_mode, 1 if random_shift else shift_mode)
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
-            raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of '
-                             f'{tuple(range(num_stages))}')
-        if not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'{name}: frozen_stages={frozen_stages} must be in [-1, {num_stages}]')
+        try:
+            check_modes(masking_mode, 1 if random_shift else shift_mode)
+        except ValueError as err:
+            raise ValueError(f'{name}: {err}') from None
+        out_indices = check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rate)
 
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
@@ -614,7 +611,7 @@ class ViL(DenseBackbone):
 
     @classmethod
     def _per_stage(cls, value, num_stages, name):
-        values = (value,) * num_stages if isinstance(value, (int, str)) else tuple(value)
+        values = tuple(value) if isinstance(value, (list, tuple)) else (value,) * num_stages
         if len(values) != num_stages:
             raise ValueError(f'{cls.__name__}: {name} needs 1 or {num_stages} entries, got {value!r}')
         return values

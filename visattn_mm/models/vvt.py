@@ -19,7 +19,8 @@ from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
 from .base import DenseBackbone
-from .layers import OverlapPatchEmbed, check_arch, init_transformer_weights
+from .layers import (OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
+                     init_transformer_weights)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -180,26 +181,18 @@ class VVT(DenseBackbone):
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         num_stages = len(depths)
         mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
-        for name, values in (('embed_dims', dims), ('num_heads', heads), ('mlp_ratios', mlp_ratios)):
-            if len(values) != num_stages:
-                raise ValueError(f'VVT: {name} needs {num_stages} entries (one per stage), got {values}')
-        for name, value in (('fr_ratio', fr_ratio), ('se_ratio', se_ratio)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'VVT: {name}={value!r} must be a positive int')
+        check_stage_lengths('VVT', num_stages, embed_dims=dims, num_heads=heads, mlp_ratios=mlp_ratios)
+        check_int(fr_ratio, 'fr_ratio', 'VVT')
+        check_int(se_ratio, 'se_ratio', 'VVT')
         for i, (d, h) in enumerate(zip(dims, heads)):
             if d % (h * fr_ratio):
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
                                  f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
-            raise ValueError(f'VVT: out_indices={out_indices} must be a non-empty subset of '
-                             f'{tuple(range(num_stages))}')
+        out_indices = check_stage_args('VVT', num_stages, out_indices, frozen_stages, drop_path_rate,
+                                       builds_up_to_last_output=True)
         self.num_stages = max(out_indices) + 1   # built stages
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'VVT: frozen_stages={frozen_stages} must be in [-1, {self.num_stages}] '
-                             f'({self.num_stages} stages are built for out_indices={out_indices})')
 
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages

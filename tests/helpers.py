@@ -1,0 +1,163 @@
+"""Helpers shared by the backbone test files: tiny variants, output checks, gradient checks."""
+import torch
+
+import visattn_mm  # noqa: F401  (registration)
+from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
+
+STRIDES = (4, 8, 16, 32)
+
+# Custom tiny archs (the arch-dict escape hatch): one block per stage, a few channels.
+VIL_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
+VVT_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(1, 2, 2, 4),
+                     mlp_ratios=(2, 2, 2, 2))
+PALE_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(2, 2, 2, 4),
+                      mlp_ratios=(2, 2, 2, 2))
+TINY_ARCHS = {ViL: VIL_TINY_ARCH, ViLLS: VIL_TINY_ARCH, VVT: VVT_TINY_ARCH, PaleTransformer: PALE_TINY_ARCH}
+BACKBONES = tuple(TINY_ARCHS)
+
+
+def build_tiny(cls, **kwargs):
+    """``cls`` with its tiny custom arch; ``kwargs`` override the other arguments."""
+    return cls(arch=TINY_ARCHS[cls], **kwargs)
+
+
+def assert_dense_outputs(outs, batch, size, dims, strides=STRIDES):
+    """Each output is ``(batch, dim, ceil(H / stride), ceil(W / stride))`` and finite."""
+    h, w = size
+    assert len(outs) == len(dims)
+    for out, stride, dim in zip(outs, strides, dims):
+        assert out.shape == (batch, dim, -(-h // stride), -(-w // stride)), (out.shape, stride)
+        assert torch.isfinite(out).all()
+
+
+def assert_finite_grads(model):
+    """Every parameter received a finite gradient."""
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def assert_same_gradients(model_a, model_b, x, seed=None, rtol=1e-5, atol=1e-6):
+    """Parameter gradients of ``sum(mean(out^2))`` agree between two models (e.g. with_cp on/off).
+
+    ``seed``: reseed before each model's pass, so random draws (e.g. random shift) match.
+    """
+    grads = []
+    for model in (model_a, model_b):
+        if seed is not None:
+            torch.manual_seed(seed)
+        loss = sum(o.pow(2).mean() for o in model(x))
+        grads.append(torch.autograd.grad(loss, list(model.parameters())))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def snapshot(model):
+    """A copy of every tensor of ``model.state_dict()``, to compare bit for bit later."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_unchanged(model, before):
+    """``model``'s tensors are bit-identical to the :func:`snapshot` ``before``."""
+    after = model.state_dict()
+    assert set(after) == set(before)
+    changed = [k for k, v in after.items() if not torch.equal(v, before[k])]
+    assert not changed, f'changed by a failed load: {changed[:5]}'
+
+
+def official_vil_layout_checkpoint(spec, local_attention, seed=0, img_size=224, best_acc=0.0):
+    """An official ViL-family classification checkpoint, written from SPEC 1.2 / 2.2 (not from our code).
+
+    ``net`` container, ``module.`` prefix, ``layerN`` sequentials (0 = patch embedding with
+    ``norm_embed`` and ``cls_token``, 2j+1 = attention block, 2j+2 = MLP block), patch sizes
+    4,2,2,2, global tokens 1,1,1,0, full-attention stages 3-4 (fused qkv, (2n-1)^2 tables,
+    g2l/g2g biases where the stage has global tokens), final norm and 1000-class head.
+
+    Args:
+        spec (dict): ``depths``, ``dims``, ``heads``.
+        local_attention (callable): ``(net, prefix, dim, heads, num_global, rand)`` writes the
+            attention keys of one stage-1/2 block under ``prefix`` (e.g. ``module.layer1.1``).
+        seed (int): Seed of the values (``randn * 0.02``; norms ``1 + randn * 0.02``).
+        img_size (int): Training size, which fixes the full-attention table sizes.
+        best_acc (float): Stored like the official files do.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen) * 0.02  # noqa: E731
+    net, in_dim, side = {}, 3, img_size
+    for i, (depth, dim, heads) in enumerate(zip(spec['depths'], spec['dims'], spec['heads'])):
+        patch, num_global = (4, 2, 2, 2)[i], (1, 1, 1, 0)[i]
+        side //= patch
+        layer = f'module.layer{i + 1}'
+        net[f'{layer}.0.proj.weight'] = rand(dim, in_dim, patch, patch)
+        net[f'{layer}.0.proj.bias'] = rand(dim)
+        net[f'{layer}.0.norm_embed.weight'], net[f'{layer}.0.norm_embed.bias'] = 1 + rand(dim), rand(dim)
+        if num_global:
+            net[f'{layer}.0.cls_token'] = rand(1, num_global, dim)
+        for j in range(depth):
+            attn, mlp = f'{layer}.{2 * j + 1}', f'{layer}.{2 * j + 2}'
+            net[f'{attn}.norm.weight'], net[f'{attn}.norm.bias'] = 1 + rand(dim), rand(dim)
+            if i < 2:
+                local_attention(net, attn, dim, heads, num_global, rand)
+            else:
+                net[f'{attn}.attn.qkv.weight'], net[f'{attn}.attn.qkv.bias'] = rand(3 * dim, dim), rand(3 * dim)
+                net[f'{attn}.attn.proj.weight'], net[f'{attn}.attn.proj.bias'] = rand(dim, dim), rand(dim)
+                net[f'{attn}.attn.local_relative_position_bias_table'] = rand((2 * side - 1) ** 2, heads)
+                net[f'{attn}.attn.relative_position_index'] = torch.zeros(side ** 2, side ** 2, dtype=torch.long)
+                if num_global:
+                    add_global_biases(net, attn, heads, num_global, rand)
+            net[f'{mlp}.norm.weight'], net[f'{mlp}.norm.bias'] = 1 + rand(dim), rand(dim)
+            net[f'{mlp}.mlp.fc1.weight'], net[f'{mlp}.mlp.fc1.bias'] = rand(4 * dim, dim), rand(4 * dim)
+            net[f'{mlp}.mlp.fc2.weight'], net[f'{mlp}.mlp.fc2.bias'] = rand(dim, 4 * dim), rand(dim)
+        in_dim = dim
+    last = spec['dims'][-1]
+    net['module.norm.weight'], net['module.norm.bias'] = 1 + rand(last), rand(last)
+    net['module.head.weight'], net['module.head.bias'] = rand(1000, last), rand(1000)
+    return dict(net=net, arch='official', epoch=300, best_acc=best_acc, optimizer={}, scheduler={})
+
+
+def add_global_biases(net, attn, heads, num_global, rand):
+    """The official g2l (2, heads, G) and g2g (heads, G, G) relative-position biases."""
+    net[f'{attn}.attn.g2l_relative_position_bias'] = rand(2, heads, num_global)
+    net[f'{attn}.attn.g2g_relative_position_bias'] = rand(heads, num_global, num_global)
+
+
+def assert_stages_frozen(model, num_frozen, x):
+    """After ``train()``, stages ``< num_frozen`` stay in eval, have no trainable parameters
+    and get no gradient from a backward pass on ``x``; the other stages train normally."""
+    model.train()
+    num_stages = getattr(model, 'num_stages', None) or len(model.stages)
+    for i in range(num_stages):
+        frozen = i < num_frozen
+        for module in model.stage_modules(i):
+            assert all(p.requires_grad != frozen for p in module.parameters()), i
+            assert all(m.training != frozen for m in module.modules()), i
+    sum(o.sum() for o in model(x)).backward()
+    for i in range(num_stages):
+        for module in model.stage_modules(i):
+            assert all((p.grad is None) == (i < num_frozen) for p in module.parameters()), i
+
+
+def assert_only_stem_frozen(model):
+    """``frozen_stages=0``: the first patch embedding is frozen, every other parameter trains."""
+    model.train()
+    stem = {id(p) for p in model.stage_modules(0)[0].parameters()}
+    assert stem
+    for name, p in model.named_parameters():
+        assert p.requires_grad == (id(p) not in stem), name
+
+
+def assert_trains_at_size(model, size, batch=2):
+    """Training-mode forward at ``size``: strides and finiteness, then finite gradients everywhere.
+
+    Returns the input batch (it requires grad) for further checks.
+    """
+    x = torch.randn(batch, 3, *size, requires_grad=True)
+    outs = model.train()(x)
+    assert_dense_outputs(outs, batch, size, model.embed_dims)
+    sum(o.pow(2).mean() for o in outs).backward()
+    assert_finite_grads(model)
+    return x
+
+
+def drop_path_rates(model):
+    """Stochastic-depth rate of every block, in block order (0 where the block has none)."""
+    return [float(getattr(m.drop_path, 'drop_prob', 0.0)) for m in model.modules() if hasattr(m, 'drop_path')]

@@ -1,0 +1,137 @@
+"""Bad backbone arguments fail at build time with a ValueError naming the argument and what is allowed.
+
+Every case runs three ways: the class itself, and ``MODELS.build`` of the mmdet and the
+mmseg registries (what a config does). The cases shared by all four backbones go through
+the one validator in ``visattn_mm/models/layers.py``.
+"""
+import re
+
+import pytest
+from mmdet.registry import MODELS as DET_MODELS
+from mmseg.registry import MODELS as SEG_MODELS
+
+from helpers import BACKBONES, TINY_ARCHS
+from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
+
+
+def _arch(cls, **over):
+    return dict(TINY_ARCHS[cls], **over)
+
+
+def _common_cases(cls):
+    """(kwargs, pattern the message must match) for arguments every backbone takes."""
+    return [
+        (dict(arch='huge'), r"unknown arch 'huge'; choose one of \["),
+        (dict(arch=['tiny']), 'arch must be a preset name or a dict'),
+        (dict(arch=dict(depths=(1, 1))), r'missing \[.*embed_dims'),
+        (dict(arch=_arch(cls, num_heads=(0, 2, 2, 2))), r"arch\['num_heads'\]\[0\]=0 must be an int >= 1"),
+        (dict(arch=_arch(cls, embed_dims=(16.0, 32, 32, 32))), r"arch\['embed_dims'\]\[0\]=16.0 must be an int"),
+        (dict(arch=_arch(cls, depths=(1, -1, 1, 1))), r"arch\['depths'\]\[1\]=-1 must be an int >= 0"),
+        (dict(arch=_arch(cls, embed_dims=(16, 32, 32))), r'embed_dims needs 4 entries'),
+        (dict(arch=_arch(cls, embed_dims=(16, 30, 32, 32), num_heads=(2, 4, 2, 4))), r'embed_dims\[1\]=30'),
+        (dict(out_indices=(0, 4)), r'out_indices=\(0, 4\) must be a non-empty subset of \(0, 1, 2, 3\)'),
+        (dict(out_indices=()), 'out_indices=.*non-empty subset'),
+        (dict(out_indices=(1, 1)), 'out_indices=.*without repeats'),
+        (dict(out_indices=(0.0, 1)), 'out_indices=.*subset of'),
+        (dict(out_indices=3), r'out_indices=3 must be a list or tuple of stage indices from \(0, 1, 2, 3\)'),
+        (dict(frozen_stages=5), r'frozen_stages=5 must be an int in \[-1, 4\]'),
+        (dict(frozen_stages=-2), r'frozen_stages=-2 must be an int in \[-1, 4\]'),
+        (dict(frozen_stages=1.5), r'frozen_stages=1.5 must be an int'),
+        (dict(drop_path_rate=-0.1), r'drop_path_rate=-0.1 must be a number in \[0, 1\)'),
+        (dict(drop_path_rate=1.0), r'drop_path_rate=1.0 must be a number in \[0, 1\)'),
+        (dict(drop_path_rate='0.1'), r"drop_path_rate='0.1' must be a number"),
+    ]
+
+
+# Window / pale sizes and the other per-model arguments; no upper bound exists for any of
+# them (a window or pale larger than the map is clipped to it), so none is tested.
+SPECIFIC_CASES = {
+    ViL: [
+        (dict(window_size=0), r'window_size\[0\]=0 must be an int >= 1'),
+        (dict(window_size=-3), r'window_size\[0\]=-3 must be an int >= 1'),
+        (dict(window_size=7.5), r'window_size\[0\]=7.5 must be an int >= 1'),
+        (dict(window_size=True), r'window_size\[0\]=True must be an int'),
+        (dict(window_size=(7, 7)), 'window_size needs 1 or 4 entries'),
+        (dict(num_global_tokens=(1, 1, -1, 0)), r'num_global_tokens\[2\]=-1 must be an int >= 0'),
+        (dict(arch=_arch(ViL, patch_sizes=(4, 2, 0, 2))), r'patch_sizes\[2\]=0 must be an int >= 1'),
+        (dict(masking_mode=2), r'masking_mode must be one of \(0, -1, 1\)'),
+        (dict(masking_mode=1, random_shift=True), 'exact'),
+        (dict(shift_mode=9), 'shift_mode must be one of'),
+        (dict(attn_types='dense'), r"attn_types\[0\]='dense'; allowed"),
+    ],
+    ViLLS: [
+        (dict(window_size=0), r'window_size\[0\]=0 must be an int >= 1'),
+        (dict(window_size=2.5), r'window_size\[0\]=2.5 must be an int >= 1'),
+        (dict(dp_rank=0), r'dp_rank\[0\]=0 must be an int >= 1'),
+        (dict(dp_rank=None), r'dp_rank\[0\]=None must be an int >= 1'),
+        (dict(dp_rank=(8, 8)), r'dp_rank needs 1 or 4 entries'),
+        (dict(attn_types='linear'), r"attn_types\[0\]='linear'; allowed: \('sliding_chunk', 'full', 'long_short'\)"),
+    ],
+    VVT: [
+        (dict(fr_ratio=0), 'fr_ratio=0 must be an int >= 1'),
+        (dict(se_ratio=1.5), 'se_ratio=1.5 must be an int >= 1'),
+        (dict(se_ratio=7), 'not divisible by se_ratio=7'),
+        (dict(arch=_arch(VVT, embed_dims=(6, 16, 16, 16), num_heads=(2, 2, 2, 4))),
+         r'embed_dims\[0\]=6 is not divisible by num_heads\[0\]=2 x fr_ratio=2'),
+        (dict(arch=_arch(VVT, mlp_ratios=(4,))), 'mlp_ratios needs 4 entries'),
+    ],
+    PaleTransformer: [
+        (dict(arch=_arch(PaleTransformer, pale_sizes=(7, 0, 7, 7))), r'pale_sizes\[1\]=0 must be an int >= 1'),
+        (dict(arch=_arch(PaleTransformer, pale_sizes=(7, -7, 7, 7))), r'pale_sizes\[1\]=-7 must be an int'),
+        (dict(arch=_arch(PaleTransformer, pale_sizes=(7, 7, 3.5, 7))), r'pale_sizes\[2\]=3.5 must be an int'),
+        (dict(arch=_arch(PaleTransformer, num_heads=(2, 3, 2, 4), embed_dims=(8, 18, 16, 16))),
+         r'num_heads\[1\]=3 must be even'),
+        (dict(arch=_arch(PaleTransformer, pale_sizes=(7,))), 'pale_sizes needs 4 entries'),
+        (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 4))), 'mlp_ratios needs 4 entries'),
+    ],
+}
+
+CASES = [pytest.param(cls, kwargs, pattern, id=f'{cls.__name__}-{i}')
+         for cls in BACKBONES for i, (kwargs, pattern) in enumerate(_common_cases(cls) + SPECIFIC_CASES[cls])]
+
+BUILDERS = {
+    'class': lambda cls, kwargs: cls(**kwargs),
+    'mmdet': lambda cls, kwargs: DET_MODELS.build(dict(type=cls.__name__, **kwargs)),
+    'mmseg': lambda cls, kwargs: SEG_MODELS.build(dict(type=cls.__name__, **kwargs)),
+}
+
+
+@pytest.mark.parametrize('route', BUILDERS)
+@pytest.mark.parametrize('cls,kwargs,pattern', CASES)
+def test_bad_argument_is_a_value_error_at_build_time(cls, kwargs, pattern, route):
+    with pytest.raises(ValueError) as err:
+        BUILDERS[route](cls, kwargs)
+    message = str(err.value)
+    assert re.search(pattern, message), message
+    assert cls.__name__ in message      # says which backbone, also through the registries
+
+
+def test_frozen_stage_limit_counts_only_the_built_stages():
+    """VVT and Pale build stages only up to the last output, so fewer can be frozen."""
+    for cls in (VVT, PaleTransformer):
+        with pytest.raises(ValueError, match=r'frozen_stages=3 must be an int in \[-1, 2\] \(2 stages are built'):
+            cls(arch=TINY_ARCHS[cls], out_indices=(0, 1), frozen_stages=3)
+        assert cls(arch=TINY_ARCHS[cls], out_indices=(0, 1), frozen_stages=2).frozen_stages == 2
+
+
+@pytest.mark.parametrize('registry', [DET_MODELS, SEG_MODELS], ids=['mmdet', 'mmseg'])
+@pytest.mark.parametrize('cls', BACKBONES)
+def test_registered_for_mmdet_and_mmseg(cls, registry):
+    assert type(registry.build(dict(type=cls.__name__, arch=TINY_ARCHS[cls]))) is cls
+
+
+@pytest.mark.parametrize('cls', BACKBONES)
+def test_pretrained_argument_is_deprecated(cls):
+    with pytest.warns(DeprecationWarning, match='init_cfg'):
+        model = cls(arch=TINY_ARCHS[cls], pretrained='x.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
+    with pytest.raises(ValueError, match='set init_cfg or pretrained, not both'):
+        cls(arch=TINY_ARCHS[cls], pretrained='x.pth', init_cfg=dict(type='Pretrained', checkpoint='y.pth'))
+
+
+@pytest.mark.parametrize('cls', BACKBONES)
+def test_edge_values_that_are_allowed_still_build(cls):
+    """The validator's bounds are inclusive where they should be (controls for the cases above)."""
+    model = cls(arch=TINY_ARCHS[cls], out_indices=[3, 0], frozen_stages=4, drop_path_rate=0)
+    assert model.out_indices == (3, 0)
+    assert not any(p.requires_grad for p in model.parameters())
