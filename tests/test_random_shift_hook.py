@@ -1,4 +1,5 @@
 """RandomShiftHook in a real mmengine Runner: the switch point, and resume on both sides of it."""
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -18,13 +19,15 @@ class ToyImages(Dataset):
         return 4
 
     def __getitem__(self, index):
-        return dict(inputs=torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(index)))
+        image = torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(index))
+        # A random brightness change from numpy's global generator, as data pipelines use.
+        return dict(inputs=image * float(np.random.uniform(0.5, 1.5)))
 
 
 class ToyModel(BaseModel):
-    def __init__(self):
+    def __init__(self, drop_path_rate=0.0):
         super().__init__()
-        self.backbone = ViL(arch=TINY_ARCH, window_size=2, drop_path_rate=0.0)
+        self.backbone = ViL(arch=TINY_ARCH, window_size=2, drop_path_rate=drop_path_rate)
         self.head = nn.Linear(8, 1)
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
@@ -50,11 +53,11 @@ class RecordShift(Hook):
         self.losses[runner.iter] = float(outputs['loss'])
 
 
-def make_runner(work_dir, record, by_epoch, resume_from=None):
+def make_runner(work_dir, record, by_epoch, resume_from=None, drop_path_rate=0.0):
     loop = (dict(type='EpochBasedTrainLoop', max_epochs=4) if by_epoch
             else dict(type='IterBasedTrainLoop', max_iters=8))
     return Runner(
-        model=ToyModel(), work_dir=str(work_dir),
+        model=ToyModel(drop_path_rate), work_dir=str(work_dir),
         train_dataloader=DataLoader(ToyImages(), batch_size=2, shuffle=False),  # 2 iters per epoch
         train_cfg=loop,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
@@ -62,6 +65,7 @@ def make_runner(work_dir, record, by_epoch, resume_from=None):
                                            by_epoch=by_epoch)),
         custom_hooks=[dict(type='RandomShiftHook', switch_ratio=0.5), record],
         resume=resume_from is not None, load_from=resume_from,
+        randomness=dict(seed=0, deterministic=True),
         default_scope='mmengine', experiment_name=f'exp{id(record)}')
 
 
@@ -79,17 +83,29 @@ def test_switch_point_and_resume_on_both_sides(tmp_path, by_epoch):
         assert resumed.states == {i: i < 4 for i in range(saved, 8)}
 
 
-def test_resume_continues_with_the_same_losses(tmp_path):
-    """Resume (weights, optimizer, data position) after the switch reproduces the losses of
-    an uninterrupted run. (Before the switch the random draws are not part of the checkpoint.)"""
-    torch.manual_seed(0)
+@pytest.mark.parametrize('by_epoch', [False, True])
+def test_resume_continues_with_exactly_the_same_losses(tmp_path, by_epoch):
+    """Resume while random shift is on, with drop path and numpy-random data: the hook's saved
+    RNG states make every loss after the resume point equal to the uninterrupted run's."""
     full = RecordShift()
-    make_runner(tmp_path, full, by_epoch=False).train()
+    make_runner(tmp_path, full, by_epoch, drop_path_rate=0.2).train()
+    name = 'epoch_1.pth' if by_epoch else 'iter_2.pth'  # both after iteration 2, before the switch
+    checkpoint = torch.load(tmp_path / name, weights_only=True)
+    assert len(checkpoint['rng_states']) == 1  # one process
+
     resumed = RecordShift()
-    make_runner(tmp_path, resumed, by_epoch=False, resume_from=str(tmp_path / 'iter_4.pth')).train()
-    assert sorted(resumed.losses) == [4, 5, 6, 7]
-    for step in (4, 5, 6, 7):
-        assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-5, abs=1e-7)
+    make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name), drop_path_rate=0.2).train()
+    assert sorted(resumed.losses) == list(range(2, 8))
+    assert all(resumed.losses[step] == full.losses[step] for step in range(2, 8)), (
+        resumed.losses, full.losses)
+
+    # Control: the same checkpoint without the RNG states continues differently.
+    del checkpoint['rng_states']
+    torch.save(checkpoint, tmp_path / 'no_rng.pth')
+    unseeded = RecordShift()
+    make_runner(tmp_path, unseeded, by_epoch, str(tmp_path / 'no_rng.pth'),
+                drop_path_rate=0.2).train()
+    assert any(unseeded.losses[step] != full.losses[step] for step in range(2, 8))
 
 
 def test_eval_mode_ignores_random_shift():

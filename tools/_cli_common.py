@@ -171,6 +171,21 @@ def build_runner(cfg: Config):
     return Runner.from_cfg(cfg)
 
 
+def keep_config_in_log_dir(runner) -> None:
+    """Copy the config the Runner dumped into this run's timestamped log dir.
+
+    mmengine writes ``work_dir/<config name>.py`` for every run, so resuming
+    in the same work dir overwrites the first run's copy; the copy next to
+    each run's log keeps every run's exact settings.
+    """
+    from mmengine.dist import is_main_process
+    name = osp.basename(runner.cfg.filename) if runner.cfg.filename else f'{runner.timestamp}.py'
+    dumped = osp.join(runner.work_dir, name)
+    if is_main_process() and osp.isfile(dumped):
+        import shutil
+        shutil.copy2(dumped, osp.join(runner.log_dir, name))
+
+
 def set_local_rank_env(local_rank: int) -> None:
     """Export ``--local-rank`` for launchers that pass it as an argument."""
     os.environ.setdefault('LOCAL_RANK', str(local_rank))

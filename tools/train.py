@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 import _cli_common as common
+import torch
 from mmengine.config import Config, DictAction
 
 
@@ -58,6 +59,47 @@ def apply_amp(cfg: Config) -> None:
     cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
 
 
+def _config_dicts(node):
+    """Every dict nested in a config node (dicts and lists), the node included."""
+    if isinstance(node, dict):
+        yield node
+        children = node.values()
+    elif isinstance(node, (list, tuple)):
+        children = node
+    else:
+        return
+    for child in children:
+        yield from _config_dicts(child)
+
+
+def refuse_bf16_focal_loss(cfg: Config, on_cuda: bool) -> None:
+    """Stop bfloat16 AMP with a sigmoid FocalLoss before it fails mid-training.
+
+    On CUDA, mmdet 3.3's ``FocalLoss`` computes index-label targets with mmcv's
+    compiled ``sigmoid_focal_loss``, which has float32 and float16 kernels but
+    none for bfloat16 (on CPU mmdet uses its pure-PyTorch path, which works).
+
+    Args:
+        cfg: The config, after ``--amp`` has been applied.
+        on_cuda: Whether training runs on a CUDA GPU (injectable for tests).
+
+    Raises:
+        SystemExit: For AmpOptimWrapper with ``dtype='bfloat16'``, a sigmoid
+            FocalLoss in the model, and a CUDA GPU.
+    """
+    wrapper = cfg.get('optim_wrapper') or {}
+    dtype = str(wrapper.get('dtype')).replace('torch.', '')
+    if not on_cuda or wrapper.get('type') != 'AmpOptimWrapper' or dtype != 'bfloat16':
+        return
+    if any(d.get('type') in ('FocalLoss', 'mmdet.FocalLoss') and d.get('use_sigmoid', True)
+           and not d.get('activated', False) for d in _config_dicts(cfg.get('model'))):
+        raise SystemExit(
+            "AMP with optim_wrapper.dtype='bfloat16' cannot train this model on a GPU: its "
+            "FocalLoss calls mmcv's sigmoid_focal_loss CUDA kernel, which has no bfloat16 "
+            "version. Use optim_wrapper.dtype='float16' (or leave dtype unset) with --amp, "
+            'or train without --amp.')
+
+
 def apply_auto_scale_lr(cfg: Config) -> None:
     """Turn on mmengine's lr scaling; the config must give base_batch_size."""
     auto = cfg.get('auto_scale_lr')
@@ -86,11 +128,13 @@ def main(argv=None) -> None:
     common.set_work_dir(cfg, args.work_dir, args.config)
     if args.amp:
         apply_amp(cfg)
+    refuse_bf16_focal_loss(cfg, on_cuda=torch.cuda.is_available())
     if args.auto_scale_lr:
         apply_auto_scale_lr(cfg)
     apply_resume(cfg, args.resume)
     common.prepare_cpu_distributed(cfg)
     runner = common.build_runner(cfg)
+    common.keep_config_in_log_dir(runner)
     runner.train()
     common.finish_distributed()
 

@@ -4,10 +4,11 @@ Importing the package registers the backbones and hooks (see :mod:`visattn_mm.re
 """
 from . import registry  # noqa: F401  (registration side effect)
 from .compat import allow_mmengine_checkpoints
-from .engine import RandomShiftHook
+from .engine import RandomShiftHook, RngStateHook
 from .models import VVT, Classifier, PaleTransformer, ViL, ViLLS
 
 allow_mmengine_checkpoints()  # resume works under torch's weights_only default
 
 __version__ = '0.1.0'
-__all__ = ['ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'RandomShiftHook']
+__all__ = ['ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'RandomShiftHook',
+           'RngStateHook']

@@ -7,7 +7,7 @@ configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 from mmengine.registry import HOOKS, MODELS
 
 from . import timm_models  # noqa: F401  (registers the timm.create_model names)
-from .engine import RandomShiftHook
+from .engine import RandomShiftHook, RngStateHook
 from .models import VVT, PaleTransformer, ViL, ViLLS
 
 MODELS.register_module(module=ViL)
@@ -15,3 +15,4 @@ MODELS.register_module(module=ViLLS)
 MODELS.register_module(module=VVT)
 MODELS.register_module(module=PaleTransformer)
 HOOKS.register_module(module=RandomShiftHook)
+HOOKS.register_module(module=RngStateHook)

@@ -1,11 +1,11 @@
 """Random-shift training for ViL (paper appendix D), as an mmengine hook."""
-from mmengine.hooks import Hook
 from mmengine.runner import EpochBasedTrainLoop
 
 from ..models.vil import set_random_shift
+from .rng_state_hook import RngStateHook
 
 
-class RandomShiftHook(Hook):
+class RandomShiftHook(RngStateHook):
     """Train ViL with random shift, then switch to the full neighbourhood.
 
     While training progress is below ``switch_ratio``, every sliding-chunk
@@ -15,7 +15,10 @@ class RandomShiftHook(Hook):
 
     The state is derived from the runner's progress before every epoch or
     iteration, so it is right after a resume from a checkpoint taken on either
-    side of the switch.
+    side of the switch. The draws come from torch's global generator, whose
+    state this hook keeps in checkpoints (it is a
+    :class:`~visattn_mm.engine.RngStateHook`), so a resumed run draws what the
+    uninterrupted run would have drawn.
 
     Args:
         switch_ratio (float): Fraction of training after which random shift is
@@ -30,6 +33,7 @@ class RandomShiftHook(Hook):
     def __init__(self, switch_ratio=0.75, by_epoch=None):
         if not 0.0 <= switch_ratio <= 1.0:
             raise ValueError(f'RandomShiftHook: switch_ratio must be in [0, 1], got {switch_ratio}')
+        super().__init__()
         self.switch_ratio = switch_ratio
         self.by_epoch = by_epoch
         self.random_shift_on = None
@@ -65,6 +69,7 @@ class RandomShiftHook(Hook):
         self._update(runner)
 
     def before_train_epoch(self, runner):
+        super().before_train_epoch(runner)
         if self._measure_by_epoch(runner):
             self._update(runner)
 
