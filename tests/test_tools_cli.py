@@ -3,13 +3,16 @@
 Every run is a real subprocess with this interpreter, on tiny configs written
 here (a Mask R-CNN and a UperNet on a ResNet-18 with 16 base channels) and
 the toy datasets from tools/make_toy_data.py, so nothing depends on the
-plugin's own backbones. Also covers visattn_mm.compat through a real resume.
+plugin's own backbones. Also covers visattn_mm.compat through a real resume,
+test-time augmentation for both tasks, and tools/analysis/plot_curves.py on a
+real work dir.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -294,12 +297,18 @@ def test_dist_train_two_cpu_processes(det_config, workspace):
 # --------------------------------------------------------------------------
 # Segmentation: train, test
 # --------------------------------------------------------------------------
-def test_seg_train_and_test(seg_config, workspace):
+@pytest.fixture(scope='module')
+def seg_trained(workspace, seg_config) -> Path:
+    """Train the segmentor for 4 iterations; returns its work dir."""
     work_dir = workspace / 'seg'
     _run(_tool('train.py', seg_config, '--work-dir', work_dir), cwd=workspace)
-    ckpt = work_dir / 'iter_4.pth'
+    return work_dir
+
+
+def test_seg_train_and_test(seg_trained, seg_config, workspace):
+    ckpt = seg_trained / 'iter_4.pth'
     assert ckpt.is_file()
-    assert 'mIoU' in _log_text(work_dir)
+    assert 'mIoU' in _log_text(seg_trained)
 
     test_dir, show_dir, out = (workspace / n for n in ('seg_test', 'seg_vis', 'seg_out'))
     # SegVisualizationHook draws every `interval`-th image (default 50).
@@ -311,6 +320,40 @@ def test_seg_train_and_test(seg_config, workspace):
         assert isinstance(metrics[key], float), key
     assert len(list((show_dir / 'vis_data' / 'vis_image').glob('*.png'))) == 3
     assert len(list(out.glob('*.png'))) == 3
+
+
+# --------------------------------------------------------------------------
+# Test-time augmentation, end to end on the trained models
+# --------------------------------------------------------------------------
+def test_det_test_tta_merges_boxes_and_masks(det_trained, det_config, workspace):
+    work_dir, out = workspace / 'det_tta', workspace / 'det_tta.pkl'
+    proc = _run(_tool('test.py', det_config, det_trained / 'iter_4.pth', '--tta',
+                      '--work-dir', work_dir, '--out', out), cwd=workspace)
+    metrics = _test_metrics(work_dir)
+    for key in ('coco/bbox_mAP', 'coco/segm_mAP'):
+        assert isinstance(metrics[key], float), key
+    import pickle
+    with open(out, 'rb') as f:
+        results = pickle.load(f)
+    assert len(results) == 4
+    for result in results:
+        pred = result['pred_instances']
+        assert 0 < len(pred['scores']) <= 100  # the TTA model's max_per_img
+        assert len(pred['masks']) == len(pred['scores'])  # RLE-encoded, one per box
+    assert 'InstanceAwareDetTTAModel' in proc.stdout + proc.stderr + _log_text(work_dir)
+
+
+def test_seg_test_tta_writes_predictions(seg_trained, seg_config, workspace):
+    test_dir, out = workspace / 'seg_tta', workspace / 'seg_tta_out'
+    # One validation image: 6 scales x 2 flips make TTA 12 times as slow.
+    _run(_tool('test.py', seg_config, seg_trained / 'iter_4.pth', '--tta',
+               '--work-dir', test_dir, '--out', out,
+               '--cfg-options', 'test_dataloader.dataset.indices=1'), cwd=workspace)
+    metrics = _test_metrics(test_dir)
+    for key in ('aAcc', 'mIoU', 'mAcc'):
+        assert isinstance(metrics[key], float), key
+    assert len(list(out.glob('*.png'))) == 1
+    assert "'SegTTAModel'" in _log_text(test_dir)
 
 
 # --------------------------------------------------------------------------
@@ -376,3 +419,76 @@ def test_show_dir_follows_each_library(test_tool):
     assert seg.visualizer.save_dir == 'vis'
     with pytest.raises(SystemExit, match='visualization'):
         test_tool.apply_visualization(Config(dict(default_hooks=dict())), 'mmdet', args)
+
+
+def _view(flip: bool, boxes, scores, labels, masks):
+    """A DetDataSample of one TTA view of an 8x10 image."""
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    sample = DetDataSample(metainfo=dict(ori_shape=(8, 10), flip=flip,
+                                         flip_direction='horizontal' if flip else None))
+    sample.pred_instances = InstanceData(
+        bboxes=torch.tensor(boxes, dtype=torch.float32),
+        scores=torch.tensor(scores), labels=torch.tensor(labels), masks=masks)
+    return sample
+
+
+def test_tta_model_merges_masks_with_their_boxes(test_tool):
+    test_tool.register_instance_aware_tta()
+    from mmdet.registry import MODELS
+
+    class Stub(torch.nn.Module):
+        def test_step(self, data):  # BaseTTAModel requires one; never called here
+            raise AssertionError
+
+    tta = MODELS.build(dict(type='InstanceAwareDetTTAModel', module=Stub(),
+                            tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5),
+                                         max_per_img=100)))
+    right = torch.zeros(8, 10, dtype=torch.bool)
+    right[:, 7:] = True
+    corner = torch.zeros(8, 10, dtype=torch.bool)
+    corner[:2, :2] = True
+    # The flipped view sees the right-hand object on the left.
+    flipped = _view(True, [[0, 0, 3, 8]], [0.9], [0], right.flip(-1)[None])
+    plain = _view(False, [[7, 0, 10, 8], [0, 0, 2, 2]], [0.8, 0.5], [0, 1],
+                  torch.stack([right, corner]))
+    merged = tta.merge_preds([[flipped, plain]])[0].pred_instances
+    # NMS keeps the flipped view's 0.9 box over the plain view's duplicate.
+    assert merged.scores.tolist() == pytest.approx([0.9, 0.5])
+    assert merged.labels.tolist() == [0, 1]
+    assert merged.bboxes.tolist() == [[7, 0, 10, 8], [0, 0, 2, 2]]
+    assert torch.equal(merged.masks, torch.stack([right, corner]))
+
+
+@pytest.mark.parametrize('config', ['upernet_vvt_s_160k_ade20k.py', None])
+def test_seg_tta_is_multi_scale_and_flip(test_tool, seg_config, config):
+    """Real configs inherit mmseg's TTA; configs without one get the same default."""
+    path = ROOT / 'configs' / config if config else seg_config
+    cfg = Config.fromfile(path)
+    test_tool.apply_tta(cfg, 'mmseg')
+    assert cfg.model.type == 'SegTTAModel' and 'backbone' in cfg.model.module
+    loader, aug = cfg.test_dataloader.dataset.pipeline
+    assert loader.type == 'LoadImageFromFile' and aug.type == 'TestTimeAug'
+    resizes, flips, *rest = aug.transforms
+    assert [t.scale_factor for t in resizes] == [0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+    assert sorted(t.prob for t in flips) == [0.0, 1.0]
+    assert [t.type for (t,) in rest] == ['LoadAnnotations', 'PackSegInputs']
+
+
+def test_det_tta_defaults_to_flip(test_tool, det_config):
+    cfg = Config.fromfile(det_config)
+    test_tool.apply_tta(cfg, 'mmdet')
+    assert cfg.model.type == 'InstanceAwareDetTTAModel' and cfg.model.module.type == 'MaskRCNN'
+    aug = cfg.test_dataloader.dataset.pipeline[-1]
+    assert aug.type == 'TestTimeAug'
+    assert sorted(t.prob for t in aug.transforms[0]) == [0.0, 1.0]
+
+
+def test_plot_curves_of_a_real_work_dir(det_trained, workspace):
+    out = workspace / 'det_curves.png'
+    proc = _run([sys.executable, str(TOOLS / 'analysis' / 'plot_curves.py'), det_trained,
+                 '--keys', 'loss', 'lr', 'coco/bbox_mAP', '--out', out], cwd=workspace)
+    # 4 training iterations (6 if the resume test ran first) and the validation after them.
+    assert re.search(r'loss \((4|6) points\), lr \((4|6) points\), coco/bbox_mAP \(1 points\)',
+                     proc.stdout), proc.stdout
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

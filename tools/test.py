@@ -16,6 +16,10 @@ are kept:
   makes it the visualizer's ``save_dir`` (images in ``<show-dir>/vis_data/vis_image``;
   like mmseg's own tool, only every ``default_hooks.visualization.interval``-th
   image is drawn, 50 by default).
+* ``--tta``: the config's ``tta_model`` and ``tta_pipeline``, or the
+  library's defaults where the config has none: mmdet's flip / no-flip TTA
+  (masks are merged too, see ``register_instance_aware_tta``) and mmseg's
+  ``SegTTAModel`` over image ratios 0.5-1.75 x flip / no flip.
 """
 from __future__ import annotations
 
@@ -66,12 +70,17 @@ def apply_visualization(cfg: Config, scope: str, args: argparse.Namespace) -> No
             cfg.visualizer['save_dir'] = args.show_dir
 
 
-def _default_det_tta_pipeline(cfg: Config) -> list:
-    """Test pipeline with its packing step replaced by flip / no-flip TTA."""
+def _test_pipeline(cfg: Config) -> list:
+    """A copy of the test dataset's pipeline, looking through dataset wrappers."""
     dataset = cfg.test_dataloader.dataset
-    while 'dataset' in dataset:  # unwrap dataset wrappers
+    while 'dataset' in dataset:
         dataset = dataset['dataset']
-    pipeline = copy.deepcopy(dataset.pipeline)
+    return copy.deepcopy(dataset.pipeline)
+
+
+def _default_det_tta_pipeline(cfg: Config) -> list:
+    """mmdet's default: the test pipeline with its packing step replaced by flip / no flip."""
+    pipeline = _test_pipeline(cfg)
     pipeline[-1] = dict(
         type='TestTimeAug',
         transforms=[
@@ -83,23 +92,101 @@ def _default_det_tta_pipeline(cfg: Config) -> list:
     return pipeline
 
 
-def apply_tta(cfg: Config, scope: str) -> None:
-    """Wrap the model in the config's tta_model and use tta_pipeline.
+# The image ratios of mmseg's own ADE20K / Cityscapes tta_pipeline.
+SEG_TTA_RATIOS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)
 
-    mmdet gets the same defaults as its own test.py (DetTTAModel, flip TTA);
-    mmseg configs must define both (mmseg's bases do).
+
+def _default_seg_tta_pipeline(cfg: Config) -> list:
+    """mmseg's multi-scale + flip TTA, built around the config's test pipeline.
+
+    As in mmseg's dataset bases: the image loader, then every combination of a
+    rescale of the original image by one of ``SEG_TTA_RATIOS`` and flip / no
+    flip, followed by the test pipeline's remaining non-resize steps.
     """
-    if scope == 'mmdet':
-        if 'tta_model' not in cfg:
-            cfg.tta_model = dict(type='DetTTAModel', tta_cfg=dict(
-                nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
-        if 'tta_pipeline' not in cfg:
-            cfg.tta_pipeline = _default_det_tta_pipeline(cfg)
-    missing = [k for k in ('tta_model', 'tta_pipeline') if k not in cfg]
-    if missing:
-        raise SystemExit(f'--tta needs {" and ".join(missing)} in the config')
+    loader, *rest = _test_pipeline(cfg)
+    return [loader, dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in SEG_TTA_RATIOS],
+            [dict(type='RandomFlip', prob=0., direction='horizontal'),
+             dict(type='RandomFlip', prob=1., direction='horizontal')],
+            *([t] for t in rest if t['type'] != 'Resize'),
+        ])]
+
+
+DEFAULT_TTA_MODELS = {
+    'mmdet': dict(type='InstanceAwareDetTTAModel',
+                  tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)),
+    'mmseg': dict(type='SegTTAModel'),
+}
+DEFAULT_TTA_PIPELINES = {'mmdet': _default_det_tta_pipeline,
+                         'mmseg': _default_seg_tta_pipeline}
+
+
+def apply_tta(cfg: Config, scope: str) -> None:
+    """Wrap the model in the config's ``tta_model`` and test with ``tta_pipeline``.
+
+    Either one the config lacks gets the library's default: mmdet's flip TTA
+    (merged by ``InstanceAwareDetTTAModel``, which also merges masks) or
+    mmseg's multi-scale + flip TTA with ``SegTTAModel``.
+    """
+    if 'tta_model' not in cfg:
+        cfg.tta_model = copy.deepcopy(DEFAULT_TTA_MODELS[scope])
+    if 'tta_pipeline' not in cfg:
+        cfg.tta_pipeline = DEFAULT_TTA_PIPELINES[scope](cfg)
     cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def _unflip_masks(masks, flip: bool, direction: str | None):
+    """Flip masks predicted on a flipped view back onto the original image."""
+    if not flip:
+        return masks
+    dims = {'horizontal': (-1,), 'vertical': (-2,), 'diagonal': (-2, -1)}[direction]
+    return masks.flip(dims)
+
+
+def register_instance_aware_tta() -> None:
+    """Register ``InstanceAwareDetTTAModel`` in mmdet's model registry.
+
+    mmdet 3.3's ``DetTTAModel`` refuses predictions with masks, so Mask R-CNN
+    could not be tested with ``--tta``. This subclass merges boxes exactly as
+    ``DetTTAModel`` does (boxes flipped back, NMS over all views) and keeps the
+    masks of the surviving boxes; masks are predicted at the original image
+    size, so undoing the flip is all they need.
+    """
+    import torch
+    from mmcv.ops import batched_nms
+    from mmdet.models import DetTTAModel
+    from mmdet.registry import MODELS
+    from mmengine.structures import InstanceData
+
+    if MODELS.get('InstanceAwareDetTTAModel') is not None:
+        return
+
+    @MODELS.register_module()
+    class InstanceAwareDetTTAModel(DetTTAModel):
+        """``DetTTAModel`` that also merges instance masks."""
+
+        def _merge_single_sample(self, data_samples):
+            if data_samples[0].pred_instances.get('masks', None) is None:
+                return super()._merge_single_sample(data_samples)
+            preds = [s.pred_instances for s in data_samples]
+            metas = [s.metainfo for s in data_samples]
+            boxes, scores = self.merge_aug_bboxes(
+                [p.bboxes for p in preds], [p.scores for p in preds], metas)
+            if boxes.numel() == 0:
+                return data_samples[0]
+            labels = torch.cat([p.labels for p in preds])
+            masks = torch.cat([_unflip_masks(p.masks, m['flip'], m['flip_direction'])
+                               for p, m in zip(preds, metas)])
+            dets, keep = batched_nms(boxes, scores, labels, self.tta_cfg['nms'])
+            keep = keep[:self.tta_cfg['max_per_img']]
+            merged = data_samples[0]
+            merged.pred_instances = InstanceData(
+                bboxes=dets[:len(keep), :-1], scores=dets[:len(keep), -1],
+                labels=labels[keep], masks=masks[keep])
+            return merged
 
 
 def main(argv=None) -> None:
@@ -112,6 +199,8 @@ def main(argv=None) -> None:
     if args.show or args.show_dir:
         apply_visualization(cfg, scope, args)
     if args.tta:
+        if scope == 'mmdet':
+            register_instance_aware_tta()
         apply_tta(cfg, scope)
     if args.out is not None and scope == 'mmdet' and not args.out.endswith(
             ('.pkl', '.pickle')):

@@ -1,0 +1,194 @@
+"""tools/analysis/model_zoo.py (parameter / FLOPs counts, flagging, the generated page)
+and tools/analysis/plot_curves.py (scalar parsing, the PNG)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+ANALYSIS = ROOT / 'tools' / 'analysis'
+SEG_STEM = 'upernet_vvt_s_160k_ade20k'
+
+
+def _load(name: str):
+    """Import tools/analysis/<name>.py under a private module name."""
+    spec = importlib.util.spec_from_file_location(f'_visattn_analysis_{name}',
+                                                  ANALYSIS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def zoo():
+    return _load('model_zoo')
+
+
+@pytest.fixture(scope='module')
+def curves():
+    return _load('plot_curves')
+
+
+# --------------------------------------------------------------------------
+# model_zoo.py
+# --------------------------------------------------------------------------
+def test_flagging_threshold(zoo):
+    assert zoo.relative_difference(102, 100) == pytest.approx(0.02)
+    assert zoo.is_flagged(102.1, 100) and zoo.is_flagged(97.9, 100)
+    assert not zoo.is_flagged(101.9, 100) and not zoo.is_flagged(98.1, 100)
+    assert not zoo.is_flagged(None, 100) and not zoo.is_flagged(100, None)
+    assert zoo.is_flagged(105, 100, tolerance=0.04) and not zoo.is_flagged(103, 100, 0.04)
+
+
+def test_table_flags_only_rows_off_by_more_than_two_percent(zoo):
+    rows = zoo.planned_configs(['maskrcnn'])
+    measured = {
+        # Paper: 26.9M, 145.6G -> params -7.1% (flagged), FLOPs +1.0% (not flagged).
+        'maskrcnn_vil_t_1x': zoo.Measurement(params=25_000_000, flops=147_056_000_000,
+                                             flops_input=(800, 1333),
+                                             flops_parts=dict(backbone=100_000_000_000,
+                                                              roi_head=47_056_000_000)),
+        # Paper: 45.0M; FLOPs skipped.
+        'maskrcnn_vil_s_1x': zoo.Measurement(params=45_500_000),
+    }
+    lines = {re.search('`(\\w+)`', line).group(1): line
+             for line in zoo.table('maskrcnn', rows, measured).splitlines()[2:]}
+    assert len(lines) == len(rows) == 30  # 15 backbones x 2 schedules
+    vil_t = lines['maskrcnn_vil_t_1x'].split(' | ')
+    assert vil_t[3] == '25.00 **(-7.1%)**' and vil_t[4] == '26.9'
+    assert vil_t[5] == '147.1' and vil_t[6] == '145.6' and vil_t[7] == '800x1333'
+    assert vil_t[8] == 'backbone 100.0, roi_head 47.1'
+    assert vil_t[9] == '41.4 / 38.1' and vil_t[10] == ''  # our AP stays empty
+    vil_s = lines['maskrcnn_vil_s_1x'].split(' | ')
+    assert vil_s[3] == '45.50' and vil_s[5] == ''
+    # Planned but not measured (missing config): named, paper numbers still shown.
+    assert 'no config yet' in lines['maskrcnn_vil_b_1x']
+    assert '76.1' in lines['maskrcnn_vil_b_1x']
+    assert lines['maskrcnn_vvt_l_1x'].count('|') == 13  # no paper row: empty cells
+
+
+def test_paper_rows_cite_a_source_and_name_planned_configs(zoo):
+    planned = {stem for stem, *_ in zoo.planned_configs()}
+    for stem, row in zoo.PAPER.items():
+        assert stem in planned, stem
+        assert row.source and row.metric and row.flops_input, stem
+    assert zoo.flops_input('upernet_pale_t_160k_ade20k', 'upernet', 'pale') == (512, 2048)
+    assert zoo.flops_input('maskrcnn_pale_t_3x_ms', 'maskrcnn', 'pale') == (800, 1280)
+    # ViL-LS rows follow ViL's paper, so the two stay comparable.
+    assert zoo.flops_input('maskrcnn_vil_ls_t_1x', 'maskrcnn', 'vil_ls') == (800, 1333)
+    assert zoo.flops_input('upernet_vil_t_160k_ade20k', 'upernet', 'vil') == (512, 512)
+    assert zoo.flops_input('retinanet_vvt_s_1x', 'retinanet', 'vvt') == (800, 1280)
+
+
+def test_counter_sees_the_attention_ops(zoo):
+    """Multiply-adds of the ops the backbones' attention is written with."""
+    q, k, v = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 7, 3), torch.randn(1, 2, 7, 4)
+    mask = torch.rand(1, 2, 5, 7) > 0.3
+    assert zoo.count_macs(torch.einsum, 'bhnd,bhmd->bhnm', q, k) == 2 * 5 * 7 * 3
+    assert zoo.count_macs(torch.matmul, q, k.transpose(-1, -2)) == 2 * 5 * 7 * 3
+    qk_av = 2 * 5 * 7 * 3 + 2 * 5 * 7 * 4
+    assert zoo.count_macs(F.scaled_dot_product_attention, q, k, v) == qk_av
+    assert zoo.count_macs(F.scaled_dot_product_attention, q, k, v, attn_mask=mask) == qk_av
+    # The fused CPU kernel F.scaled_dot_product_attention dispatches to on larger
+    # inputs; torch's own counter skips it.
+    q, k, v = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 48, 8), torch.randn(1, 2, 48, 8)
+    cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    assert zoo.count_macs(cpu_flash, q, k, v) == 2 * 64 * 48 * 8 * 2
+    # The backbones' attention entry point (ViL, ViL-LS, Pale), whatever kernel it picks.
+    from visattn_mm.ops.common import fused_attention
+    q, k, v = torch.randn(4, 2, 49, 16), torch.randn(4, 2, 98, 16), torch.randn(4, 2, 98, 16)
+    assert zoo.count_macs(fused_attention, q, k, v) == 4 * 2 * 49 * 98 * 16 * 2
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    assert zoo.count_macs(conv, torch.randn(1, 3, 6, 5)) == 8 * 3 * 9 * 6 * 5
+
+
+@pytest.fixture(scope='module')
+def seg_model(zoo):
+    return zoo.build_model(ROOT / 'configs' / f'{SEG_STEM}.py')
+
+
+def test_real_config_params_and_flops(zoo, seg_model):
+    model, scope = seg_model
+    assert scope == 'mmseg'
+    # UperNet VVT-S as tests/test_vvt.py and the paper (55.5M) count it.
+    assert round(zoo.count_parameters(model) / 1e6, 2) == 55.50
+    small, parts = zoo.count_flops(model, scope, 64, 64)
+    large, _ = zoo.count_flops(model, scope, 128, 128)
+    assert small > 0
+    # mmseg's tensor-mode forward: backbone and decode head, the auxiliary head is not run.
+    assert set(parts) == {'backbone', 'decode_head'} and sum(parts.values()) == small
+    # VVT's attention and every UperNet op are at most linear in the pixel count, and
+    # most of the work grows with it: 4x the pixels cost between 3x and 4x.
+    assert 3.0 < large / small <= 4.0, large / small
+    assert zoo.count_flops(model, scope, 64, 64)[0] == small  # reproducible
+
+
+def test_tool_writes_the_page(zoo, tmp_path, capsys):
+    out = tmp_path / 'model_zoo.md'
+    zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
+    text = out.read_text()
+    assert text.startswith('# Model zoo') and '## UperNet (ADE20K)' in text
+    assert '## Mask R-CNN' not in text
+    assert f'--configs {SEG_STEM} --skip-flops' in text  # the command that made it
+    (row,) = [line for line in text.splitlines() if line.startswith(f'| `{SEG_STEM}`')]
+    cells = row.split(' | ')
+    # 55.50M ours against the paper's 55.5M: within 2%, so not flagged.
+    assert cells[3] == '55.50' and cells[4] == '55.5' and cells[9] == '46.8'
+    assert '55.50M params' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match='not in the planned matrix'):
+        zoo.main(['--configs', 'maskrcnn_vil_t_2x', '--out', str(out)])
+
+
+# --------------------------------------------------------------------------
+# plot_curves.py
+# --------------------------------------------------------------------------
+def _write_run(work_dir: Path, timestamp: str, records: list[dict]) -> None:
+    vis = work_dir / timestamp / 'vis_data'
+    vis.mkdir(parents=True)
+    (vis / 'scalars.json').write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+@pytest.fixture
+def work_dir(tmp_path) -> Path:
+    """A training of 4 iterations, validated at 2, resumed at 2 and run to 4 again."""
+    first = [dict(lr=0.1, loss=4.0, iter=1, step=1), dict(lr=0.1, loss=3.0, iter=2, step=2),
+             {'coco/bbox_mAP': 0.1, 'step': 2}, dict(lr=0.1, loss=9.9, iter=3, step=3)]
+    second = [dict(lr=0.01, loss=2.5, iter=3, step=3), dict(lr=0.01, loss=2.0, iter=4, step=4),
+              {'coco/bbox_mAP': 0.3, 'data_time': 0.5, 'step': 4}]
+    _write_run(tmp_path, '20260101_000000', first)
+    _write_run(tmp_path, '20260102_000000', second)
+    return tmp_path
+
+
+def test_series_join_resumed_runs(curves, work_dir):
+    files = curves.find_scalar_files(work_dir)
+    assert [f.parent.parent.name for f in files] == ['20260101_000000', '20260102_000000']
+    series, validation = curves.read_series(files)
+    assert series['loss'] == {1: 4.0, 2: 3.0, 3: 2.5, 4: 2.0}  # the resumed run wins at 3
+    assert series['lr'] == {1: 0.1, 2: 0.1, 3: 0.01, 4: 0.01}
+    assert series['coco/bbox_mAP'] == {2: 0.1, 4: 0.3}
+    assert 'iter' not in series and 'step' not in series
+    assert validation == {'coco/bbox_mAP', 'data_time'}
+    assert curves.select_keys(series, None) == ['loss', 'lr', 'coco/bbox_mAP']
+    with pytest.raises(KeyError, match="available: .*'loss'"):
+        curves.select_keys(series, ['mIoU'])
+
+
+def test_plot_writes_a_png(curves, work_dir, tmp_path):
+    from PIL import Image
+    out = tmp_path / 'curves.png'
+    curves.main([str(work_dir), '--keys', 'loss', 'coco/bbox_mAP', '--out', str(out)])
+    with Image.open(out) as image:
+        assert image.format == 'PNG'
+        width, height = image.size
+    assert width > 100 and height > 200  # two panels stacked
+    with pytest.raises(SystemExit, match='no vis_data/scalars.json'):
+        curves.main([str(tmp_path / 'nowhere'), '--out', str(out)])

@@ -1,0 +1,186 @@
+"""tools/analysis/benchmark.py and attention_benchmark.py: end to end (their main()) on tiny cases,
+the ratio and growth arithmetic on crafted rows, and the peak-memory meter on known
+allocations."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
+sys.path.insert(0, str(ANALYSIS))
+import _bench_common as common  # noqa: E402
+
+MIB = 2 ** 20
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def _load_tool(name):
+    spec = importlib.util.spec_from_file_location(f'_visattn_bench_{name}', ANALYSIS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = _load_tool('benchmark')
+attention_benchmark = _load_tool('attention_benchmark')
+
+
+def _read_csv(path):
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def _assert_png(path):
+    import matplotlib.image as mpimg
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    height, width, _ = mpimg.imread(path).shape
+    assert height > 100 and width > 100
+
+
+# --- peak memory -------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def cpu_meter():
+    return common.CpuPeakMemory()
+
+
+# A block (at most 256 KiB, inside the tolerance) allocated at the end of each measured
+# call and kept alive: it sits above the freed blocks in the heap, so glibc cannot hand
+# those back by trimming its top, and only the meter's malloc_trim makes their reuse by
+# the next call visible (without it, the second heap case reads ~0).
+_HEAP_PINS = []
+
+
+def _measure_touched(meter, block_bytes, count):
+    meter.start()
+    blocks = [torch.ones(block_bytes // 4) for _ in range(count)]     # ones() touches every page
+    _HEAP_PINS.append(torch.ones(min(block_bytes, 256 * 1024) // 4))
+    del blocks
+    return meter.peak()
+
+
+@pytest.mark.parametrize('block_bytes, count', [
+    (256 * MIB, 1), (64 * MIB, 1),
+    # Twice the same heap-sized blocks: the second must not hide in memory kept from the first.
+    (256 * 1024, 200), (256 * 1024, 200)])
+def test_cpu_meter_measures_known_allocations(cpu_meter, block_bytes, count):
+    size = block_bytes * count
+    assert abs(_measure_touched(cpu_meter, block_bytes, count) - size) < 0.05 * size + 4 * MIB
+
+
+def test_cpu_meter_sees_nothing_when_nothing_is_allocated(cpu_meter):
+    cpu_meter.start()
+    assert cpu_meter.peak() < 4 * MIB
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_meter_measures_known_allocation():
+    meter = common.CudaPeakMemory(torch.device('cuda'))
+    meter.start()
+    block = torch.ones(64 * MIB // 4, device='cuda')
+    del block
+    assert abs(meter.peak() - 64 * MIB) < 2 * MIB
+
+
+# --- ratios and growth on crafted rows ------------------------------------------------
+
+def test_ratio_columns_use_the_baseline_row_of_the_same_case():
+    rows = [dict(model='swin-t', size=512, mode='fwd', time_ms=10.0, mem=100.0),
+            dict(model='swin-t', size=800, mode='fwd', time_ms=40.0, mem=400.0),
+            dict(model='vil-t', size=512, mode='fwd', time_ms=5.0, mem=300.0),
+            dict(model='vil-t', size=800, mode='fwd', time_ms=30.0, mem=100.0),
+            dict(model='vil-t', size=800, mode='fwd+bwd', time_ms=90.0, mem=500.0),
+            dict(model='r50', size=512, mode='fwd', time_ms=None, mem=50.0)]
+    common.add_ratio_columns(rows, 'swin-t', ('size', 'mode'), ('time_ms', 'mem'))
+    assert [r['time_ms_vs_swin-t'] for r in rows] == [1.0, 1.0, 0.5, 0.75, None, None]
+    assert [r['mem_vs_swin-t'] for r in rows] == [1.0, 1.0, 3.0, 0.25, None, 0.5]
+
+
+def test_growth_rows_divide_consecutive_sizes():
+    def row(tokens, ms, mib, status='ok'):
+        return dict(attention='vicinity', impl='math', mode='fwd', dtype='fp32', tokens=tokens,
+                    time_ms=ms, peak_mem_mib=mib, status=status)
+    rows = [row(3136, 8.0, 40.0), row(784, 2.0, 10.0), row(196, 1.0, 2.0),
+            row(12544, None, None, 'skipped: would need 9.0 GiB')]
+    growth = attention_benchmark.growth_rows(rows)
+    assert [(g['tokens_from'], g['tokens_to']) for g in growth] == [(196, 784), (784, 3136)]
+    assert [g['mem_ratio'] for g in growth] == [5.0, 4.0]
+    assert [g['time_ratio'] for g in growth] == [2.0, 4.0]
+
+
+def test_dense_memory_estimate_is_the_fp32_score_matrices():
+    # 2 fp32 copies of a (1, 4, 4096, 4096) matrix in forward, 4 with backward.
+    assert attention_benchmark.dense_score_gib(1, 4, 4096, 'fwd') == 0.5
+    assert attention_benchmark.dense_score_gib(1, 4, 4096, 'fwd+bwd') == 1.0
+
+
+# --- bad input ------------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, message', [
+    (['--sizes', '800by1333'], 'HEIGHTxWIDTH'),
+    (['--models', 'vit-b'], '--models'),
+    (['--dtypes', 'fp8'], '--dtypes'),
+    (['--repeats', '0'], '--repeats'),
+    (['--batches', 'two'], '--batches'),
+    (['--device', 'tpu'], '--device'),
+])
+def test_benchmark_rejects_bad_options(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        args = benchmark.parse_args(argv)
+        common.resolve_device(args.device)
+
+
+def test_attention_benchmark_rejects_odd_heads_for_pale():
+    with pytest.raises(SystemExit, match='even'):
+        attention_benchmark.parse_args(['--attentions', 'pale', '--heads', '3'])
+
+
+# --- end to end -----------------------------------------------------------------------
+
+def test_benchmark_end_to_end(tmp_path):
+    # Two tiny backbones (a cheaper baseline than Swin-T) keep this fast.
+    benchmark.main(['--models', 'vvt-t', '--baseline', 'vil-t', '--sizes', '64x64',
+                    '--batches', '1', '--dtypes', 'fp32', '--impls', 'math', '--warmup', '0',
+                    '--repeats', '1', '--out-dir', str(tmp_path)])
+    columns, rows = _read_csv(tmp_path / 'benchmark.csv')
+    assert columns == benchmark.columns_for('vil-t')
+    # The baseline joins the run by itself; each model runs forward and forward+backward.
+    assert [(r['model'], r['impl'], r['mode']) for r in rows] == [
+        ('vvt-t', 'math', 'fwd'), ('vvt-t', 'math', 'fwd+bwd'),
+        ('vil-t', 'math', 'fwd'), ('vil-t', 'math', 'fwd+bwd')]
+    assert all(r['status'] == 'ok' and float(r['time_ms']) > 0 and float(r['peak_mem_mib']) > 0
+               for r in rows)
+    base = {r['mode']: r for r in rows if r['model'] == 'vil-t'}
+    for r in rows:
+        for key in ('time_ms', 'peak_mem_mib'):
+            # The CSV holds 3 significant digits.
+            assert float(r[f'{key}_vs_vil-t']) == pytest.approx(
+                float(r[key]) / float(base[r['mode']][key]), rel=0.01)
+    _assert_png(tmp_path / 'benchmark.png')
+
+
+def test_attention_benchmark_end_to_end(tmp_path, capsys):
+    # The dense limit lets 49 tokens through (7.2e-5 GiB of scores) and skips 196 (1.1e-3 GiB);
+    # sdpa needs no N x N memory and is capped by the token count instead.
+    attention_benchmark.main(['--attentions', 'sliding_chunk,vicinity,dense,sdpa',
+                              '--sides', '7,14', '--impls', 'math', '--modes', 'fwd',
+                              '--warmup', '0', '--repeats', '1', '--dense-limit-gib', '1e-4',
+                              '--dense-max-tokens', '100', '--out-dir', str(tmp_path)])
+    columns, rows = _read_csv(tmp_path / 'attention_benchmark.csv')
+    assert columns == list(attention_benchmark.COLUMNS)
+    status = {(r['attention'], int(r['tokens'])): r['status'] for r in rows}
+    assert status.pop(('dense', 196)) == 'skipped: would need 0.00114 GiB'
+    assert status.pop(('sdpa', 196)) == 'skipped: over --dense-max-tokens 100'
+    assert set(status.values()) == {'ok'} and len(status) == 6
+    columns, growth = _read_csv(tmp_path / 'attention_growth.csv')
+    assert columns == list(attention_benchmark.GROWTH_COLUMNS)
+    assert sorted(g['attention'] for g in growth) == ['sliding_chunk', 'vicinity']
+    assert all(float(g['token_ratio']) == 4 and float(g['mem_ratio']) > 0 for g in growth)
+    assert 'skipped: would need' in capsys.readouterr().out
+    _assert_png(tmp_path / 'attention_benchmark.png')

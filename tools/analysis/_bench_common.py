@@ -1,0 +1,304 @@
+"""Measurement plumbing shared by ``benchmark.py`` and ``attention_benchmark.py``.
+
+Time: the median of ``repeats`` calls after ``warmup`` calls, with
+``torch.cuda.synchronize`` around each call on CUDA.
+
+Peak memory, always the memory a call needs on top of what existed before it
+(model, inputs):
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``,
+  minus ``memory_allocated`` before the call.
+* CPU: torch has no CPU allocator statistics, so the process's resident set is
+  used. Before the call, memory that glibc keeps after ``free`` is handed back to
+  the kernel (``malloc_trim``; since glibc 2.8 it also releases free pages inside
+  the heap, so memory kept from an earlier call must be faulted in again and is
+  counted), and the kernel's peak-RSS mark is reset (writing ``5`` to
+  ``/proc/self/clear_refs``, Linux >= 4.0). The call's peak is ``VmHWM`` after it
+  minus ``VmRSS`` before it. Pages that a call allocates but never touches are not
+  resident and are not counted. Timed calls run with the allocator left as it is.
+  ``tests/test_benchmark_tools.py`` checks that known allocations measure right.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import ctypes.util
+import gc
+import os
+import os.path as osp
+import platform
+import statistics
+import sys
+import time
+
+# Running ``python tools/analysis/x.py`` from a plain checkout must still import the plugin.
+_REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(1, _REPO_ROOT)
+
+import torch  # noqa: E402
+
+MIB = 2 ** 20
+GIB = 2 ** 30
+AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+DTYPES = ('fp32', ) + tuple(AUTOCAST_DTYPES)
+
+
+def parse_list(text, convert=str, option='value'):
+    """``'a,b, c'`` -> ``[convert('a'), convert('b'), convert('c')]``.
+
+    Raises:
+        SystemExit: naming ``option`` when an item does not convert or the list is empty.
+    """
+    try:
+        items = [convert(item.strip()) for item in text.split(',') if item.strip()]
+    except ValueError:
+        raise SystemExit(f'{option}: cannot read {text!r} as a comma-separated list of '
+                         f'{convert.__name__}') from None
+    if not items:
+        raise SystemExit(f'{option}: empty list')
+    return items
+
+
+def check_choices(values, allowed, option):
+    """Raises SystemExit naming the option when ``values`` holds something not ``allowed``."""
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise SystemExit(f'{option}: unknown value(s) {unknown}; choose from {list(allowed)}')
+    return values
+
+
+def resolve_device(name):
+    """``torch.device`` for ``name``, or SystemExit saying why it cannot be used."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f'--device {name}: not a device name; use cpu, cuda or cuda:N') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit(f'--device {name}: CUDA is not available here; use --device cpu')
+    if device.type not in ('cpu', 'cuda'):
+        raise SystemExit(f'--device {name}: only cpu and cuda are supported')
+    return device
+
+
+def autocast(device, dtype):
+    """Context for ``dtype`` ('fp32', 'bf16', 'fp16'): nothing for fp32, else autocast."""
+    if dtype == 'fp32':
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[dtype])
+
+
+def synchronize(device):
+    """Waits for queued CUDA work so that host timers see it; no-op on CPU."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def _read_status_bytes(field):
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) * 1024       # reported in kB
+    raise RuntimeError(f'/proc/self/status has no {field} line')
+
+
+class CpuPeakMemory:
+    """Peak resident memory of a call on top of the resident memory before it (see module doc)."""
+
+    def __init__(self):
+        if not osp.exists('/proc/self/clear_refs'):
+            raise SystemExit('CPU peak memory needs Linux /proc/self/clear_refs '
+                             '(kernel >= 4.0); run on Linux or use --device cuda')
+        libc_name = ctypes.util.find_library('c')
+        self._libc = ctypes.CDLL(libc_name) if libc_name else None
+        self._base = None
+
+    def start(self):
+        gc.collect()
+        if self._libc is not None and hasattr(self._libc, 'malloc_trim'):
+            self._libc.malloc_trim(0)
+        with open('/proc/self/clear_refs', 'w') as refs:
+            refs.write('5')                              # resets VmHWM to the current RSS
+        self._base = _read_status_bytes('VmRSS')
+
+    def peak(self):
+        """Bytes above the resident memory at :meth:`start`."""
+        return max(0, _read_status_bytes('VmHWM') - self._base)
+
+
+class CudaPeakMemory:
+    """Peak allocated CUDA memory of a call on top of the memory allocated before it."""
+
+    def __init__(self, device):
+        self._device = device
+        self._base = None
+
+    def start(self):
+        gc.collect()
+        torch.cuda.synchronize(self._device)
+        torch.cuda.reset_peak_memory_stats(self._device)
+        self._base = torch.cuda.memory_allocated(self._device)
+
+    def peak(self):
+        torch.cuda.synchronize(self._device)
+        return max(0, torch.cuda.max_memory_allocated(self._device) - self._base)
+
+
+def memory_meter(device):
+    """The peak-memory meter for ``device``."""
+    return CudaPeakMemory(device) if device.type == 'cuda' else CpuPeakMemory()
+
+
+def measure(fn, device, meter, warmup, repeats):
+    """Runs ``fn()`` ``warmup`` times, once under ``meter``, then ``repeats`` timed times.
+
+    Returns:
+        tuple[float, int]: median seconds per call and peak bytes of one call.
+    """
+    if repeats < 1:
+        raise ValueError(f'repeats must be >= 1, got {repeats}')
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    meter.start()
+    fn()
+    peak = meter.peak()
+    seconds = []
+    for _ in range(repeats):
+        synchronize(device)
+        begin = time.perf_counter()
+        fn()
+        synchronize(device)
+        seconds.append(time.perf_counter() - begin)
+    return statistics.median(seconds), peak
+
+
+def add_ratio_columns(rows, baseline, match_keys, value_keys, name_key='model'):
+    """Adds ``<value>_vs_<baseline>`` to each row: its value over the baseline's value
+    in the row of the same run that has ``name_key == baseline`` and equal ``match_keys``.
+
+    Rows without such a baseline row (or with a missing value) get ``None``.
+
+    Args:
+        rows (list[dict]): Measurements; modified in place and returned.
+        baseline (str): The ``name_key`` value of the baseline rows.
+        match_keys (Sequence[str]): Fields that must agree with the baseline row.
+        value_keys (Sequence[str]): Fields to divide.
+        name_key (str): Field naming what was measured.
+    """
+    reference = {tuple(row[k] for k in match_keys): row
+                 for row in rows if row[name_key] == baseline}
+    for row in rows:
+        base = reference.get(tuple(row[k] for k in match_keys))
+        for key in value_keys:
+            value = row.get(key)
+            base_value = None if base is None else base.get(key)
+            row[f'{key}_vs_{baseline}'] = (value / base_value
+                                           if value is not None and base_value else None)
+    return rows
+
+
+def format_value(value):
+    """Table/CSV text for a value: floats with 3 significant digits, None as empty."""
+    if value is None:
+        return ''
+    if isinstance(value, float):
+        return f'{value:.3g}'
+    return str(value)
+
+
+def format_table(rows, columns):
+    """Markdown table of ``rows`` restricted to ``columns``."""
+    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
+    for row in rows:
+        lines.append('| ' + ' | '.join(format_value(row.get(c)) for c in columns) + ' |')
+    return '\n'.join(lines)
+
+
+def write_csv(rows, columns, path):
+    """Writes ``rows`` (only ``columns``, in that order) to ``path``."""
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with open(path, 'w', newline='') as out:
+        writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction='ignore')
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: format_value(row.get(c)) for c in columns})
+
+
+def machine_description(device):
+    """One line naming the processor (or GPU), core count, torch version and threads."""
+    cpu = platform.processor() or 'unknown CPU'
+    if osp.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as info:
+            names = [line.split(':', 1)[1].strip() for line in info
+                     if line.startswith('model name')]
+        cpu = names[0] if names else cpu
+    text = (f'CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, '
+            f'{torch.get_num_threads()} threads')
+    if device.type == 'cuda':
+        text += f'; GPU: {torch.cuda.get_device_name(device)}'
+    return text
+
+
+def plot_growth(series, x_label, path, title):
+    """Log-log plot of time (left) and peak memory (right) against a size.
+
+    One colour per group (model or attention), one line style and marker per
+    variant (implementation, mode, dtype, ...). Dashed grey guides of slope 1
+    (linear) and 2 (quadratic) start at the smallest measured point of each panel,
+    so that growth can be read off against them.
+
+    Args:
+        series (dict[tuple[str, str], list[tuple[float, float, float]]]):
+            ``(group, variant)`` -> points ``(size, milliseconds, MiB)``.
+        x_label (str): Axis label of the size.
+        path (str): PNG to write.
+        title (str): Figure title.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    groups = sorted({group for group, _ in series})
+    variants = sorted({variant for _, variant in series})
+    colours = plt.get_cmap('tab10' if len(groups) <= 10 else 'tab20')
+    styles = ('-', '--', ':', '-.')
+    markers = ('o', 's', '^', 'v', 'D', 'x', '+', '*')
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    y_labels = ('time per call (ms)', 'peak memory (MiB)')
+    for column, (axis, y_label) in enumerate(zip(axes, y_labels)):
+        measured = []
+        for (group, variant), points in sorted(series.items()):
+            points = sorted(p for p in points if p[column + 1])
+            if not points:
+                continue
+            index = variants.index(variant)
+            axis.plot([p[0] for p in points], [p[column + 1] for p in points],
+                      color=colours(groups.index(group)), linestyle=styles[index % len(styles)],
+                      marker=markers[index % len(markers)], markersize=4, linewidth=1.2,
+                      label=f'{group} {variant}')
+            measured += [(p[0], p[column + 1]) for p in points]
+        if len({x for x, _ in measured}) > 1:
+            x0 = min(x for x, _ in measured)
+            x1 = max(x for x, _ in measured)
+            y0 = min(y for x, y in measured if x == x0)
+            for slope, name in ((1, 'linear'), (2, 'quadratic')):
+                y1 = y0 * (x1 / x0) ** slope
+                axis.plot([x0, x1], [y0, y1], linestyle='--', color='grey', linewidth=0.8)
+                axis.annotate(name, (x1, y1), fontsize=7, color='grey')
+        axis.set_xscale('log')
+        axis.set_yscale('log')
+        axis.xaxis.set_major_formatter(ScalarFormatter())
+        axis.xaxis.set_minor_formatter(ScalarFormatter())
+        axis.tick_params(axis='x', which='both', labelsize=6, labelrotation=45)
+        axis.set_xlabel(x_label)
+        axis.set_ylabel(y_label)
+        axis.grid(True, which='both', linewidth=0.3)
+    axes[1].legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,226 @@
+"""Backbone benchmark: time per call and peak memory against mmdet's Swin-T and ResNet-50.
+
+Every backbone (ours and the baselines) is built in this process and run on a
+``(B, 3, H, W)`` tensor: forward alone (eval mode, no autograd) and forward +
+backward (train mode, loss = sum of the outputs' means). Each case reports the
+median time of ``--repeats`` calls after ``--warmup`` calls and the peak memory
+of one call on top of the model and input (method: ``_bench_common``), with
+ratios to the baseline (``--baseline``, Swin-T) measured in the same run.
+Our backbones run once per attention implementation (``--impls``, see
+``visattn_mm.ops.impl``); the baselines do not use them (``impl`` is ``-``).
+
+Writes ``<out-dir>/benchmark.csv`` and ``<out-dir>/benchmark.png`` (time and
+memory against input pixels, log-log, with linear and quadratic guides).
+
+Example (short CPU run)::
+
+    .venv/bin/python tools/analysis/benchmark.py --models vil-t,swin-t,r50 \
+        --sizes 512x512 --dtypes fp32 --repeats 3 --out-dir work_dirs/benchmark
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os.path as osp
+
+import _bench_common as common
+import torch
+
+from visattn_mm.ops.impl import attention_impl
+
+BASELINE_IMPL = '-'
+MODES = ('fwd', 'fwd+bwd')
+DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
+COLUMNS = ('model', 'impl', 'mode', 'dtype', 'batch', 'height', 'width', 'megapixels',
+           'params_m', 'time_ms', 'peak_mem_mib', 'time_ms_vs_{b}', 'peak_mem_mib_vs_{b}',
+           'status')
+
+# mmdet's Mask R-CNN Swin-T backbone (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)
+# and ResNet-50 backbone (configs/_base_/models/mask-rcnn_r50_fpn.py), without weights.
+SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7,
+              mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
+              drop_path_rate=0.2, patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False)
+RESNET_50 = dict(depth=50, num_stages=4, out_indices=(0, 1, 2, 3), frozen_stages=1,
+                 norm_cfg=dict(type='BN', requires_grad=True), norm_eval=True, style='pytorch')
+
+
+def _ours(class_name, arch):
+    import visattn_mm.models as models
+    return getattr(models, class_name)(arch=arch)
+
+
+def _mmdet(class_name, kwargs):
+    import mmdet.models.backbones as backbones
+    return getattr(backbones, class_name)(**kwargs)
+
+
+def _model_zoo():
+    """name -> (builder, uses our attention ops)."""
+    zoo = {}
+    for prefix, class_name, archs in (('vil', 'ViL', 'tsmb'), ('vil-ls', 'ViLLS', 'tsmb'),
+                                      ('pale', 'PaleTransformer', 'tsb'), ('vvt', 'VVT', 'tsml')):
+        for arch in archs:
+            zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
+    zoo['swin-t'] = (functools.partial(_mmdet, 'SwinTransformer', SWIN_T), False)
+    zoo['r50'] = (functools.partial(_mmdet, 'ResNet', RESNET_50), False)
+    return zoo
+
+
+MODEL_ZOO = _model_zoo()
+
+
+def parse_size(text):
+    """``'800x1333'`` -> ``(800, 1333)`` (height x width)."""
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise SystemExit(f'--sizes: {text!r} is not HEIGHTxWIDTH, e.g. 800x1333') from None
+    if height < 32 or width < 32:
+        raise SystemExit(f'--sizes: {text!r} is smaller than 32x32, the backbones\' total stride')
+    return height, width
+
+
+def backbone_loss(outputs):
+    """Sum of the means of the backbone's output maps (a scalar depending on all of them)."""
+    return sum(out.float().mean() for out in outputs)
+
+
+def case_function(model, images, mode, device, dtype):
+    """A no-argument callable running one forward (or forward + backward) of ``model``."""
+    if mode == 'fwd':
+        model.eval()
+
+        def forward():
+            with torch.no_grad(), common.autocast(device, dtype):
+                model(images)
+        return forward
+    model.train()
+
+    def forward_backward():
+        with common.autocast(device, dtype):
+            loss = backbone_loss(model(images))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    return forward_backward
+
+
+def run_model(name, args, device, meter, log):
+    """All cases of one model; returns their rows."""
+    builder, uses_ops = MODEL_ZOO[name]
+    model = builder().to(device)
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    impls = args.impls if uses_ops else [BASELINE_IMPL]
+    rows = []
+    for height, width in args.sizes:
+        for batch in args.batches:
+            images = torch.randn(batch, 3, height, width, device=device)
+            for dtype in args.dtypes:
+                for impl in impls:
+                    for mode in args.modes:
+                        row = dict(model=name, impl=impl, mode=mode, dtype=dtype, batch=batch,
+                                   height=height, width=width,
+                                   megapixels=height * width / 1e6, params_m=params_m)
+                        fn = case_function(model, images, mode, device, dtype)
+                        chosen = (attention_impl(impl) if impl != BASELINE_IMPL
+                                  else contextlib.nullcontext())
+                        try:
+                            with chosen:
+                                seconds, peak = common.measure(fn, device, meter, args.warmup,
+                                                               args.repeats)
+                            row.update(time_ms=seconds * 1e3, peak_mem_mib=peak / common.MIB,
+                                       status='ok')
+                        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+                            row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
+                        log(row)
+                        rows.append(row)
+            del images
+    del model
+    return rows
+
+
+def plot_rows(rows, path, title):
+    """One colour per (model, impl), one line style per (mode, dtype, batch), over megapixels."""
+    series = {}
+    for row in rows:
+        if row['status'] == 'ok':
+            label = (f"{row['model']} {row['impl']}",
+                     f"{row['mode']} {row['dtype']} b{row['batch']}")
+            series.setdefault(label, []).append((row['megapixels'], row['time_ms'],
+                                                 row['peak_mem_mib']))
+    common.plot_growth(series, 'input megapixels', path, title)
+
+
+def columns_for(baseline):
+    return [c.format(b=baseline) for c in COLUMNS]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--models', default='all',
+                        help=f'comma-separated, or "all": {", ".join(MODEL_ZOO)}')
+    parser.add_argument('--baseline', default='swin-t', help='model the ratios refer to')
+    parser.add_argument('--sizes', default=','.join(DEFAULT_SIZES), help='HEIGHTxWIDTH list')
+    parser.add_argument('--batches', default='1,2')
+    parser.add_argument('--dtypes', default='fp32,bf16',
+                        help='fp32, bf16, fp16 (the last two under autocast)')
+    parser.add_argument('--impls', default='math,fast',
+                        help='attention implementations of our backbones: math, fast, auto')
+    parser.add_argument('--modes', default=','.join(MODES))
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
+    parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
+    parser.add_argument('--out-dir', default='work_dirs/benchmark')
+    args = parser.parse_args(argv)
+    args.models = (list(MODEL_ZOO) if args.models == 'all'
+                   else common.check_choices(common.parse_list(args.models), MODEL_ZOO, '--models'))
+    if args.baseline not in MODEL_ZOO:
+        raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
+    if args.baseline not in args.models:
+        args.models.append(args.baseline)
+    args.sizes = [parse_size(s) for s in common.parse_list(args.sizes)]
+    args.batches = common.parse_list(args.batches, int, '--batches')
+    args.dtypes = common.check_choices(common.parse_list(args.dtypes), common.DTYPES, '--dtypes')
+    args.impls = common.check_choices(common.parse_list(args.impls), ('math', 'fast', 'auto'),
+                                      '--impls')
+    args.modes = common.check_choices(common.parse_list(args.modes), MODES, '--modes')
+    if args.repeats < 1 or args.warmup < 0:
+        raise SystemExit('--repeats must be >= 1 and --warmup >= 0')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = common.resolve_device(args.device)
+    meter = common.memory_meter(device)
+    machine = common.machine_description(device)
+    print(machine, flush=True)
+    torch.manual_seed(0)
+
+    def log(row):
+        print(f"{row['model']:>9} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
+              f"b{row['batch']} {row['height']}x{row['width']}: "
+              f"{common.format_value(row.get('time_ms'))} ms, "
+              f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
+
+    rows = []
+    for name in args.models:
+        rows += run_model(name, args, device, meter, log)
+    common.add_ratio_columns(rows, args.baseline, ('mode', 'dtype', 'batch', 'height', 'width'),
+                             ('time_ms', 'peak_mem_mib'))
+    columns = columns_for(args.baseline)
+    print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
+    print(common.format_table(rows, columns))
+    csv_path = osp.join(args.out_dir, 'benchmark.csv')
+    png_path = osp.join(args.out_dir, 'benchmark.png')
+    common.write_csv(rows, columns, csv_path)
+    plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
+    print(f'\nwrote {csv_path} and {png_path}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

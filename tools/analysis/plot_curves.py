@@ -1,0 +1,137 @@
+"""Plot training curves (loss, learning rate, AP / mIoU) from a work directory.
+
+Usage::
+
+    python tools/analysis/plot_curves.py WORK_DIR [--keys loss lr coco/bbox_mAP]
+        [--out curves.png]
+
+Reads the scalars mmengine's ``LocalVisBackend`` writes, one JSON object per
+line, in ``WORK_DIR/<timestamp>/vis_data/scalars.json``: training lines carry
+``loss``, ``lr``, ... with ``iter`` and ``step``; validation lines carry the
+metrics (``coco/bbox_mAP``, ``mIoU``, ...) with ``step``. Every run under the
+work directory is read in timestamp order, so a resumed training shows as one
+curve; where runs overlap, the later run's value for a step wins. WORK_DIR may
+also be one run's directory or a ``scalars.json`` file.
+
+Each key gets its own panel, plotted against ``step`` (iterations, or epochs
+for epoch-based validation).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os.path as osp
+from pathlib import Path
+
+# Plotted when present and no --keys are given.
+DEFAULT_KEYS = ('loss', 'lr', 'coco/bbox_mAP', 'coco/segm_mAP', 'mIoU')
+
+
+def find_scalar_files(path: str | Path) -> list[Path]:
+    """The ``scalars.json`` files of every run under ``path``, oldest first.
+
+    Raises:
+        FileNotFoundError: If ``path`` holds no scalars file.
+    """
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob('vis_data/scalars.json')) + sorted(
+        path.glob('*/vis_data/scalars.json'))  # timestamps sort chronologically
+    if not files:
+        raise FileNotFoundError(
+            f'no vis_data/scalars.json under {path}: pass an mmengine work dir whose '
+            "runs used LocalVisBackend (mmdet's and mmseg's default visualizer does)")
+    return files
+
+
+def read_series(files: list[Path]) -> tuple[dict[str, dict[float, float]], frozenset]:
+    """Every numeric scalar in ``files`` as ``{key: {step: value}}``.
+
+    Lines without ``step`` are skipped; later files override earlier ones at
+    the same step.
+
+    Returns:
+        The series, and the keys logged by validation (lines without ``iter``).
+    """
+    series: dict[str, dict[float, float]] = {}
+    validation_keys = set()
+    for file in files:
+        for line in file.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            step = record.get('step')
+            if step is None:
+                continue
+            for key, value in record.items():
+                if key in ('step', 'iter', 'epoch') or not isinstance(value, (int, float)):
+                    continue
+                series.setdefault(key, {})[step] = float(value)
+                if 'iter' not in record:
+                    validation_keys.add(key)
+    return series, frozenset(validation_keys)
+
+
+def select_keys(series: dict, keys: list[str] | None) -> list[str]:
+    """The keys to plot: ``keys`` if given (all must exist), else the defaults present.
+
+    Raises:
+        KeyError: If a requested key is absent, naming the keys that exist.
+    """
+    if keys is None:
+        chosen = [k for k in DEFAULT_KEYS if k in series]
+        return chosen or sorted(series)
+    missing = [k for k in keys if k not in series]
+    if missing:
+        raise KeyError(f'{missing} not in the logged scalars; available: {sorted(series)}')
+    return list(keys)
+
+
+def plot(series: dict, keys: list[str], out: str | Path, title: str = '',
+         validation_keys: frozenset = frozenset()) -> None:
+    """Write one panel per key, value against step, to the image file ``out``.
+
+    Keys in ``validation_keys`` get the x label of validation steps, which
+    LoggerHook logs by epoch unless ``log_metric_by_epoch=False``.
+    """
+    import matplotlib
+    matplotlib.use('Agg')  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        steps = sorted(series[key])
+        values = [series[key][s] for s in steps]
+        ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3)
+        ax.set_ylabel(key)
+        ax.set_xlabel('validation step (epoch or iteration)' if key in validation_keys
+                      else 'iteration')
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description='Plot mmengine training curves')
+    parser.add_argument('work_dir', help='work dir, one run dir, or a scalars.json')
+    parser.add_argument('--keys', nargs='+', help=f'scalars to plot (default: those of '
+                        f'{", ".join(DEFAULT_KEYS)} that were logged)')
+    parser.add_argument('--out', default='curves.png', help='output image (.png)')
+    args = parser.parse_args(argv)
+    try:
+        files = find_scalar_files(args.work_dir)
+        series, validation_keys = read_series(files)
+        keys = select_keys(series, args.keys)
+    except (FileNotFoundError, KeyError) as err:
+        raise SystemExit(str(err).strip('"')) from None
+    plot(series, keys, args.out, title=osp.basename(osp.abspath(args.work_dir)),
+         validation_keys=validation_keys)
+    print(f'{", ".join(f"{k} ({len(series[k])} points)" for k in keys)} -> {args.out}')
+
+
+if __name__ == '__main__':
+    main()
