@@ -39,10 +39,13 @@ if _REPO_ROOT not in sys.path:
 
 import torch  # noqa: E402
 
+from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl  # noqa: E402
+
 MIB = 2 ** 20
 GIB = 2 ** 30
 AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 DTYPES = ('fp32', ) + tuple(AUTOCAST_DTYPES)
+MODES = ('fwd', 'fwd+bwd')
 
 
 def parse_list(text, convert=str, option='value'):
@@ -67,6 +70,53 @@ def check_choices(values, allowed, option):
     if unknown:
         raise SystemExit(f'{option}: unknown value(s) {unknown}; choose from {list(allowed)}')
     return values
+
+
+def check_run_options(args):
+    """Parses and checks the options both tools share (dtypes, impls, modes, repeats).
+
+    Raises:
+        SystemExit: naming the option that cannot work.
+    """
+    args.dtypes = check_choices(parse_list(args.dtypes), DTYPES, '--dtypes')
+    args.impls = check_choices(parse_list(args.impls), ATTENTION_IMPLS, '--impls')
+    args.modes = check_choices(parse_list(args.modes), MODES, '--modes')
+    if args.repeats < 1 or args.warmup < 0:
+        raise SystemExit('--repeats must be >= 1 and --warmup >= 0')
+
+
+def start_run(args):
+    """Threads, device, memory meter and a printed machine line for one run.
+
+    Returns:
+        tuple: ``(device, meter, machine description)``.
+    """
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    meter = memory_meter(device)
+    machine = machine_description(device)
+    print(machine, flush=True)
+    torch.manual_seed(0)
+    return device, meter, machine
+
+
+NO_IMPL = '-'   # the impl column of cases that do not run our attention ops
+
+
+def measure_case(row, fn, impl, device, meter, args):
+    """Times ``fn`` under attention implementation ``impl`` and records it in ``row``.
+
+    A failure (e.g. out of memory) is recorded as the row's status, so one
+    case cannot end the run.
+    """
+    chosen = contextlib.nullcontext() if impl == NO_IMPL else attention_impl(impl)
+    try:
+        with chosen:
+            seconds, peak = measure(fn, device, meter, args.warmup, args.repeats)
+        row.update(time_ms=seconds * 1e3, peak_mem_mib=peak / MIB, status='ok')
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+        row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
 
 
 def resolve_device(name):

@@ -27,14 +27,12 @@ Example::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os.path as osp
 
 import _bench_common as common
 import torch
 import torch.nn.functional as F
 
-from visattn_mm.ops.impl import attention_impl
 from visattn_mm.ops.long_short import long_short_attention, segment_pad
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.reference import dense_attention
@@ -44,10 +42,8 @@ from visattn_mm.ops.vicinity import vicinity_attention
 WINDOW = 7
 DP_RANK = 8
 NUM_GLOBAL = 1
-DENSE_IMPL = '-'
 OURS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 DENSE = ('dense', 'sdpa')
-MODES = ('fwd', 'fwd+bwd')
 # fp32 N x N buffers alive at the peak of the dense path: logits and probabilities
 # in forward; plus their gradients in backward.
 DENSE_SCORE_COPIES = {'fwd': 2, 'fwd+bwd': 4}
@@ -133,7 +129,7 @@ def run_side(side, args, device, meter, log):
     rows = []
     for name in args.attentions:
         extras = make_extras(name, batch, heads, head_dim, device)
-        impls = args.impls if name in OURS else [DENSE_IMPL]
+        impls = args.impls if name in OURS else [common.NO_IMPL]
         for dtype in args.dtypes:
             for impl in impls:
                 for mode in args.modes:
@@ -146,16 +142,7 @@ def run_side(side, args, device, meter, log):
                         row['status'] = f'skipped: over --dense-max-tokens {args.dense_max_tokens}'
                     else:
                         fn = case_function(name, q, k, v, side, extras, mode, device, dtype)
-                        chosen = (attention_impl(impl) if impl != DENSE_IMPL
-                                  else contextlib.nullcontext())
-                        try:
-                            with chosen:
-                                seconds, peak = common.measure(fn, device, meter, args.warmup,
-                                                               args.repeats)
-                            row.update(time_ms=seconds * 1e3, peak_mem_mib=peak / common.MIB,
-                                       status='ok')
-                        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                            row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
+                        common.measure_case(row, fn, impl, device, meter, args)
                     log(row)
                     rows.append(row)
     return rows
@@ -213,7 +200,7 @@ def parse_args(argv=None):
     parser.add_argument('--head-dim', type=int, default=32)
     parser.add_argument('--dtypes', default='fp32', help='fp32, bf16, fp16 (autocast)')
     parser.add_argument('--impls', default='math,fast', help='for ours: math, fast, auto')
-    parser.add_argument('--modes', default=','.join(MODES))
+    parser.add_argument('--modes', default=','.join(common.MODES))
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
@@ -233,26 +220,15 @@ def parse_args(argv=None):
         raise SystemExit(f'--sides: every side must be >= the window {WINDOW}')
     if 'pale' in args.attentions and args.heads % 2:
         raise SystemExit(f'--heads {args.heads}: pale attention needs an even number of heads')
-    args.dtypes = common.check_choices(common.parse_list(args.dtypes), common.DTYPES, '--dtypes')
-    args.impls = common.check_choices(common.parse_list(args.impls), ('math', 'fast', 'auto'),
-                                      '--impls')
-    args.modes = common.check_choices(common.parse_list(args.modes), MODES, '--modes')
-    if args.repeats < 1 or args.warmup < 0:
-        raise SystemExit('--repeats must be >= 1 and --warmup >= 0')
+    common.check_run_options(args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = common.resolve_device(args.device)
+    device, meter, machine = common.start_run(args)
     if args.dense_limit_gib is None:
         args.dense_limit_gib = default_dense_limit_gib(device)
-    meter = common.memory_meter(device)
-    machine = common.machine_description(device)
-    print(machine, flush=True)
-    torch.manual_seed(0)
 
     def log(row):
         print(f"{row['attention']:>13} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "

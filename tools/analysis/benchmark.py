@@ -20,17 +20,13 @@ Example (short CPU run)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os.path as osp
 
 import _bench_common as common
 import torch
 
-from visattn_mm.ops.impl import attention_impl
 
-BASELINE_IMPL = '-'
-MODES = ('fwd', 'fwd+bwd')
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
 COLUMNS = ('model', 'impl', 'mode', 'dtype', 'batch', 'height', 'width', 'megapixels',
            'params_m', 'time_ms', 'peak_mem_mib', 'time_ms_vs_{b}', 'peak_mem_mib_vs_{b}',
@@ -110,7 +106,7 @@ def run_model(name, args, device, meter, log):
     builder, uses_ops = MODEL_ZOO[name]
     model = builder().to(device)
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    impls = args.impls if uses_ops else [BASELINE_IMPL]
+    impls = args.impls if uses_ops else [common.NO_IMPL]
     rows = []
     for height, width in args.sizes:
         for batch in args.batches:
@@ -122,16 +118,7 @@ def run_model(name, args, device, meter, log):
                                    height=height, width=width,
                                    megapixels=height * width / 1e6, params_m=params_m)
                         fn = case_function(model, images, mode, device, dtype)
-                        chosen = (attention_impl(impl) if impl != BASELINE_IMPL
-                                  else contextlib.nullcontext())
-                        try:
-                            with chosen:
-                                seconds, peak = common.measure(fn, device, meter, args.warmup,
-                                                               args.repeats)
-                            row.update(time_ms=seconds * 1e3, peak_mem_mib=peak / common.MIB,
-                                       status='ok')
-                        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                            row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
+                        common.measure_case(row, fn, impl, device, meter, args)
                         log(row)
                         rows.append(row)
             del images
@@ -166,7 +153,7 @@ def parse_args(argv=None):
                         help='fp32, bf16, fp16 (the last two under autocast)')
     parser.add_argument('--impls', default='math,fast',
                         help='attention implementations of our backbones: math, fast, auto')
-    parser.add_argument('--modes', default=','.join(MODES))
+    parser.add_argument('--modes', default=','.join(common.MODES))
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
@@ -181,24 +168,13 @@ def parse_args(argv=None):
         args.models.append(args.baseline)
     args.sizes = [parse_size(s) for s in common.parse_list(args.sizes)]
     args.batches = common.parse_list(args.batches, int, '--batches')
-    args.dtypes = common.check_choices(common.parse_list(args.dtypes), common.DTYPES, '--dtypes')
-    args.impls = common.check_choices(common.parse_list(args.impls), ('math', 'fast', 'auto'),
-                                      '--impls')
-    args.modes = common.check_choices(common.parse_list(args.modes), MODES, '--modes')
-    if args.repeats < 1 or args.warmup < 0:
-        raise SystemExit('--repeats must be >= 1 and --warmup >= 0')
+    common.check_run_options(args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = common.resolve_device(args.device)
-    meter = common.memory_meter(device)
-    machine = common.machine_description(device)
-    print(machine, flush=True)
-    torch.manual_seed(0)
+    device, meter, machine = common.start_run(args)
 
     def log(row):
         print(f"{row['model']:>9} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
