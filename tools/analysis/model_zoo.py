@@ -353,7 +353,7 @@ NOTES = '''## Notes on the flagged differences
 - **ViL detector parameters.** The ViL paper's detector counts include the
   official backbone's 1000-class ImageNet head, which the detectors never use
   (with the head added back, Mask R-CNN and RetinaNet ViL-T/S are within 0.25%
-  of the paper; `tests/test_mm_integration.py`).
+  of the paper; `tests/test_configs.py`).
 - **FLOPs counters.** The papers do not say which counter they used. The
   mmdet-2.x-era `get_flops` (mmcv's hook-based counter) counts only modules
   (convolutions, `nn.Linear`, norms, ...) and misses matrix products written as
@@ -375,7 +375,12 @@ NOTES = '''## Notes on the flagged differences
   a size; its Swin-T row (237 G) matches Swin-T UperNet at 512x512 (Swin's own
   paper reports 945 G at 512x2048), so the VVT numbers are read as 512x512.
 - **Pale.** Sizes as the paper states them (41M, 306G, ...) are rounded to
-  whole numbers, so differences under ~1.5% are rounding.
+  whole numbers, so differences under ~1.5% are rounding. The Mask R-CNN FLOPs
+  land 2-3% below the paper's: a likely cause (not verified) is that the
+  hook-based counter of mmdet 2.x's `get_flops`, which the Swin/CSWin-style code
+  the Pale paper follows used, also counts norms, activations, pooling and
+  upsampling, which this tool leaves out; the RoI-head convention above also
+  moves the total by a few G.
 - **Rows without paper numbers.** The Transformer-LS paper reports no detection
   or segmentation results, the VVT paper no detection results and VVT-T no
   segmentation result, the Pale paper no RetinaNet or 3x + MS results, and the
