@@ -147,18 +147,22 @@ def _unflip_masks(masks, flip: bool, direction: str | None):
 
 
 def register_instance_aware_tta() -> None:
-    """Register ``InstanceAwareDetTTAModel`` in mmdet's model registry.
+    """Register ``InstanceAwareDetTTAModel`` in mmengine's root model registry.
 
     mmdet 3.3's ``DetTTAModel`` refuses predictions with masks, so Mask R-CNN
     could not be tested with ``--tta``. This subclass merges boxes exactly as
     ``DetTTAModel`` does (boxes flipped back, NMS over all views) and keeps the
     masks of the surviving boxes; masks are predicted at the original image
     size, so undoing the flip is all they need.
+
+    The root registry, as for the plugin's own classes: mmdet's registry is
+    its child and falls back to it, and a build under any default scope
+    (including 'mmengine') still finds the class.
     """
     import torch
     from mmcv.ops import batched_nms
     from mmdet.models import DetTTAModel
-    from mmdet.registry import MODELS
+    from mmengine.registry import MODELS
     from mmengine.structures import InstanceData
 
     if MODELS.get('InstanceAwareDetTTAModel') is not None:
