@@ -1,4 +1,5 @@
 """Small building blocks shared by the backbone skeletons."""
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
@@ -25,6 +26,16 @@ def pad_to_multiple(x, multiple):
     if pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
+
+
+def linear_drop_path_rates(drop_path_rate, depths):
+    """Stochastic-depth rate of every block, rising linearly from 0 to ``drop_path_rate``.
+
+    Computed as the official ViL/VVT code does (``torch.linspace``), so the
+    rates match theirs to the last bit; on the CPU explicitly, so that models
+    built under ``torch.device('meta')`` (parameter counting) still get numbers.
+    """
+    return torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
 
 
 def init_transformer_weights(module):

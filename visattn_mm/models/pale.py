@@ -39,7 +39,7 @@ from timm.layers import DropPath
 from ..ops.pale import pale_attention
 from .base import DenseBackbone
 from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
-                     init_transformer_weights)
+                     init_transformer_weights, linear_drop_path_rates)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
@@ -204,8 +204,7 @@ class PaleTransformer(DenseBackbone):
         self.with_cp = with_cp
         self.embed_dims = tuple(dims[:self.num_stages])
         self.pale_sizes = tuple(pale_sizes[:self.num_stages])
-        total = sum(depths)
-        drop_paths = [drop_path_rate * j / max(total - 1, 1) for j in range(total)]  # linear from 0
+        drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
         in_dim = in_channels
         for i in range(self.num_stages):

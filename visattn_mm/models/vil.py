@@ -28,7 +28,7 @@ from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
 from .base import DenseBackbone
 from .layers import (Mlp, check_arch, check_int, check_stage_args, check_stage_lengths, init_transformer_weights,
-                     pad_to_multiple)
+                     linear_drop_path_rates, pad_to_multiple)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
@@ -509,7 +509,7 @@ class ViL(DenseBackbone):
         self.embed_dims = tuple(dims)
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
-        drop_paths = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
         self.stages = nn.ModuleList()
         in_dim, stride = in_channels, 1

@@ -20,7 +20,7 @@ from timm.layers import DropPath
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
 from .base import DenseBackbone
 from .layers import (OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
-                     init_transformer_weights)
+                     init_transformer_weights, linear_drop_path_rates)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -199,8 +199,7 @@ class VVT(DenseBackbone):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.embed_dims = tuple(dims[:self.num_stages])
-        total = sum(depths)
-        drop_paths = [drop_path_rate * j / max(total - 1, 1) for j in range(total)]  # linear from 0
+        drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
         in_dim = in_channels
         for i in range(self.num_stages):
