@@ -166,3 +166,27 @@ def test_memory_is_linear_in_the_number_of_tokens():
         assert peak <= 2 * 16 * n, (n, peak)     # heads x 4d = 32 values per token
     assert peaks[2] / peaks[0] == pytest.approx(16, rel=0.05)   # 16x the tokens -> 16x the memory
     assert _peak(vicinity_attention_dense, 16, 16) >= 256 * 256
+
+
+def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradients():
+    """Recompute mode saves the three inputs alone (not the fp32 4d-wide features) and gives
+    the stored mode's outputs and gradients bit for bit."""
+    q, k, v = (t.requires_grad_() for t in inputs(8, 8, seed=4))
+    weights = torch.linspace(-1, 1, q.numel(), dtype=q.dtype).reshape(q.shape)
+    results = {}
+    for recompute in (True, False):
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = vicinity_attention(q, k, v, 8, 8, recompute=recompute)
+        results[recompute] = (out, torch.autograd.grad((out * weights).sum(), (q, k, v)), sum(saved))
+    input_bytes = 3 * q.numel() * q.element_size()
+    assert results[True][2] == input_bytes
+    assert results[False][2] > 4 * input_bytes
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
+    for a, b in zip(results[True][1], results[False][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

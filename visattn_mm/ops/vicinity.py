@@ -22,12 +22,14 @@ feature-preserving gate (:func:`preserve_features`).
 KV, Z and the products are computed in at least fp32 with autocast disabled:
 under fp16/bf16 autocast the sums over all tokens of a detection-sized map
 would otherwise overflow or lose precision. Nothing of size ``N x N`` is built:
-the largest intermediates are the ``(B, heads, N, 4d)`` features.
+the largest intermediates are the ``(B, heads, N, 4d)`` features, and in training
+only ``q``, ``k`` and ``v`` are kept for backward (the rest is recomputed there).
 """
 import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 CLAMP_MIN = 1e-4
 CLAMP_MAX = 1e4
@@ -71,7 +73,7 @@ def vicinity_features(x, a, b):
     return torch.cat([x * torch.cos(a), x * torch.sin(a), x * torch.cos(b), x * torch.sin(b)], dim=-1)
 
 
-def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
+def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True):
     """Linear vicinity attention of one map.
 
     Args:
@@ -83,6 +85,11 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
         eps (float): Added to the normaliser's denominator. Default: 1e-4.
         clamp (bool): Apply the official signed clamps (after KV, Z, ``q' KV`` and
             the multiplication by Z). Default: True.
+        recompute (bool): When a gradient is needed, keep only ``q``, ``k``, ``v``
+            for backward and recompute the fp32 ``4d``-wide features there, instead
+            of storing about a dozen ``(B, heads, N, 4d)`` fp32 intermediates
+            (same numbers; one more cheap elementwise forward in backward).
+            Default: True.
 
     Returns:
         Tensor: ``(B, heads, N, d)`` in the dtype of ``q``.
@@ -90,6 +97,13 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     n = q.shape[-2]
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if recompute and needs_grad:
+        return checkpoint(_vicinity_attention, q, k, v, height, width, eps, clamp, use_reentrant=False)
+    return _vicinity_attention(q, k, v, height, width, eps, clamp)
+
+
+def _vicinity_attention(q, k, v, height, width, eps, clamp):
     out_dtype = q.dtype
     compute = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(device_type=q.device.type, enabled=False):
