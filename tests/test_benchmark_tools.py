@@ -184,3 +184,23 @@ def test_attention_benchmark_end_to_end(tmp_path, capsys):
     assert all(float(g['token_ratio']) == 4 and float(g['mem_ratio']) > 0 for g in growth)
     assert 'skipped: would need' in capsys.readouterr().out
     _assert_png(tmp_path / 'attention_benchmark.png')
+
+
+def test_baselines_come_from_timm_and_torchvision_without_mmdet(monkeypatch, capsys):
+    """Same architectures (parameter counts within 0.1%), any input size, four maps at
+    strides 4-32, and a line saying where they came from."""
+    with_mmdet = {name: sum(p.numel() for p in benchmark.MODEL_ZOO[name][0]().parameters())
+                  for name in ('swin-t', 'r50')}
+    monkeypatch.setitem(sys.modules, 'mmdet.models.backbones', None)   # import raises ImportError
+    for name, source in (('swin-t', 'timm'), ('r50', 'torchvision')):
+        model = benchmark.MODEL_ZOO[name][0]()
+        assert f'built from {source}' in capsys.readouterr().out
+        params = sum(p.numel() for p in model.parameters())
+        assert params == pytest.approx(with_mmdet[name], rel=1e-3)
+        outputs = model(torch.randn(1, 3, 70, 90))
+        if name == 'r50':   # torchvision's extractor: a dict of NCHW maps
+            sizes = [tuple(o.shape[2:]) for o in outputs.values()]
+        else:               # timm's Swin: NHWC maps
+            sizes = [tuple(o.shape[1:3]) for o in outputs]
+        assert sizes == [(18, 23), (9, 12), (5, 6), (3, 3)]
+        benchmark.backbone_loss(model(torch.randn(1, 3, 70, 90))).backward()

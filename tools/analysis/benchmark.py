@@ -6,6 +6,9 @@ backward (train mode, loss = sum of the outputs' means). Each case reports the
 median time of ``--repeats`` calls after ``--warmup`` calls and the peak memory
 of one call on top of the model and input (method: ``_bench_common``), with
 ratios to the baseline (``--baseline``, Swin-T) measured in the same run.
+Where mmdet cannot be imported (a GPU host with only torch, timm and mmengine),
+the baselines are built from timm's Swin-T and torchvision's ResNet-50 instead,
+and the output says so.
 Our backbones run once per attention implementation (``--impls``, see
 ``visattn_mm.ops.impl``); the baselines do not use them (``impl`` is ``-``).
 
@@ -46,8 +49,36 @@ def _ours(class_name, arch):
     return getattr(models, class_name)(arch=arch)
 
 
-def _mmdet(class_name, kwargs):
-    import mmdet.models.backbones as backbones
+def _timm_swin_t():
+    """timm's Swin-T as a dense backbone: any input size (padded like mmdet's Swin), 4 maps."""
+    import timm
+    from timm.layers import PatchEmbed
+    model = timm.create_model('swin_tiny_patch4_window7_224', features_only=True,
+                              strict_img_size=False, drop_path_rate=SWIN_T['drop_path_rate'])
+    for module in model.modules():
+        if isinstance(module, PatchEmbed):
+            module.dynamic_img_pad = True
+    return model
+
+
+def _torchvision_resnet_50():
+    """torchvision's ResNet-50 trunk returning the four stage maps."""
+    import torchvision
+    from torchvision.models.feature_extraction import create_feature_extractor
+    return create_feature_extractor(torchvision.models.resnet50(),
+                                    [f'layer{i}' for i in range(1, 5)])
+
+
+def _baseline(class_name, kwargs, fallback, fallback_name):
+    """mmdet's backbone ``class_name``; where mmdet (or mmcv's compiled ops) cannot be
+    imported, as on a GPU host with only torch and timm, the same architecture from
+    ``fallback``, announced on stdout."""
+    try:
+        import mmdet.models.backbones as backbones
+    except Exception as error:  # ImportError, or mmcv's _ext failing to load
+        print(f'[benchmark] mmdet cannot be imported ({type(error).__name__}: {error}); '
+              f'{class_name} baseline built from {fallback_name} instead', flush=True)
+        return fallback()
     return getattr(backbones, class_name)(**kwargs)
 
 
@@ -58,8 +89,10 @@ def _model_zoo():
                                       ('pale', 'PaleTransformer', 'tsb'), ('vvt', 'VVT', 'tsml')):
         for arch in archs:
             zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
-    zoo['swin-t'] = (functools.partial(_mmdet, 'SwinTransformer', SWIN_T), False)
-    zoo['r50'] = (functools.partial(_mmdet, 'ResNet', RESNET_50), False)
+    zoo['swin-t'] = (functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t,
+                                       "timm's swin_tiny_patch4_window7_224"), False)
+    zoo['r50'] = (functools.partial(_baseline, 'ResNet', RESNET_50, _torchvision_resnet_50,
+                                    "torchvision's resnet50"), False)
     return zoo
 
 
@@ -79,6 +112,8 @@ def parse_size(text):
 
 def backbone_loss(outputs):
     """Sum of the means of the backbone's output maps (a scalar depending on all of them)."""
+    if isinstance(outputs, dict):   # torchvision's feature extractor
+        outputs = outputs.values()
     return sum(out.float().mean() for out in outputs)
 
 
