@@ -1,5 +1,5 @@
 """mmengine's Runner with visattn_mm's checkpoint policy on every load."""
-from mmengine.model import is_model_wrapper
+from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import CheckpointLoader, Runner
 
 from ..checkpoint import load_model_checkpoint, read_checkpoint
@@ -58,7 +58,9 @@ class CheckpointPolicyRunner(Runner):
         else:
             checkpoint = read_checkpoint(filename, map_location)
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
-        model = self.model.module if is_model_wrapper(self.model) else self.model
+        model = self.model
+        while is_model_wrapper(model) or isinstance(model, BaseTTAModel):   # as mmengine unwraps them
+            model = model.module
         load_model_checkpoint(model, checkpoint, filename, self._load_purpose,
                               allow_partial=self.cfg.get('load_from_allow_partial', False),
                               logger=self.logger)
