@@ -68,8 +68,8 @@ def read_checkpoint(path, map_location='cpu'):
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointNotFoundError(f'checkpoint file not found: {path!r} (working directory {os.getcwd()!r}). '
-                                + MISSING_FILE_HELP)
+        raise CheckpointNotFoundError(f'checkpoint file not found: {path!r} (working directory '
+                                      f'{os.getcwd()!r}). ' + MISSING_FILE_HELP)
     if os.path.getsize(path) == 0:
         raise CheckpointError(f'{path}: the file is empty (0 bytes; an interrupted download, copy or '
                               f'save leaves such files). {REREAD_HELP}')

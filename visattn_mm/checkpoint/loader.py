@@ -5,7 +5,8 @@ backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
 ``checkpoint_filter`` convert an official layout, drop tensors whose shapes cannot
 fit, ``load_state_dict`` (whose pre-hooks resize position tables, so ``load_from``,
 resume and plain ``load_state_dict`` resize the same way), report, and refuse a
-load that matched too little.
+load that matched too little. Whole-model loads (:mod:`.policy`) share the matching,
+the report and the refusal (:func:`load_state_dict_with_report`).
 """
 from dataclasses import dataclass, field
 
