@@ -188,7 +188,7 @@ def test_non_weights_only_checkpoint_falls_back_with_a_warning(tmp_path):
 
 
 def test_convert_tool_writes_weights_only_file(tmp_path, official_small):
-    out = tmp_path / 'converted.pth'
+    out = tmp_path / 'checkpoints' / 'converted.pth'      # a folder that does not exist yet
     proc = subprocess.run([sys.executable, 'tools/convert_ckpt.py', str(official_small), str(out),
                            '--config', 'configs/maskrcnn_vil_s_1x.py'],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

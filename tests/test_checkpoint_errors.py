@@ -55,7 +55,7 @@ def _write_bad(kind, good_file, directory):
     ('pickled_list', "no state_dict of tensors found .* found list"),
     ('plain_pickle', 'not a torch pickle'),
     ('no_tensors', r"no state_dict of tensors found .*\['epoch', 'meta'\]"),
-    ('empty', 'truncated or of another format'),
+    ('empty', r'the file is empty \(0 bytes'),
 ])
 def test_file_that_is_not_a_checkpoint(model, good_file, tmp_path, kind, detected):
     path = _write_bad(kind, good_file, tmp_path)

@@ -75,9 +75,11 @@ def test_matrix_is_complete():
 
 @pytest.mark.parametrize('name', ALL_CONFIGS)
 def test_config_imports_plugin_and_points_at_checkpoint(name):
-    """custom_imports and RNG-state saving everywhere; init_cfg at checkpoints/<timm name>.pth (the demo trains from scratch)."""
+    """custom_imports, the checkpoint-policy Runner and RNG-state saving everywhere; init_cfg at
+    checkpoints/<timm name>.pth (the demo trains from scratch)."""
     cfg = load(name)
     assert 'visattn_mm' in cfg.custom_imports.imports
+    assert cfg.runner_type == 'CheckpointPolicyRunner'   # also under mmdet's/mmseg's own tools and mim
     # Exact resume: the RNG states travel in checkpoints (RandomShiftHook includes RngStateHook).
     assert {h['type'] for h in cfg.custom_hooks} & {'RngStateHook', 'RandomShiftHook'}
     backbone = cfg.model.backbone

@@ -6,6 +6,7 @@ the config, register its modules and apply the library-specific conventions.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import os.path as osp
 import sys
@@ -163,12 +164,29 @@ def _is_ddp_type(wrapper_type) -> bool:
 
 
 def build_runner(cfg: Config):
-    """Build the default Runner, or ``cfg.runner_type`` from the registry."""
-    if 'runner_type' in cfg:
-        from mmengine.registry import RUNNERS
-        return RUNNERS.build(cfg)
-    from mmengine.runner import Runner
-    return Runner.from_cfg(cfg)
+    """Build ``cfg.runner_type`` from the registry, by default ``CheckpointPolicyRunner``.
+
+    That Runner loads ``load_from``, the checkpoint of tools/test.py and ``--resume``
+    under the plugin's checkpoint policy (see ``visattn_mm.checkpoint.policy``).
+    """
+    from mmengine.registry import RUNNERS
+    if 'runner_type' not in cfg:
+        cfg.runner_type = 'CheckpointPolicyRunner'
+    return RUNNERS.build(cfg)
+
+
+@contextlib.contextmanager
+def exit_on_checkpoint_error():
+    """A refused or unreadable checkpoint inside the block ends the process with its message.
+
+    Those errors name the file, the problem and the fix, so a traceback would
+    only hide them; the exit status is 1.
+    """
+    from visattn_mm.checkpoint import CheckpointError
+    try:
+        yield
+    except CheckpointError as err:
+        raise SystemExit(f'error: {err}') from None
 
 
 def keep_config_in_log_dir(runner) -> None:

@@ -11,18 +11,16 @@ plain, weights-only file: ``{'state_dict': ..., 'meta': {...}}``.
 """
 import argparse
 import logging
+import os
 import os.path as osp
-import sys
 
+import _cli_common as common  # puts the checkout on sys.path
 import torch
+import visattn_mm  # noqa: F401  (registers the backbones)
+from mmengine.config import Config, DictAction
+from mmengine.registry import MODELS
 
-sys.path.insert(1, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-import visattn_mm  # noqa: E402,F401  (registers the backbones)
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.registry import MODELS  # noqa: E402
-
-from visattn_mm.checkpoint import load_pretrained  # noqa: E402
+from visattn_mm.checkpoint import load_pretrained
 
 
 def main():
@@ -44,13 +42,15 @@ def main():
     quiet = logging.getLogger('visattn_mm.convert_ckpt')
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
-    report = load_pretrained(backbone, args.src, allow_partial=args.allow_partial, logger=quiet)
+    with common.exit_on_checkpoint_error():
+        report = load_pretrained(backbone, args.src, allow_partial=args.allow_partial, logger=quiet)
     print(report.summary(max_keys=40))
 
     from_checkpoint = set(report.loaded) | set(report.converted) | set(report.resized)
     state_dict = {k: v for k, v in backbone.state_dict().items() if k in from_checkpoint}
     meta = dict(source=osp.abspath(args.src), layout=report.layout, container=report.container,
                 backbone=str(backbone_cfg))
+    os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
     print(f'wrote {len(state_dict)} tensors to {args.dst}')
 

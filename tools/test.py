@@ -217,7 +217,8 @@ def main(argv=None) -> None:
     if args.out is not None and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    runner.test()
+    with common.exit_on_checkpoint_error():
+        runner.test()
     common.finish_distributed()
 
 

@@ -135,7 +135,8 @@ def main(argv=None) -> None:
     common.prepare_cpu_distributed(cfg)
     runner = common.build_runner(cfg)
     common.keep_config_in_log_dir(runner)
-    runner.train()
+    with common.exit_on_checkpoint_error():
+        runner.train()
     common.finish_distributed()
 
 

@@ -4,10 +4,10 @@ Classes go into mmengine's root registries: mmdet's and mmseg's registries are
 children of those and fall back to their parent, so one registration serves
 configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 """
-from mmengine.registry import HOOKS, MODELS
+from mmengine.registry import HOOKS, MODELS, RUNNERS
 
 from . import timm_models  # noqa: F401  (registers the timm.create_model names)
-from .engine import RandomShiftHook, RngStateHook
+from .engine import CheckpointPolicyRunner, RandomShiftHook, RngStateHook
 from .models import VVT, PaleTransformer, ViL, ViLLS
 
 MODELS.register_module(module=ViL)
@@ -16,3 +16,4 @@ MODELS.register_module(module=VVT)
 MODELS.register_module(module=PaleTransformer)
 HOOKS.register_module(module=RandomShiftHook)
 HOOKS.register_module(module=RngStateHook)
+RUNNERS.register_module(module=CheckpointPolicyRunner)

@@ -13,6 +13,9 @@ _base_ = [
     './optim_no_decay.py',
 ]
 custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)
+# load_from, tools/test.py's checkpoint and --resume load under the plugin's checkpoint
+# policy (load report, refusal below 90%), also from mmdet's/mmseg's own tools and mim.
+runner_type = 'CheckpointPolicyRunner'
 # Random-number states go into every checkpoint, so --resume continues exactly
 # (configs that use RandomShiftHook replace this list; that hook saves them too).
 custom_hooks = [dict(type='RngStateHook')]

@@ -1,5 +1,7 @@
-"""Reading ImageNet/official checkpoints into the backbones, with a load report."""
-from .formats import read_checkpoint, unwrap_state_dict
+"""Reading checkpoints into the backbones and the whole models, with a load report."""
+from .formats import CheckpointError, CheckpointNotFoundError, read_checkpoint, unwrap_state_dict
 from .loader import LoadReport, load_pretrained
+from .policy import load_model_checkpoint
 
-__all__ = ['LoadReport', 'load_pretrained', 'read_checkpoint', 'unwrap_state_dict']
+__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'LoadReport', 'load_model_checkpoint',
+           'load_pretrained', 'read_checkpoint', 'unwrap_state_dict']

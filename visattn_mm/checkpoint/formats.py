@@ -14,6 +14,18 @@ import torch
 CONTAINER_KEYS = ('state_dict', 'net', 'model', 'module')
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: unreadable, holding no weights, or of another model.
+
+    Its message is complete (the file, the problem, the fix), so the tools print it
+    without a traceback.
+    """
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file does not exist."""
+
+
 MISSING_FILE_HELP = (
     'Get ImageNet weights by converting an official release with tools/convert_ckpt.py '
     '(e.g. `python tools/convert_ckpt.py vil_small_official.pth checkpoints/vil_small.pth --config CONFIG`) '
@@ -32,10 +44,13 @@ def _reason(err):
     return (lines[0] if lines else type(err).__name__)[:200]
 
 
+REREAD_HELP = ('Re-download or re-convert it (tools/convert_ckpt.py), or point to another .pth file '
+               'written by torch.save.')
+
+
 def _not_a_checkpoint(path, err, detected):
-    return ValueError(f'{path}: not a readable torch checkpoint: {detected} ({type(err).__name__}: '
-                      f'{_reason(err)}). Re-download or re-convert it (tools/convert_ckpt.py) '
-                      'and point init_cfg.checkpoint at a .pth file written by torch.save.')
+    return CheckpointError(f'{path}: not a readable torch checkpoint: {detected} ({type(err).__name__}: '
+                           f'{_reason(err)}). {REREAD_HELP}')
 
 
 def read_checkpoint(path, map_location='cpu'):
@@ -47,14 +62,17 @@ def read_checkpoint(path, map_location='cpu'):
     bytes that are not a pickle at all; it is announced with a warning that says why.
 
     Raises:
-        FileNotFoundError: If ``path`` does not exist, naming it and how to get it.
-        ValueError: If the file is not a torch checkpoint (truncated, text, random
-            bytes, another pickle format), naming the file.
+        CheckpointNotFoundError: If ``path`` does not exist, naming it and how to get it.
+        CheckpointError: If the file is not a torch checkpoint (truncated, empty, text,
+            random bytes, another pickle format), naming the file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path!r} (working directory {os.getcwd()!r}). '
-                                + MISSING_FILE_HELP)
+        raise CheckpointNotFoundError(f'checkpoint file not found: {path!r} (working directory '
+                                      f'{os.getcwd()!r}). ' + MISSING_FILE_HELP)
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f'{path}: the file is empty (0 bytes; an interrupted download, copy or '
+                              f'save leaves such files). {REREAD_HELP}')
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -78,13 +96,11 @@ def _is_state_dict(obj):
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
-def unwrap_state_dict(checkpoint):
+def find_state_dict(checkpoint):
     """Return ``(state_dict, container)``: the tensors and where they were found.
 
     ``container`` is ``'net'``, ``'model'``, ``'state_dict'``, ``'module'`` or
-    ``'bare'``. ``module.`` prefixes are stripped; when some keys start with
-    ``backbone.`` (a full detector/segmentor or our classifier) only those are
-    kept, without the prefix, and ``container`` gets ``'+backbone.'``.
+    ``'bare'``. ``module.`` prefixes (DataParallel) are stripped.
 
     Raises:
         ValueError: If no state_dict of tensors is found.
@@ -102,6 +118,20 @@ def unwrap_state_dict(checkpoint):
         raise ValueError(f'no state_dict of tensors found in the checkpoint (looked for a bare '
                          f'state_dict and containers {CONTAINER_KEYS}; found {found})')
     state_dict = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
+    return state_dict, container
+
+
+def unwrap_state_dict(checkpoint):
+    """The backbone's tensors: :func:`find_state_dict`, then ``backbone.`` keys only.
+
+    When some keys start with ``backbone.`` (a full detector/segmentor or our
+    classifier) only those are kept, without the prefix, and ``container`` gets
+    ``'+backbone.'``.
+
+    Raises:
+        ValueError: If no state_dict of tensors is found.
+    """
+    state_dict, container = find_state_dict(checkpoint)
     if any(k.startswith('backbone.') for k in state_dict):
         state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
         container += '+backbone.'

@@ -5,14 +5,15 @@ backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
 ``checkpoint_filter`` convert an official layout, drop tensors whose shapes cannot
 fit, ``load_state_dict`` (whose pre-hooks resize position tables, so ``load_from``,
 resume and plain ``load_state_dict`` resize the same way), report, and refuse a
-load that matched too little.
+load that matched too little. Whole-model loads (:mod:`.policy`) share the matching,
+the report and the refusal (:func:`load_state_dict_with_report`).
 """
 from dataclasses import dataclass, field
 
 import torch
 from mmengine.logging import MMLogger
 
-from .formats import read_checkpoint, unwrap_state_dict
+from .formats import CheckpointError, read_checkpoint, unwrap_state_dict
 
 MIN_LOADED_FRACTION = 0.9
 
@@ -71,7 +72,12 @@ class LoadReport:
         return '\n'.join(lines)
 
 
-def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_location='cpu'):
+INIT_CFG_ADVICE = ('is it a checkpoint of another model or size? Pass allow_partial=True '
+                   '(init_cfg=dict(..., allow_partial=True)) to load it anyway.')
+
+
+def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_location='cpu',
+                    source=None, advice=INIT_CFG_ADVICE):
     """Load ``checkpoint`` (a path or an already-read object) into ``model``.
 
     Args:
@@ -85,31 +91,60 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
         logger (MMLogger, optional): Where the report goes. Default: mmengine's
             current logger.
         map_location (str): Passed to ``torch.load``.
+        source (str, optional): The file's name in messages, for a checkpoint already
+            read. Default: ``checkpoint`` if it is a path.
+        advice (str): The likely cause and the fix, in the refusal message.
 
     Returns:
         LoadReport: What was loaded.
 
     Raises:
-        FileNotFoundError: If the file does not exist (the message says how to get it).
-        ValueError: If the file is not a checkpoint, holds no state_dict, holds NaN
+        CheckpointNotFoundError: If the file does not exist (the message says how to get it).
+        CheckpointError: If the file is not a checkpoint, holds no state_dict, holds NaN
             or inf values, or fewer than 90% of the parameter tensors would be loaded
             and ``allow_partial`` is False. Nothing is loaded then.
     """
-    source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
+    if source is None:
+        source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
     if isinstance(checkpoint, str):
         checkpoint = read_checkpoint(checkpoint, map_location)
     try:
         state_dict, container = unwrap_state_dict(checkpoint)
     except ValueError as err:
-        raise ValueError(f'{source}: {err}. Is it a model checkpoint? Point init_cfg.checkpoint at a '
-                         'file holding a state_dict (tools/convert_ckpt.py writes one).') from None
+        raise CheckpointError(f'{source}: {err}. Is it a model checkpoint? Point to a file holding '
+                              'a state_dict (tools/convert_ckpt.py writes one).') from None
     report = LoadReport(source=str(source), container=container, layout='ours')
-    target = model.state_dict()
     filter_fn = getattr(model, 'checkpoint_filter', None)
     if filter_fn is not None:
-        state_dict = filter_fn(state_dict, set(target), report)
-    resizable = getattr(model, 'adaptable_keys', lambda keys: set())(state_dict)
+        state_dict = filter_fn(state_dict, set(model.state_dict()), report)
+    return load_state_dict_with_report(model, state_dict, report, allow_partial, advice, logger)
 
+
+def load_state_dict_with_report(model, state_dict, report, allow_partial=False, advice=INIT_CFG_ADVICE,
+                                logger=None):
+    """Load the tensors of ``state_dict`` that fit ``model``, filling in ``report``; or refuse.
+
+    A tensor fits if ``model`` has its key with the same shape, or a shape that the
+    ``adaptable_keys`` of the module holding it says its load pre-hook adapts.
+
+    Args:
+        model (nn.Module): The model (a backbone, or a whole detector or segmentor).
+        state_dict (dict): Checkpoint tensors, already in ``model``'s layout.
+        report (LoadReport): Filled in; ``converted`` and ``fresh`` may be set already.
+        allow_partial (bool): Load even if fewer than 90% of ``model``'s parameter
+            tensors are set.
+        advice (str): The likely cause and the fix, in the refusal message.
+        logger (MMLogger, optional): Where the report goes. Default: mmengine's current logger.
+
+    Returns:
+        LoadReport: ``report``.
+
+    Raises:
+        CheckpointError: Below 90% without ``allow_partial``, or for NaN/inf values;
+            nothing is loaded then.
+    """
+    target = model.state_dict()
+    resizable = adaptable_keys(model, state_dict)
     usable = {}
     for key, value in state_dict.items():
         if key not in target:
@@ -128,25 +163,41 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
     report.missing = [k for k in target if k not in usable and k not in report.fresh]
 
     if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
-        raise ValueError(
-            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} parameter '
-            f'tensors of {type(model).__name__} match the checkpoint (need '
-            f'{MIN_LOADED_FRACTION:.0%}); is it a checkpoint of another model or size? Pass '
-            f'allow_partial=True (init_cfg=dict(..., allow_partial=True)) to load it anyway.\n'
+        raise CheckpointError(
+            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
+            f'parameter tensors of {type(model).__name__} match {report.source} (need '
+            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n'
             + report.summary())
-    check_finite(usable, source)
+    check_finite(usable, report.source)
     _load_all_or_nothing(model, usable)
     (logger or MMLogger.get_current_instance()).info(report.summary())
     return report
 
 
+def adaptable_keys(model, state_dict):
+    """Keys of ``state_dict`` of another shape that a module's load pre-hook adapts.
+
+    Asks every module of ``model`` (``model`` included) that defines
+    ``adaptable_keys(state_dict)`` about the keys under its prefix.
+    """
+    keys = set()
+    for name, module in model.named_modules():
+        ask = getattr(module, 'adaptable_keys', None)
+        if ask is None:
+            continue
+        prefix = f'{name}.' if name else ''
+        own = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        keys |= {prefix + key for key in ask(own)}
+    return keys
+
+
 def check_finite(state_dict, source, max_keys=5):
-    """Raise a ValueError naming ``source`` and the tensors that hold NaN or inf values."""
+    """Raise a CheckpointError naming ``source`` and the tensors that hold NaN or inf values."""
     bad = [key for key, value in state_dict.items()
            if value.is_floating_point() and not torch.isfinite(value).all()]
     if bad:
         shown = ', '.join(bad[:max_keys]) + (f', ... (+{len(bad) - max_keys})' if len(bad) > max_keys else '')
-        raise ValueError(f'refusing to load {source}: {len(bad)} tensor(s) hold NaN or inf values ({shown}). '
+        raise CheckpointError(f'refusing to load {source}: {len(bad)} tensor(s) hold NaN or inf values ({shown}). '
                          'The run that wrote it probably diverged; use an earlier checkpoint of that run '
                          'or retrain. Nothing was loaded.')
 

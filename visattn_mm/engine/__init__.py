@@ -1,5 +1,6 @@
-"""Training-loop pieces (mmengine hooks)."""
+"""Training-loop pieces (mmengine hooks, the Runner with the checkpoint policy)."""
 from .random_shift_hook import RandomShiftHook
 from .rng_state_hook import RngStateHook
+from .runner import CheckpointPolicyRunner
 
-__all__ = ['RandomShiftHook', 'RngStateHook']
+__all__ = ['CheckpointPolicyRunner', 'RandomShiftHook', 'RngStateHook']

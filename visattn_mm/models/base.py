@@ -1,7 +1,7 @@
 """What every backbone shares for dense prediction."""
 import warnings
 
-from mmengine.model import BaseModule
+from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
@@ -17,9 +17,10 @@ class DenseBackbone(BaseModule):
 
     Args:
         pretrained (str, optional): Deprecated, use ``init_cfg``.
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH,
+        init_cfg (dict | list[dict], optional): ``dict(type='Pretrained', checkpoint=PATH,
             allow_partial=False)`` loads through :func:`load_pretrained` (official
-            layouts converted, a report logged, loads matching under 90% refused).
+            layouts converted, a report logged, loads matching under 90% refused);
+            other mmengine init configs may be listed with it.
     """
 
     def __init__(self, pretrained=None, init_cfg=None):
@@ -37,13 +38,32 @@ class DenseBackbone(BaseModule):
         raise NotImplementedError
 
     def init_weights(self):
-        """Random init happens in ``__init__``; a ``Pretrained`` init_cfg loads through our loader."""
-        if self.init_cfg and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'],
-                            allow_partial=self.init_cfg.get('allow_partial', False))
-            self._is_init = True
-        else:
+        """Random init happens in ``__init__``; ``Pretrained`` entries load through our loader.
+
+        ``init_cfg`` may be one dict or a list of them, as mmengine allows; as in
+        mmengine, the other entries (e.g. ``TruncNormal``) are applied first and the
+        ``Pretrained`` ones last, so the checkpoint wins.
+
+        Raises:
+            TypeError: If an ``init_cfg`` entry is not a dict with a ``type``.
+        """
+        entries = self.init_cfg if isinstance(self.init_cfg, (list, tuple)) else [self.init_cfg]
+        entries = [entry for entry in entries if entry]
+        for entry in entries:
+            if not isinstance(entry, dict) or 'type' not in entry:
+                raise TypeError(f'{type(self).__name__}: init_cfg must be a dict or a list of dicts, '
+                                f"each with a type, e.g. dict(type='Pretrained', checkpoint=PATH); "
+                                f'got {entry!r}')
+        pretrained = [entry for entry in entries if entry['type'] in ('Pretrained', PretrainedInit)]
+        if not pretrained:
             super().init_weights()
+            return
+        others = [entry for entry in entries if entry['type'] not in ('Pretrained', PretrainedInit)]
+        if others:
+            initialize(self, others)
+        for entry in pretrained:
+            load_pretrained(self, entry['checkpoint'], allow_partial=entry.get('allow_partial', False))
+        self._is_init = True
 
     def _freeze_stages(self):
         """-1: nothing; 0: the first patch embedding; i: stages 1..i.
