@@ -4,6 +4,9 @@ resume only: evaluating the checkpoint with ``tools/test.py`` says nothing about
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+from unittest import mock
+
 import pytest
 import torch
 from helpers import build_tiny
@@ -14,6 +17,7 @@ import visattn_mm.ops.long_short
 import visattn_mm.ops.pale
 import visattn_mm.ops.sliding_chunk
 from visattn_mm.collect_env import BACKBONE_ATTENTIONS, attention_paths, plugin_env
+from visattn_mm.engine import RngStateHook
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.impl import chosen_path
 
@@ -89,7 +93,7 @@ def test_collect_env_tool_prints_the_report(capsys):
 @pytest.fixture(scope='module')
 def run_without_rng_states(tmp_path_factory):
     """One training iteration of the tiny detector without RngStateHook, and a config that
-    adds the hook (for evaluating and resuming that checkpoint)."""
+    adds the hook (for evaluating that checkpoint)."""
     workspace = tmp_path_factory.mktemp('reports')
     data = toy.make_coco_instances(workspace / 'toy_coco', num_train=4, num_val=2)
     plain = workspace / 'tiny.py'
@@ -122,9 +126,13 @@ def test_evaluating_a_checkpoint_says_nothing_about_rng_states(run_without_rng_s
     assert 'RNG states' not in output
 
 
-def test_resuming_without_rng_states_still_warns(run_without_rng_states):
-    run = run_without_rng_states
-    proc = _run(_tool('train.py', run['with_hook'], '--work-dir', run['work_dir'], '--resume', run['checkpoint'],
-                      '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=100'),
-                cwd=run['workspace'])
-    assert NO_RNG_STATES in proc.stdout + proc.stderr
+def test_only_a_resume_warns_about_missing_rng_states():
+    """The same checkpoint without RNG states: loaded for a new run (``load_from``: evaluation,
+    fine-tuning) nothing is said; loaded to resume at iteration 2, the warning comes."""
+    for resumed_iter, warns in ((0, False), (2, True)):
+        hook = RngStateHook()
+        runner = SimpleNamespace(iter=resumed_iter, epoch=0, logger=mock.Mock())
+        hook.after_load_checkpoint(runner, dict(state_dict={}))
+        hook.before_train_epoch(runner)
+        messages = [str(call.args[0]) for call in runner.logger.warning.call_args_list]
+        assert any(NO_RNG_STATES in m for m in messages) == warns, messages
