@@ -205,7 +205,7 @@ def test_swin_t_baseline_is_prepared_for_toy_data(tmp_path):
 
 
 def test_train_throughput_end_to_end(tmp_path):
-    """Two tiny detectors (a cheap stand-in for the Swin-T baseline), 1 + 2 iterations each."""
+    """Two tiny detectors (a cheap stand-in for the Swin-T baseline), 1 + 1 iterations each."""
     data = toy.make_coco_instances(tmp_path / 'toy', num_train=4, num_val=1, image_size=(64, 96))
     configs = []
     for name, channels in (('tiny_a', 16), ('tiny_b', 8)):
@@ -215,13 +215,13 @@ def test_train_throughput_end_to_end(tmp_path):
             'in_channels=[16, 32, 64, 128]', f'in_channels={[channels * 2 ** i for i in range(4)]}'))
     # A subprocess: the Runners it builds leave no default scope behind for later tests.
     _run([sys.executable, str(ANALYSIS / 'train_throughput.py'), str(configs[0]), '--baseline', str(configs[1]),
-          '--data-root', str(data), '--image-size', '64x96', '--batch', '2', '--warmup', '1', '--iters', '2',
+          '--data-root', str(data), '--image-size', '64x96', '--batch', '2', '--warmup', '1', '--iters', '1',
           '--workers', '0', '--out-dir', str(tmp_path / 'out')], cwd=tmp_path)
     columns, rows = _read_csv(tmp_path / 'out' / 'train_throughput.csv')
     assert columns == list(train_throughput.COLUMNS)
     assert [r['config'] for r in rows] == ['tiny_b', 'tiny_a']      # the baseline first
     for row in rows:
-        assert row['status'] == 'ok' and row['iters'] == '2', row   # warm-up not timed
+        assert row['status'] == 'ok' and row['iters'] == '1', row   # warm-up not timed
         assert float(row['images_per_s']) == pytest.approx(2e3 / float(row['step_ms']), rel=0.01)
         assert float(row['peak_mem_mib']) > 0
     baseline, measured = rows

@@ -44,6 +44,7 @@ IMPLS = {ViL: ('math', 'fast'), ViLLS: ('math', 'fast'), PaleTransformer: ('math
          VVT: ('auto',)}
 CASES = [(cls, impl) for cls, impls in IMPLS.items() for impl in impls]
 SIZES = ((64, 64), (45, 71))   # square, and odd and non-square (padded in every stage)
+CPU_SIZE = (33, 47)            # odd and non-square too, cheaper
 
 
 def forward_backward(model, image, autocast_dtype=None):
@@ -104,17 +105,14 @@ def exact_fp32_matmuls():
 
 
 def backbone_params():
-    """Every case on CUDA; on the CPU, a check of the test's code kept cheap, fp32 at the odd size
-    (test_fast_paths.py and test_training_reliability.py cover the CPU in bf16 and fp16)."""
-    params = []
-    for cls, impl in CASES:
-        for dtype in AUTOCAST_DTYPES:
-            for size in SIZES:
-                case_id = f'{cls.__name__}-{impl}-{dtype}-{size[0]}x{size[1]}'
-                params.append(pytest.param('cuda', cls, impl, dtype, size, marks=CUDA, id=f'cuda-{case_id}'))
-                if dtype == 'fp32' and size == SIZES[-1]:
-                    params.append(pytest.param('cpu', cls, impl, dtype, size, id=f'cpu-{case_id}'))
-    return params
+    """Every case on CUDA; on the CPU, a check of the test's code kept cheap: the last path of each
+    backbone in fp32 at ``CPU_SIZE`` (test_fast_paths.py and test_training_reliability.py cover
+    the CPU's paths and bf16 / fp16)."""
+    params = [pytest.param('cuda', cls, impl, dtype, size, marks=CUDA,
+                           id=f'cuda-{cls.__name__}-{impl}-{dtype}-{size[0]}x{size[1]}')
+              for cls, impl in CASES for dtype in AUTOCAST_DTYPES for size in SIZES]
+    return params + [pytest.param('cpu', cls, impls[-1], 'fp32', CPU_SIZE, id=f'cpu-{cls.__name__}-{impls[-1]}-fp32')
+                     for cls, impls in IMPLS.items()]
 
 
 @pytest.mark.parametrize('device,cls,impl,dtype,size', backbone_params())

@@ -187,7 +187,8 @@ def main(argv=None):
         osp.join(args.out_dir, f'toy_coco_{height}x{width}'),
         num_train=max(8, 2 * args.batch), num_val=1, image_size=(height, width))
     rows = [run_case(name, dtype, data_root, args, device, meter)
-            for dtype in args.dtypes for name in [args.baseline, *args.configs]]
+            for dtype in args.dtypes
+            for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]]
     common.add_ratio_columns(rows, 'baseline', ('dtype', 'batch', 'height', 'width'),
                              ('images_per_s', 'peak_mem_mib'), name_key='role')
     print(f'\n{machine}; {device.type}; baseline {config_label(args.baseline)}; median of '
