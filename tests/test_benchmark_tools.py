@@ -14,6 +14,7 @@ import torch
 ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
 sys.path.insert(0, str(ANALYSIS))
 import _bench_common as common  # noqa: E402
+from test_tools_cli import DET_CONFIG, _run, toy  # noqa: E402
 
 MIB = 2 ** 20
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -28,6 +29,7 @@ def _load_tool(name):
 
 benchmark = _load_tool('benchmark')
 attention_benchmark = _load_tool('attention_benchmark')
+train_throughput = _load_tool('train_throughput')
 
 
 def _read_csv(path):
@@ -79,7 +81,7 @@ def test_cpu_meter_sees_nothing_when_nothing_is_allocated(cpu_meter):
     assert cpu_meter.peak() < 4 * MIB
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.cuda
 def test_cuda_meter_measures_known_allocation():
     meter = common.CudaPeakMemory(torch.device('cuda'))
     meter.start()
@@ -204,3 +206,51 @@ def test_baselines_come_from_timm_and_torchvision_without_mmdet(monkeypatch, cap
             sizes = [tuple(o.shape[1:3]) for o in outputs]
         assert sizes == [(18, 23), (9, 12), (5, 6), (3, 3)]
         benchmark.backbone_loss(model(torch.randn(1, 3, 70, 90))).backward()
+
+
+# --- training throughput ----------------------------------------------------------------
+
+def test_swin_t_baseline_is_prepared_for_toy_data(tmp_path):
+    """mmdet's own Swin-T config, as the tool changes it: toy data, no ImageNet weights, AMP."""
+    cfg = train_throughput.load_config(train_throughput.SWIN_T_CONFIG)
+    args = train_throughput.parse_args(['x.py', '--batch', '3', '--iters', '4', '--warmup', '1'])
+    train_throughput.prepare_config(cfg, tmp_path / 'toy', 'fp16', args, str(tmp_path / 'work'))
+    assert cfg.model.backbone.type == 'SwinTransformer' and cfg.model.backbone.init_cfg is None
+    assert cfg.model.roi_head.bbox_head.num_classes == cfg.model.roi_head.mask_head.num_classes == 3
+    dataset = cfg.train_dataloader.dataset
+    assert dataset.data_root == f'{tmp_path}/toy/' and dataset.metainfo.classes == toy.COCO_CLASSES
+    assert cfg.train_dataloader.batch_size == 3 and cfg.train_cfg.max_iters == 5
+    assert cfg.val_cfg is None and cfg.default_hooks.checkpoint is None
+    assert (cfg.optim_wrapper.type, cfg.optim_wrapper.dtype) == ('AmpOptimWrapper', 'float16')
+
+
+def test_train_throughput_end_to_end(tmp_path):
+    """Two tiny detectors (a cheap stand-in for the Swin-T baseline), 1 + 1 iterations each."""
+    data = toy.make_coco_instances(tmp_path / 'toy', num_train=4, num_val=1, image_size=(64, 96))
+    configs = []
+    for name, channels in (('tiny_a', 16), ('tiny_b', 8)):
+        text = DET_CONFIG.format(data_root=data, classes=toy.COCO_CLASSES)
+        configs.append(tmp_path / f'{name}.py')
+        configs[-1].write_text(text.replace('base_channels=16', f'base_channels={channels}').replace(
+            'in_channels=[16, 32, 64, 128]', f'in_channels={[channels * 2 ** i for i in range(4)]}'))
+    # A subprocess: the Runners it builds leave no default scope behind for later tests.
+    _run([sys.executable, str(ANALYSIS / 'train_throughput.py'), str(configs[0]), '--baseline', str(configs[1]),
+          '--data-root', str(data), '--image-size', '64x96', '--batch', '2', '--warmup', '1', '--iters', '1',
+          '--workers', '0', '--out-dir', str(tmp_path / 'out')], cwd=tmp_path)
+    columns, rows = _read_csv(tmp_path / 'out' / 'train_throughput.csv')
+    assert columns == list(train_throughput.COLUMNS)
+    assert [r['config'] for r in rows] == ['tiny_b', 'tiny_a']      # the baseline first
+    for row in rows:
+        assert row['status'] == 'ok' and row['iters'] == '1', row   # warm-up not timed
+        assert float(row['images_per_s']) == pytest.approx(2e3 / float(row['step_ms']), rel=0.01)
+        assert float(row['peak_mem_mib']) > 0
+    baseline, measured = rows
+    assert float(baseline['images_per_s_vs_baseline']) == 1.0
+    assert float(measured['images_per_s_vs_baseline']) == pytest.approx(
+        float(measured['images_per_s']) / float(baseline['images_per_s']), rel=0.01)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the refusal concerns machines without a GPU')
+def test_train_throughput_refuses_amp_without_gpu():
+    with pytest.raises(SystemExit, match='needs a GPU'):
+        train_throughput.parse_args(['x.py', '--dtypes', 'fp32,fp16'])

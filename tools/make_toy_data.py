@@ -29,6 +29,11 @@ Usage::
 
     python tools/make_toy_data.py coco data/toy_coco [--seed 0] [--num-train 200]
     python tools/make_toy_data.py ade20k data/toy_ade [--seed 0]
+    # detection-size images (shapes scale with the image), e.g. for training throughput:
+    python tools/make_toy_data.py coco data/toy_coco_det --image-size 800 1333 --num-train 16 --num-val 2
+
+:func:`use_toy_data` points an mmdet or mmseg config at such a dataset, keeping
+its pipelines, model and schedule.
 """
 from __future__ import annotations
 
@@ -42,7 +47,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 #: Bump when the generator's output changes, so stale data is regenerated.
-TOY_DATA_VERSION = 1
+#: 2: shapes grow with images whose short side exceeds 128 (detection-size data).
+TOY_DATA_VERSION = 2
 MANIFEST_NAME = 'toy_manifest.json'
 
 #: COCO classes; category id = index + 1.
@@ -60,6 +66,9 @@ _BASE_COLOURS = {
 }
 _COLOUR_JITTER = 30
 _CIRCLE_VERTICES = 24
+# Shape diameters are drawn for a short side of up to this many pixels and scaled
+# with larger images, so that e.g. 800x1333 images hold objects of COCO-like size.
+_SIZE_REFERENCE_SIDE = 128
 
 
 # --------------------------------------------------------------------------
@@ -116,7 +125,11 @@ def _place_objects(rng: np.random.Generator, classes: Sequence[str], height: int
 
     Shapes never overlap (rejection sampling on bounding circles), so every
     polygon equals the visible region and masks need no occlusion handling.
+    Diameters lie in ``[min_size, max_size]`` for images with a short side of
+    up to ``_SIZE_REFERENCE_SIDE`` and grow in proportion beyond it.
     """
+    scale = max(1.0, min(height, width) / _SIZE_REFERENCE_SIDE)
+    min_size, max_size = round(min_size * scale), round(max_size * scale)
     max_size = min(max_size, height - 2, width - 2)
     wanted = int(rng.integers(min_objects, max_objects + 1))
     placed: list[tuple[float, float, float]] = []
@@ -324,6 +337,76 @@ def make_ade20k_layout(out_dir: str | Path, num_train: int = 100, num_val: int =
     _ade_split(val_rng, out_dir, 'validation', num_val, height, width, classes)
     _write_manifest(out_dir, manifest)
     return out_dir
+
+
+# --------------------------------------------------------------------------
+# Configs on toy data
+# --------------------------------------------------------------------------
+def _class_heads(model) -> list:
+    """The heads of an mmdet / mmseg model dict that have a ``num_classes``."""
+    roi = model.get('roi_head') or {}
+    heads = [model.get('bbox_head'), roi.get('bbox_head'), roi.get('mask_head'),
+             model.get('decode_head'), model.get('auxiliary_head')]
+    flat = []
+    for head in heads:
+        flat += head if isinstance(head, (list, tuple)) else [head]
+    return [head for head in flat if head is not None and 'num_classes' in head]
+
+
+def use_toy_data(cfg, data_root: str | Path) -> None:
+    """Point an mmdet or mmseg config at a toy dataset, in place.
+
+    Pipelines, model, optimiser and schedule stay the config's own. The
+    datasets of the train / val / test loaders (through dataset wrappers) read
+    ``data_root``: a ``coco`` layout for ``default_scope='mmdet'``, an
+    ``ade20k`` one (as ``BaseSegDataset``) for ``'mmseg'``; COCO evaluators read
+    its validation annotations, and every head's ``num_classes`` becomes the
+    number of toy classes.
+
+    Args:
+        cfg (mmengine.config.Config): The config to change.
+        data_root: A directory written by :func:`make_coco_instances` or
+            :func:`make_ade20k_layout` (with all of :data:`ADE_CLASSES`).
+
+    Raises:
+        ValueError: For a config of another library.
+    """
+    root = str(data_root).rstrip('/') + '/'
+    scope = cfg.get('default_scope')
+    if scope == 'mmdet':
+        classes, splits = COCO_CLASSES, dict(train='train', val='val', test='val')
+
+        def fields(split):
+            return dict(data_root=root, ann_file=f'annotations/instances_{split}.json',
+                        data_prefix=dict(img=f'{split}/'), metainfo=dict(classes=classes))
+    elif scope == 'mmseg':
+        classes, splits = ADE_CLASSES, dict(train='training', val='validation', test='validation')
+
+        def fields(split):
+            return dict(type='BaseSegDataset', data_root=root, img_suffix='.jpg',
+                        seg_map_suffix='.png', reduce_zero_label=True,
+                        data_prefix=dict(img_path=f'images/{split}',
+                                         seg_map_path=f'annotations/{split}'),
+                        metainfo=dict(classes=classes))
+    else:
+        raise ValueError(f"use_toy_data: default_scope={scope!r}; toy data exists for 'mmdet' "
+                         "(coco layout) and 'mmseg' (ade20k layout) configs")
+    for phase, split in splits.items():
+        loader = cfg.get(f'{phase}_dataloader')
+        if not loader:
+            continue
+        dataset = loader['dataset']
+        while 'dataset' in dataset:                 # RepeatDataset, ConcatDataset-like wrappers
+            dataset = dataset['dataset']
+        dataset.update(fields(split))
+    if scope == 'mmdet':
+        for key in ('val_evaluator', 'test_evaluator'):
+            evaluators = cfg.get(key) or []
+            for evaluator in (evaluators if isinstance(evaluators, list) else [evaluators]):
+                if 'ann_file' in evaluator:
+                    evaluator['ann_file'] = root + 'annotations/instances_val.json'
+    for head in _class_heads(cfg.model):
+        head['num_classes'] = len(classes)
 
 
 # --------------------------------------------------------------------------

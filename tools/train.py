@@ -15,6 +15,8 @@ import _cli_common as common
 import torch
 from mmengine.config import Config, DictAction
 
+from visattn_mm.collect_env import format_env, plugin_env
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Train a visattn_mm model')
@@ -134,6 +136,7 @@ def main(argv=None) -> None:
     apply_resume(cfg, args.resume)
     common.prepare_cpu_distributed(cfg)
     runner = common.build_runner(cfg)
+    runner.logger.info('visattn_mm environment:\n' + format_env(plugin_env()))
     common.keep_config_in_log_dir(runner)
     with common.exit_on_checkpoint_error():
         runner.train()

@@ -64,6 +64,21 @@ def parse_list(text, convert=str, option='value'):
     return items
 
 
+def parse_size(text, option):
+    """``'800x1333'`` -> ``(800, 1333)`` (height x width).
+
+    Raises:
+        SystemExit: naming ``option`` when ``text`` is not a size of at least 32x32.
+    """
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise SystemExit(f'{option}: {text!r} is not HEIGHTxWIDTH, e.g. 800x1333') from None
+    if height < 32 or width < 32:
+        raise SystemExit(f'{option}: {text!r} is smaller than 32x32, the backbones\' total stride')
+    return height, width
+
+
 def check_choices(values, allowed, option):
     """Raises SystemExit naming the option when ``values`` holds something not ``allowed``."""
     unknown = [v for v in values if v not in allowed]

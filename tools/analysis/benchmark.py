@@ -99,17 +99,6 @@ def _model_zoo():
 MODEL_ZOO = _model_zoo()
 
 
-def parse_size(text):
-    """``'800x1333'`` -> ``(800, 1333)`` (height x width)."""
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise SystemExit(f'--sizes: {text!r} is not HEIGHTxWIDTH, e.g. 800x1333') from None
-    if height < 32 or width < 32:
-        raise SystemExit(f'--sizes: {text!r} is smaller than 32x32, the backbones\' total stride')
-    return height, width
-
-
 def backbone_loss(outputs):
     """Sum of the means of the backbone's output maps (a scalar depending on all of them)."""
     if isinstance(outputs, dict):   # torchvision's feature extractor
@@ -201,7 +190,7 @@ def parse_args(argv=None):
         raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
     if args.baseline not in args.models:
         args.models.append(args.baseline)
-    args.sizes = [parse_size(s) for s in common.parse_list(args.sizes)]
+    args.sizes = [common.parse_size(s, '--sizes') for s in common.parse_list(args.sizes)]
     args.batches = common.parse_list(args.batches, int, '--batches')
     common.check_run_options(args)
     return args

@@ -101,7 +101,9 @@ class RngStateHook(Hook):
     deterministic mode its losses equal the uninterrupted run's exactly. In a
     distributed run every rank's states are kept (ranks may be seeded
     differently, ``randomness.diff_rank_seed``). Validation during training
-    leaves the states as it found them.
+    leaves the states as it found them. A checkpoint loaded without resuming
+    (``load_from`` alone: evaluation with ``tools/test.py``, fine-tuning) keeps
+    the fresh seed; its RNG states, or their absence, go unmentioned.
 
     :class:`~visattn_mm.engine.RandomShiftHook` includes this behaviour; a
     config with it needs no extra entry.
@@ -110,7 +112,7 @@ class RngStateHook(Hook):
     priority = 'NORMAL'
 
     def __init__(self):
-        self._pending = None
+        self._loaded = None
         self._before_val = None
         self._all_ranks = None
 
@@ -135,34 +137,39 @@ class RngStateHook(Hook):
             checkpoint[CHECKPOINT_KEY] = [capture_rng_state()]
 
     def after_load_checkpoint(self, runner, checkpoint):
-        # `load_from` without resume also lands here: it starts a new run, which
-        # keeps the fresh seed (checked in before_train_epoch, when the Runner
-        # has set the resumed progress).
-        states = checkpoint.get(CHECKPOINT_KEY)
+        # A resume and `load_from` alone (tools/test.py, fine-tuning) both land here.
+        # Only a resume uses the states; which one it is shows in before_train_epoch,
+        # once the Runner has set the resumed progress, so nothing is said here.
+        self._loaded = dict(states=checkpoint.get(CHECKPOINT_KEY))
+
+    def _resumed_states(self, runner):
+        """This rank's states of the checkpoint a resume started from; None if there was none."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is None or (runner.iter == 0 and runner.epoch == 0):
+            return None     # no checkpoint, or `load_from`: a new run keeps the fresh seed
+        states = loaded['states']
         if states is None:
             runner.logger.warning(
                 'RngStateHook: the checkpoint has no RNG states (saved without this hook); '
                 'random draws after the resume start from the seed')
-            return
+            return None
         if len(states) != get_world_size():
             raise ValueError(
                 f'RngStateHook: the checkpoint holds the RNG states of {len(states)} '
                 f'processes but this run has {get_world_size()}; resume with as many '
                 'processes for an exact continuation, or remove the hook.')
-        self._pending = states[get_rank()]
+        return states[get_rank()]
 
     def before_train_epoch(self, runner):
-        if self._pending is None or (runner.iter == 0 and runner.epoch == 0):
-            self._pending = None
+        state = self._resumed_states(runner)
+        if state is None:
             return
         loop = runner.train_loop
         if isinstance(loop, IterBasedTrainLoop):
             # The loop replays `runner.iter` batches after this hook, then fetches.
-            loop.dataloader_iterator = _RestoreBeforeFetch(
-                loop.dataloader_iterator, runner.iter, self._pending)
+            loop.dataloader_iterator = _RestoreBeforeFetch(loop.dataloader_iterator, runner.iter, state)
         else:
-            restore_rng_state(self._pending)
-        self._pending = None
+            restore_rng_state(state)
 
     def before_val_epoch(self, runner):
         self._before_val = capture_rng_state()

@@ -80,19 +80,29 @@ def attention_impl(name):
         set_attention_impl(previous)
 
 
+def chosen_path(device_type, bias_needs_grad=False):
+    """The path ('fast' or 'math') an op takes under the current selection.
+
+    Args:
+        device_type (str): The inputs' device type ('cpu', 'cuda', ...).
+        bias_needs_grad (bool): Whether a logit bias of the op needs a
+            gradient. PyTorch's CPU fused kernel cannot return a bias
+            gradient, so PyTorch runs its math kernel on the fused path's
+            padded tensors instead: no faster than the explicit path and more
+            saved for backward; 'auto' keeps the explicit path then.
+    """
+    if _selected != 'auto':
+        return _selected
+    fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)
+    return 'fast' if fused else 'math'
+
+
 def use_fast_path(tensor, *biases):
-    """Whether an op should run its fused path.
+    """Whether an op should run its fused path (see :func:`chosen_path`).
 
     Args:
         tensor (torch.Tensor): an input of the op; its device decides 'auto'.
-        *biases (torch.Tensor | None): the op's logit biases. PyTorch's CPU
-            fused kernel cannot return a bias gradient, so PyTorch runs its
-            math kernel on the fused path's padded tensors instead: no faster
-            than the explicit path and more saved for backward; 'auto' keeps
-            the explicit path then.
+        *biases (torch.Tensor | None): the op's logit biases.
     """
-    if _selected != 'auto':
-        return _selected == 'fast'
-    device = tensor.device.type
     bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
-    return device in FUSED_DEVICES and not (device == 'cpu' and bias_grad)
+    return chosen_path(tensor.device.type, bias_grad) == 'fast'

@@ -1,0 +1,204 @@
+"""Training throughput: images/s and peak memory of real configs on toy data, against mmdet's Swin-T.
+
+Each config, and the baseline (mmdet's own Mask R-CNN Swin-T config unless
+``--baseline`` names another), trains ``--warmup + --iters`` iterations in this
+process with mmengine's Runner, as ``tools/train.py`` runs it, on a toy COCO
+dataset of ``--image-size`` images (``tools/make_toy_data.py``, written to
+``<out-dir>/toy_coco_<H>x<W>`` unless ``--data-root`` gives one). The config's
+pipeline, model and optimiser are kept; only the data (``use_toy_data``: 3
+classes), the loop (iterations, no validation, no checkpoints), the ImageNet
+weights (none: they change neither time nor memory) and, per ``--dtypes``, the
+optimiser wrapper (``fp16`` / ``bf16``: ``AmpOptimWrapper`` as ``--amp`` sets it)
+change.
+
+* Time per iteration: from right before the model's ``train_step`` to right after
+  it (CUDA synchronised): forward, backward and optimiser step, without data
+  loading (loader workers prepare batches meanwhile). The median over ``--iters``
+  iterations after ``--warmup``; images/s = ``--batch`` / median.
+* Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during training minus
+  what was allocated before the first iteration (the model's weights): gradients,
+  optimiser states and activations; on CPU the growth of the resident set (see
+  ``_bench_common``).
+
+Ratios divide by the baseline's row of the same dtype. Writes
+``<out-dir>/train_throughput.csv`` and prints a markdown table.
+
+Example (a GPU; the command of docs/benchmarks.md)::
+
+    python tools/analysis/train_throughput.py configs/maskrcnn_vil_s_1x.py \\
+        configs/maskrcnn_pale_t_1x.py --batch 2 --dtypes fp32,fp16 --iters 20
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os.path as osp
+import statistics
+import sys
+import time
+
+import _bench_common as common
+import torch
+from mmengine.hooks import Hook
+
+TOOLS_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if TOOLS_DIR not in sys.path:
+    sys.path.insert(0, TOOLS_DIR)
+
+import _cli_common as cli  # noqa: E402
+import make_toy_data as toy  # noqa: E402
+
+SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
+AMP_DTYPES = dict(fp16='float16', bf16='bfloat16')
+COLUMNS = ('config', 'dtype', 'batch', 'height', 'width', 'iters', 'step_ms', 'images_per_s',
+           'peak_mem_mib', 'images_per_s_vs_baseline', 'peak_mem_mib_vs_baseline', 'status')
+
+
+class StepTimer(Hook):
+    """Times every ``train_step`` and meters the peak memory of the whole training.
+
+    Lowest priority: its ``before_train_iter`` runs after every other hook's,
+    right before the step.
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self, device, meter):
+        self.device, self.meter = device, meter
+        self.seconds, self.peak_bytes, self._begin = [], None, None
+
+    def before_train(self, runner):
+        self.meter.start()
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        common.synchronize(self.device)
+        self._begin = time.perf_counter()
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        common.synchronize(self.device)
+        self.seconds.append(time.perf_counter() - self._begin)
+
+    def after_train(self, runner):
+        self.peak_bytes = self.meter.peak()
+
+
+def load_config(name):
+    """A config file, or a library's config as ``'mmdet::path/in/its/configs.py'``."""
+    if '::' in name:
+        from mmengine.hub import get_config
+        return get_config(name)
+    from mmengine.config import Config
+    return Config.fromfile(name)
+
+
+def config_label(name):
+    return osp.splitext(osp.basename(name.split('::')[-1]))[0]
+
+
+def prepare_config(cfg, data_root, dtype, args, work_dir):
+    """``cfg`` set up for one throughput run (see the module doc), in place."""
+    if cfg.get('default_scope') != 'mmdet':
+        raise SystemExit(f'{cfg.filename}: train_throughput.py measures detection configs '
+                         "(default_scope='mmdet') on toy COCO data")
+    toy.use_toy_data(cfg, data_root)
+    cfg.model.backbone.init_cfg = None
+    loader = cfg.train_dataloader
+    loader.update(batch_size=args.batch, num_workers=args.workers,
+                  persistent_workers=args.workers > 0)
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=args.warmup + args.iters)
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader', 'test_cfg',
+                'test_evaluator'):
+        cfg[key] = None
+    cfg.param_scheduler = []
+    cfg.default_hooks.checkpoint = None
+    if dtype in AMP_DTYPES:
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', dtype=AMP_DTYPES[dtype],
+                                 loss_scale='dynamic')
+    cfg.work_dir = work_dir
+    cfg.log_level = 'WARNING'
+    cfg.launcher = 'none'
+
+
+def run_case(name, dtype, data_root, args, device, meter):
+    """One config at one dtype: a row of the table."""
+    label = config_label(name)
+    row = dict(config=label, dtype=dtype, batch=args.batch, height=args.image_size[0],
+               width=args.image_size[1],
+               role='baseline' if name == args.baseline else 'measured')
+    cfg = load_config(name)
+    prepare_config(cfg, data_root, dtype, args, osp.join(args.out_dir, f'{label}_{dtype}'))
+    cli.register_scope_modules(cfg)
+    cfg.experiment_name = f'throughput_{label}_{dtype}_{time.strftime("%Y%m%d_%H%M%S")}'
+    timer = StepTimer(device, meter)
+    try:
+        runner = cli.build_runner(cfg)
+        runner.register_hook(timer)
+        runner.train()
+        timed = timer.seconds[args.warmup:]
+        step = statistics.median(timed)
+        row.update(iters=len(timed), step_ms=step * 1e3, images_per_s=args.batch / step,
+                   peak_mem_mib=timer.peak_bytes / common.MIB, status='ok')
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+        row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
+    finally:
+        runner = None
+        gc.collect()
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+    print(f"{label} {dtype} b{args.batch}: {common.format_value(row.get('images_per_s'))} img/s, "
+          f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
+    return row
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('configs', nargs='+', help='mmdet config files to measure')
+    parser.add_argument('--baseline', default=SWIN_T_CONFIG,
+                        help=f'config the ratios refer to (default: {SWIN_T_CONFIG})')
+    parser.add_argument('--image-size', default='800x1333', help='HEIGHTxWIDTH of the toy images')
+    parser.add_argument('--data-root', default=None,
+                        help='toy COCO dataset to use (default: made in the out dir)')
+    parser.add_argument('--batch', type=int, default=2, help='images per iteration')
+    parser.add_argument('--dtypes', default='fp32', help='fp32, fp16, bf16 (the last two: AMP, GPU only)')
+    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--iters', type=int, default=10, help='timed iterations')
+    parser.add_argument('--workers', type=int, default=2, help='data loader workers')
+    parser.add_argument('--out-dir', default='work_dirs/train_throughput')
+    args = parser.parse_args(argv)
+    args.image_size = common.parse_size(args.image_size, '--image-size')
+    args.dtypes = common.check_choices(common.parse_list(args.dtypes), common.DTYPES, '--dtypes')
+    if args.batch < 1 or args.iters < 1 or args.warmup < 0 or args.workers < 0:
+        raise SystemExit('--batch and --iters must be >= 1, --warmup and --workers >= 0')
+    if set(args.dtypes) & set(AMP_DTYPES) and not torch.cuda.is_available():
+        raise SystemExit('--dtypes fp16/bf16 train with AMP, which needs a GPU (mmengine\'s '
+                         'AmpOptimWrapper); use --dtypes fp32 on this machine')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')  # the Runner's choice
+    meter = common.memory_meter(device)
+    machine = common.machine_description(device)
+    print(machine, flush=True)
+    cli.import_plugin()
+    height, width = args.image_size
+    data_root = args.data_root or toy.make_coco_instances(
+        osp.join(args.out_dir, f'toy_coco_{height}x{width}'),
+        num_train=max(8, 2 * args.batch), num_val=1, image_size=(height, width))
+    rows = [run_case(name, dtype, data_root, args, device, meter)
+            for dtype in args.dtypes
+            for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]]
+    common.add_ratio_columns(rows, 'baseline', ('dtype', 'batch', 'height', 'width'),
+                             ('images_per_s', 'peak_mem_mib'), name_key='role')
+    print(f'\n{machine}; {device.type}; baseline {config_label(args.baseline)}; median of '
+          f'{args.iters} iterations after {args.warmup} warm-up\n')
+    print(common.format_table(rows, COLUMNS))
+    csv_path = osp.join(args.out_dir, 'train_throughput.csv')
+    common.write_csv(rows, COLUMNS, csv_path)
+    print(f'\nwrote {csv_path}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

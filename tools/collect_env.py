@@ -1,0 +1,20 @@
+"""Print the environment: system, PyTorch and CUDA, GPUs, mmcv and its compiled ops,
+the OpenMMLab libraries, timm, and the attention path each backbone takes here.
+
+Usage::
+
+    python tools/collect_env.py
+
+Paste its output into bug reports; ``tools/train.py`` logs the same at start.
+"""
+import _cli_common  # noqa: F401  (puts the checkout on sys.path)
+
+from visattn_mm.collect_env import collect_env, format_env
+
+
+def main():
+    print(format_env(collect_env()))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,133 @@
+"""The environment report of ``tools/collect_env.py`` and of every ``tools/train.py`` run.
+
+:func:`collect_env` is mmcv's report (the system, PyTorch, compilers, mmengine,
+mmcv and the compiler / CUDA version its ops were built with) plus
+:func:`plugin_env`: the CUDA build of torch, the GPUs, whether mmcv's compiled
+ops import and run on the GPU, the versions of the OpenMMLab libraries and
+timm, and the attention path each backbone takes (see
+:mod:`visattn_mm.ops.impl`). ``tools/train.py`` logs :func:`plugin_env` after
+the Runner has logged the system part.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from .ops.impl import chosen_path, get_attention_impl
+
+# The attention ops of each backbone's default stages, and whether the op has a
+# learned logit bias (RPB) that trains with the model: that decides 'auto' on
+# the CPU (visattn_mm.ops.impl.chosen_path). None: the op has one path.
+# tests/test_tool_reports.py checks this table against the paths the backbones take.
+BACKBONE_ATTENTIONS = {
+    'ViL': (('sliding_chunk', True),),
+    'ViLLS': (('long_short', True), ('sliding_chunk', True)),
+    'PaleTransformer': (('pale', False),),
+    'VVT': (('vicinity', None),),
+}
+
+LIBRARIES = (('MMDetection', 'mmdet'), ('MMSegmentation', 'mmseg'), ('timm', 'timm'),
+             ('visattn_mm', 'visattn_mm'))
+
+
+def _version(module_name):
+    try:
+        return importlib.import_module(module_name).__version__
+    except ImportError as error:
+        return f'not installed ({error})'
+
+
+def mmcv_ops_status():
+    """Whether mmcv's compiled ops import, the CUDA they were built with, and whether they run on the GPU.
+
+    mmdet calls these ops (RoIAlign, NMS) as soon as a detector runs; an mmcv
+    built without CUDA fails on the first GPU batch, which one NMS of two boxes
+    on the GPU finds out here first.
+
+    Returns:
+        str: e.g. ``'import; built with CUDA 12.1; run on cuda'``, or what fails.
+    """
+    try:
+        from mmcv.ops import get_compiling_cuda_version, nms
+    except ImportError as error:
+        return f'do not import ({error}); reinstall mmcv with its compiled ops (tools/bootstrap.sh)'
+    built_with = get_compiling_cuda_version()
+    status = 'import; ' + ('built without CUDA' if built_with == 'not available'
+                           else f'built with CUDA {built_with}')
+    if not torch.cuda.is_available():
+        return status
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]], device='cuda')
+    try:
+        nms(boxes, torch.tensor([0.9, 0.8], device='cuda'), iou_threshold=0.5)
+    except (RuntimeError, NotImplementedError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return (f'{status}; FAIL on cuda ({reason}): rebuild mmcv with CUDA ops '
+                '(tools/bootstrap.sh on this machine)')
+    return f'{status}; run on cuda'
+
+
+def attention_paths(device_type):
+    """``{backbone: 'op: path, ...'}``: the attention path each backbone takes on ``device_type``.
+
+    Under the current selection (``get_attention_impl()``); where training and
+    inference differ, both are named.
+    """
+    lines = {}
+    for backbone, ops in BACKBONE_ATTENTIONS.items():
+        parts = []
+        for op, has_bias in ops:
+            if has_bias is None:
+                parts.append(f'{op} (one path)')
+                continue
+            train, infer = chosen_path(device_type, has_bias), chosen_path(device_type, False)
+            parts.append(f'{op} {train}' if train == infer
+                         else f'{op} {train} (training) / {infer} (inference)')
+        lines[backbone] = ', '.join(parts)
+    return lines
+
+
+def plugin_env(device_type=None):
+    """What this plugin depends on beyond mmcv's report.
+
+    Args:
+        device_type (str, optional): Device the attention paths are reported for.
+            Default: ``'cuda'`` when a GPU is visible, else ``'cpu'``.
+
+    Returns:
+        dict[str, str]: Ordered entries; the attention ones are keyed
+        ``'attention <backbone>'``.
+    """
+    device_type = device_type or ('cuda' if torch.cuda.is_available() else 'cpu')
+    env = {
+        'PyTorch': torch.__version__,
+        'PyTorch CUDA build': torch.version.cuda or 'none (CPU-only build)',
+        'CUDA devices': str(torch.cuda.device_count()),
+    }
+    for index in range(torch.cuda.device_count()):
+        env[f'GPU {index}'] = (f'{torch.cuda.get_device_name(index)}, compute capability '
+                               f'{".".join(map(str, torch.cuda.get_device_capability(index)))}')
+    env['MMCV'] = _version('mmcv')
+    env['MMCV ops'] = mmcv_ops_status()
+    env['MMEngine'] = _version('mmengine')
+    for name, module in LIBRARIES:
+        env[name] = _version(module)
+    env['attention implementation'] = (f'{get_attention_impl()} (VISATTN_ATTENTION_IMPL), '
+                                       f'paths on {device_type}:')
+    for backbone, paths in attention_paths(device_type).items():
+        env[f'attention {backbone}'] = paths
+    return env
+
+
+def collect_env():
+    """mmcv's environment report (mmengine's where mmcv is missing) followed by :func:`plugin_env`."""
+    try:
+        from mmcv.utils import collect_env as base_collect_env
+    except ImportError:
+        from mmengine.utils.dl_utils import collect_env as base_collect_env
+    return {**base_collect_env(), **plugin_env()}
+
+
+def format_env(env):
+    """``key: value`` lines, as mmengine's Runner logs its environment."""
+    return '\n'.join(f'{key}: {value}' for key, value in env.items())
