@@ -65,8 +65,6 @@ def schedule_options(max_iters, warmup_iters, logger_interval):
     its own ``max_iters``; these follow the new length. The warm-up and the logging
     interval are capped at the new length.
     """
-    if max_iters < 1:
-        raise ValueError(f'--max-iters must be >= 1, got {max_iters}')
     milestones = [int(max_iters * 0.75), int(max_iters * 0.9)]
     return [f'train_cfg.max_iters={max_iters}',
             f'param_scheduler.0.end={min(warmup_iters, max_iters)}',
@@ -195,16 +193,23 @@ def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, sc
     plt.close(fig)
 
 
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be an int >= 1, got {text}')
+    return value
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--work-dir', default='work_dirs/demo')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data and of training')
-    parser.add_argument('--max-iters', type=int,
+    parser.add_argument('--max-iters', type=_positive_int,
                         help="training iterations (the config's 150 by default); the LR schedule and "
                              'the checkpoint follow')
     parser.add_argument('--score-thr', type=float, default=0.5,
                         help='predictions scoring below this are not drawn (all count for the AP)')
-    parser.add_argument('--num-images', type=int, default=6, help='validation images in demo.png')
+    parser.add_argument('--num-images', type=_positive_int, default=6, help='validation images in demo.png')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         help='extra key=value overrides for training, e.g. optim_wrapper.optimizer.lr=1e-4')
     return parser.parse_args(argv)
