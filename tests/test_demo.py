@@ -108,11 +108,19 @@ def test_picture_labels_thresholds_and_shows_the_loss(demo, tmp_path):
         image['path'] = str(data / 'val' / image['file_name'])
     predictions = _fake_predictions(coco, images)
 
-    # The threshold drops the duplicates and orders by score.
-    shown = demo.visible_predictions(predictions[0]['pred_instances'], 0.5)
+    # The threshold drops the low-scoring duplicates; so does the overlap rule.
     objects = len(coco.getAnnIds(imgIds=[images[0]['id']]))
-    assert len(shown) == objects and all(p['score'] == pytest.approx(0.9) for p in shown)
-    assert len(demo.visible_predictions(predictions[0]['pred_instances'], 0.1)) == 2 * objects
+    for score_thr in (0.5, 0.1):
+        shown = demo.visible_predictions(predictions[0]['pred_instances'], score_thr)
+        assert len(shown) == objects and all(p['score'] == pytest.approx(0.9) for p in shown)
+    # Boxes stacked on one object (covering 100% of the smaller box, any class; one nested
+    # inside the best): only the best is drawn; one covering 40% of the smaller box stays; one
+    # scoring under 0.5 goes. Best first.
+    stacked = dict(bboxes=torch.tensor([[0., 0, 10, 10], [0, 0, 10, 6], [2, 2, 4, 4], [6, 0, 16, 6],
+                                        [20, 20, 30, 30]]),
+                   scores=torch.tensor([0.8, 0.9, 0.6, 0.7, 0.3]), labels=torch.tensor([0, 0, 1, 2, 0]),
+                   masks=['a', 'b', 'c', 'd', 'e'])
+    assert [p['mask'] for p in demo.visible_predictions(stacked, 0.5)] == ['b', 'd']
 
     work_dir = tmp_path / 'work'
     (work_dir / '20260101_000000' / 'vis_data').mkdir(parents=True)

@@ -34,6 +34,9 @@ METRIC = re.compile(r'coco/(bbox|segm)_mAP(_50)?: (-?[0-9.]+)')
 NO_VALIDATION = ['val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
 # Upscaling of the 160x128 toy images in the picture.
 IMAGE_ZOOM = 2.5
+# Drawn predictions covered by a better one over more than this share of the smaller box
+# are left out.
+DRAW_OVERLAP_THR = 0.5
 
 
 def run(cmd, log_path):
@@ -89,10 +92,28 @@ def save_untrained_checkpoint(cfg, path):
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
 
 
-def visible_predictions(pred_instances, score_thr):
-    """The predictions drawn: those scoring at least ``score_thr``, best first."""
-    scores = pred_instances['scores']
-    keep = [i for i in scores.argsort(descending=True).tolist() if scores[i] >= score_thr]
+def visible_predictions(pred_instances, score_thr, overlap_thr=DRAW_OVERLAP_THR):
+    """The predictions drawn, best first: those scoring at least ``score_thr``, less those
+    covered by a better-scoring drawn one (of any class) by more than ``overlap_thr`` of
+    the smaller box's area.
+
+    The detector's own NMS works per class at IoU 0.5, so a briefly trained model
+    still stacks several boxes, nested ones too, on one object; the picture shows the
+    best of them.
+    """
+    import torch
+
+    boxes, scores = pred_instances['bboxes'].float(), pred_instances['scores']
+    order = [i for i in scores.argsort(descending=True).tolist() if scores[i] >= score_thr]
+    top_left = torch.maximum(boxes[:, None, :2], boxes[None, :, :2])
+    bottom_right = torch.minimum(boxes[:, None, 2:], boxes[None, :, 2:])
+    intersection = (bottom_right - top_left).clamp(min=0).prod(dim=-1)
+    areas = (boxes[:, 2:] - boxes[:, :2]).clamp(min=0).prod(dim=-1)
+    covered = intersection / torch.minimum(areas[:, None], areas[None, :]).clamp(min=1e-6)
+    keep = []
+    for i in order:
+        if all(covered[i, j] <= overlap_thr for j in keep):
+            keep.append(i)
     return [dict(bbox=pred_instances['bboxes'][i].tolist(), label=int(pred_instances['labels'][i]),
                  score=float(scores[i]), mask=pred_instances['masks'][i]) for i in keep]
 
@@ -181,7 +202,8 @@ def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, sc
         pred_ax = fig.add_subplot(grid[row, 2 * pair + 1])
         _draw_instances(pred_ax, image, visible_predictions(result['pred_instances'], score_thr),
                         classes, palette)
-        pred_ax.set_title(f'prediction (score >= {score_thr:g})', fontsize=9)
+        pred_ax.set_title(f'prediction (score >= {score_thr:g}; best of overlapping boxes)',
+                          fontsize=9)
     curve_ax = fig.add_subplot(grid[:, -1])
     series, validation_keys = plot_curves.read_series(plot_curves.find_scalar_files(work_dir))
     plot_curves.draw_panel(curve_ax, series, 'loss', validation_keys)
@@ -208,7 +230,8 @@ def parse_args(argv=None):
                         help="training iterations (the config's 150 by default); the LR schedule and "
                              'the checkpoint follow')
     parser.add_argument('--score-thr', type=float, default=0.5,
-                        help='predictions scoring below this are not drawn (all count for the AP)')
+                        help='predictions scoring below this are not drawn (all count for the AP); '
+                             'of boxes covering each other by more than half the smaller one, only the best')
     parser.add_argument('--num-images', type=_positive_int, default=6, help='validation images in demo.png')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         help='extra key=value overrides for training, e.g. optim_wrapper.optimizer.lr=1e-4')
