@@ -58,6 +58,10 @@ SPECIFIC_CASES = {
         (dict(masking_mode=1, random_shift=True), 'exact'),
         (dict(shift_mode=9), 'shift_mode must be one of'),
         (dict(attn_types='dense'), r"attn_types\[0\]='dense'; allowed"),
+        (dict(mlp_ratio=0), r'mlp_ratio=0 must be a number > 0 giving the \d+-channel MLP'),
+        (dict(mlp_ratio=-4.0), r'mlp_ratio=-4.0 must be a number > 0'),
+        (dict(mlp_ratio='4'), r"mlp_ratio='4' must be a number > 0"),
+        (dict(mlp_ratio=0.01), r'mlp_ratio=0.01 must be a number > 0 giving the \d+-channel MLP at least one'),
     ],
     ViLLS: [
         (dict(window_size=0), r'window_size\[0\]=0 must be an int >= 1'),
@@ -65,6 +69,10 @@ SPECIFIC_CASES = {
         (dict(dp_rank=0), r'dp_rank\[0\]=0 must be an int >= 1'),
         (dict(dp_rank=None), r'dp_rank\[0\]=None must be an int >= 1'),
         (dict(dp_rank=(8, 8)), r'dp_rank needs 1 or 4 entries'),
+        (dict(mlp_ratio=0), r'mlp_ratio=0 must be a number > 0 giving the \d+-channel MLP'),
+        (dict(mlp_ratio=-4.0), r'mlp_ratio=-4.0 must be a number > 0'),
+        (dict(mlp_ratio='4'), r"mlp_ratio='4' must be a number > 0"),
+        (dict(mlp_ratio=0.01), r'mlp_ratio=0.01 must be a number > 0 giving the \d+-channel MLP at least one'),
         (dict(attn_types='linear'), r"attn_types\[0\]='linear'; allowed: \('sliding_chunk', 'full', 'long_short'\)"),
     ],
     VVT: [
@@ -74,6 +82,9 @@ SPECIFIC_CASES = {
         (dict(arch=_arch(VVT, embed_dims=(6, 16, 16, 16), num_heads=(2, 2, 2, 4))),
          r'embed_dims\[0\]=6 is not divisible by num_heads\[0\]=2 x fr_ratio=2'),
         (dict(arch=_arch(VVT, mlp_ratios=(4,))), 'mlp_ratios needs 4 entries'),
+        (dict(arch=_arch(VVT, mlp_ratios=(4, 0, 4, 4))), r'mlp_ratios\[1\]=0 must be a number > 0'),
+        (dict(arch=_arch(VVT, mlp_ratios=(4, 4, -1, 4))), r'mlp_ratios\[2\]=-1 must be a number > 0'),
+        (dict(arch=_arch(VVT, mlp_ratios=(None, 4, 4, 4))), r'mlp_ratios\[0\]=None must be a number'),
     ],
     PaleTransformer: [
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7, 0, 7, 7))), r'pale_sizes\[1\]=0 must be an int >= 1'),
@@ -83,6 +94,9 @@ SPECIFIC_CASES = {
          r'num_heads\[1\]=3 must be even'),
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7,))), 'pale_sizes needs 4 entries'),
         (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 4))), 'mlp_ratios needs 4 entries'),
+        (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 0, 4, 4))), r'mlp_ratios\[1\]=0 must be a number > 0'),
+        (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 4, -1, 4))), r'mlp_ratios\[2\]=-1 must be a number > 0'),
+        (dict(arch=_arch(PaleTransformer, mlp_ratios=(None, 4, 4, 4))), r'mlp_ratios\[0\]=None must be a number'),
     ],
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,27 @@ def test_autocast_forward_backward_at_detection_size(tiny_preset_backbones, cls,
     assert all(torch.isfinite(out).all() for out in outs)
     loss.backward()
     assert_finite_grads(model)
+
+
+@pytest.mark.parametrize('cls', BACKBONES, ids=lambda c: c.__name__)
+def test_fp16_autocast_on_cpu_warns_once(cls, monkeypatch):
+    """fp16 autocast on the CPU is many times slower than fp32: said once, with the fix;
+    fp32 and bf16 autocast say nothing."""
+    from visattn_mm.models import base
+    monkeypatch.setattr(base, '_warned_cpu_fp16', False)
+    model = build_tiny(cls).eval()
+    image = torch.randn(1, 3, 32, 32)
+    with pytest.warns() as caught, torch.no_grad():
+        model(image)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            model(image)
+        warnings.warn('control')  # pytest.warns needs at least one warning
+        with torch.autocast('cpu', dtype=torch.float16):
+            model(image)
+            model(image)
+    messages = [str(w.message) for w in caught]
+    assert messages == ['control', base.CPU_FP16_WARNING]
+    assert 'bf16' in messages[1] and 'drop --amp' in messages[1]
 
 
 def test_mmdet_focal_loss_trains_in_bf16_on_cpu():

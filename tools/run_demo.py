@@ -1,17 +1,20 @@
-"""The demo: toy COCO data -> Mask R-CNN ViL-T training -> COCO evaluation -> pictures.
+"""The demo: toy COCO data -> Mask R-CNN ViL-T training -> COCO evaluation -> a picture.
 
 Everything runs through the user-facing tools (``tools/train.py``, ``tools/test.py``)
-in subprocesses, exactly as a user would type them. The untrained model (same
-config, initial weights) is evaluated too, so the learning signal is visible.
+in subprocesses, exactly as a user would type them. Training does not validate;
+afterwards the trained model is evaluated once, and the untrained model (same
+config, initial weights) once, so the learning signal is visible.
 
 Writes into ``--work-dir`` (default ``work_dirs/demo``): the training logs and
-checkpoint, ``prediction.png`` (predictions on a validation image) and
-``summary.json`` (AP of the trained and the untrained model, training time).
+checkpoint, ``predictions.pkl`` (the trained model's validation predictions),
+``demo.png`` (ground truth next to predictions on the first validation images,
+and the training-loss curve) and ``summary.json`` (AP of the trained and the
+untrained model, training and evaluation times).
 """
 import argparse
 import json
+import pickle
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -19,11 +22,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
+sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
 
+import plot_curves  # noqa: E402
 from make_toy_data import make_coco_instances  # noqa: E402
 
 CONFIG = ROOT / 'configs' / 'demo' / 'maskrcnn_vil_t_toy.py'
+DATA_ROOT = ROOT / 'data' / 'toy_coco'
 METRIC = re.compile(r'coco/(bbox|segm)_mAP(_50)?: (-?[0-9.]+)')
+# Training without the config's validation: the demo evaluates once, afterwards.
+NO_VALIDATION = ['val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+# Upscaling of the 160x128 toy images in the picture.
+IMAGE_ZOOM = 2.5
+# Drawn predictions covered by a better one over more than this share of the smaller box
+# are left out.
+DRAW_OVERLAP_THR = 0.5
 
 
 def run(cmd, log_path):
@@ -48,16 +61,30 @@ def parse_metrics(output):
     return metrics
 
 
-def save_untrained_checkpoint(path):
+def schedule_options(max_iters, warmup_iters, logger_interval):
+    """``--cfg-options`` that shorten or lengthen the demo config's schedule to ``max_iters``.
+
+    The config derives its LR milestones (75% and 90%) and checkpoint interval from
+    its own ``max_iters``; these follow the new length. The warm-up and the logging
+    interval are capped at the new length.
+    """
+    milestones = [int(max_iters * 0.75), int(max_iters * 0.9)]
+    return [f'train_cfg.max_iters={max_iters}',
+            f'param_scheduler.0.end={min(warmup_iters, max_iters)}',
+            f'param_scheduler.1.end={max_iters}',
+            f'param_scheduler.1.milestones=[{milestones[0]},{milestones[1]}]',
+            f'default_hooks.checkpoint.interval={max_iters}',
+            f'default_hooks.logger.interval={min(logger_interval, max_iters)}']
+
+
+def save_untrained_checkpoint(cfg, path):
     """The model exactly as training starts it (same config, initial weights)."""
     import torch
-    from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
     import visattn_mm  # noqa: F401
     from mmdet.registry import MODELS
 
-    cfg = Config.fromfile(CONFIG)
     init_default_scope('mmdet')
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
@@ -65,44 +92,200 @@ def save_untrained_checkpoint(path):
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
 
 
-def main():
+def visible_predictions(pred_instances, score_thr, overlap_thr=DRAW_OVERLAP_THR):
+    """The predictions drawn, best first: those scoring at least ``score_thr``, less those
+    covered by a better-scoring drawn one (of any class) by more than ``overlap_thr`` of
+    the smaller box's area.
+
+    The detector's own NMS works per class at IoU 0.5, so a briefly trained model
+    still stacks several boxes, nested ones too, on one object; the picture shows the
+    best of them.
+    """
+    import torch
+
+    boxes, scores = pred_instances['bboxes'].float(), pred_instances['scores']
+    order = [i for i in scores.argsort(descending=True).tolist() if scores[i] >= score_thr]
+    top_left = torch.maximum(boxes[:, None, :2], boxes[None, :, :2])
+    bottom_right = torch.minimum(boxes[:, None, 2:], boxes[None, :, 2:])
+    intersection = (bottom_right - top_left).clamp(min=0).prod(dim=-1)
+    areas = (boxes[:, 2:] - boxes[:, :2]).clamp(min=0).prod(dim=-1)
+    covered = intersection / torch.minimum(areas[:, None], areas[None, :]).clamp(min=1e-6)
+    keep = []
+    for i in order:
+        if all(covered[i, j] <= overlap_thr for j in keep):
+            keep.append(i)
+    return [dict(bbox=pred_instances['bboxes'][i].tolist(), label=int(pred_instances['labels'][i]),
+                 score=float(scores[i]), mask=pred_instances['masks'][i]) for i in keep]
+
+
+def _draw_instances(ax, image, instances, classes, palette):
+    """The image with each instance's mask outline, box and label (and ``score`` if present).
+
+    Outlines rather than filled masks keep the shapes' own colours visible.
+    """
+    import numpy as np
+    from matplotlib.patches import Rectangle
+    from pycocotools import mask as mask_utils
+
+    ax.imshow(image)
+    for inst in instances:
+        colour = np.array(palette[inst['label']]) / 255
+        ax.contour(mask_utils.decode(inst['mask']), levels=[0.5], colors=[colour], linewidths=1.2)
+        x1, y1, x2, y2 = inst['bbox']
+        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour,
+                               linewidth=1, linestyle='--'))
+        text = classes[inst['label']] + (f' {inst["score"]:.2f}' if 'score' in inst else '')
+        ax.text(x1 + 1, y1 + 1, text, fontsize=7, color='white', va='top', clip_on=True,
+                bbox=dict(facecolor=colour, edgecolor='none', pad=1, alpha=0.8))
+    ax.set_xlim(-0.5, image.shape[1] - 0.5)  # boxes reaching past the border do not shrink the image
+    ax.set_ylim(image.shape[0] - 0.5, -0.5)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _ground_truth(coco, image_id, height, width):
+    """The annotations of one image as instances (``bbox`` as x1, y1, x2, y2; ``mask`` as RLE)."""
+    from pycocotools import mask as mask_utils
+
+    label_of = {cat_id: i for i, cat_id in enumerate(sorted(coco.getCatIds()))}
+    instances = []
+    for ann in coco.loadAnns(coco.getAnnIds(imgIds=[image_id])):
+        x, y, w, h = ann['bbox']
+        rles = mask_utils.frPyObjects(ann['segmentation'], height, width)
+        instances.append(dict(bbox=[x, y, x + w, y + h], label=label_of[ann['category_id']],
+                              mask=mask_utils.merge(rles) if isinstance(rles, list) else rles))
+    return instances
+
+
+def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, score_thr,
+                      num_images=6, title=''):
+    """Ground truth next to predictions on the first validation images, and the loss curve.
+
+    Args:
+        predictions (list[dict]): ``tools/test.py --out`` results (mmdet's
+            ``DumpDetResults``: ``img_id``, ``img_path``, ``pred_instances`` with
+            RLE masks), in any order.
+        ann_file (Path): The validation annotations (COCO json).
+        work_dir (Path): The training work dir; its ``vis_data/scalars.json``
+            give the loss curve.
+        out (Path): PNG to write.
+        classes (Sequence[str]): Class names, by label.
+        palette (Sequence[tuple]): RGB colour per label.
+        score_thr (float): Predictions scoring below it are not drawn.
+        num_images (int): Validation images shown, the first by image id.
+        title (str): Figure title.
+    """
+    import matplotlib
+    matplotlib.use('Agg')  # no display needed
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+    from pycocotools.coco import COCO
+
+    coco = COCO(str(ann_file))
+    by_id = {p['img_id']: p for p in predictions}
+    image_ids = sorted(by_id)[:num_images]
+    pairs_per_row = 2
+    rows = -(-len(image_ids) // pairs_per_row)
+    first = Image.open(ROOT / by_id[image_ids[0]]['img_path'])
+    panel_w, panel_h = (s * IMAGE_ZOOM / 100 for s in first.size)
+    fig = plt.figure(figsize=(2 * pairs_per_row * panel_w + 6, rows * (panel_h + 0.5) + 0.8))
+    grid = fig.add_gridspec(rows, 2 * pairs_per_row + 1, width_ratios=[panel_w] * 2 * pairs_per_row + [6])
+    for n, image_id in enumerate(image_ids):
+        row, pair = divmod(n, pairs_per_row)
+        result = by_id[image_id]
+        image = np.asarray(Image.open(ROOT / result['img_path']).convert('RGB'))
+        height, width = image.shape[:2]
+        truth_ax = fig.add_subplot(grid[row, 2 * pair])
+        _draw_instances(truth_ax, image, _ground_truth(coco, image_id, height, width), classes, palette)
+        truth_ax.set_title(f'ground truth: {Path(result["img_path"]).name}', fontsize=9)
+        pred_ax = fig.add_subplot(grid[row, 2 * pair + 1])
+        _draw_instances(pred_ax, image, visible_predictions(result['pred_instances'], score_thr),
+                        classes, palette)
+        pred_ax.set_title(f'prediction (score >= {score_thr:g}; best of overlapping boxes)',
+                          fontsize=9)
+    curve_ax = fig.add_subplot(grid[:, -1])
+    series, validation_keys = plot_curves.read_series(plot_curves.find_scalar_files(work_dir))
+    plot_curves.draw_panel(curve_ax, series, 'loss', validation_keys)
+    curve_ax.set_title('training loss (vis_data/scalars.json)', fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be an int >= 1, got {text}')
+    return value
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--work-dir', default='work_dirs/demo')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data and of training')
+    parser.add_argument('--max-iters', type=_positive_int,
+                        help="training iterations (the config's 150 by default); the LR schedule and "
+                             'the checkpoint follow')
+    parser.add_argument('--score-thr', type=float, default=0.5,
+                        help='predictions scoring below this are not drawn (all count for the AP); '
+                             'of boxes covering each other by more than half the smaller one, only the best')
+    parser.add_argument('--num-images', type=_positive_int, default=6, help='validation images in demo.png')
     parser.add_argument('--cfg-options', nargs='+', default=[],
-                        help='extra key=value overrides for training, e.g. train_cfg.max_iters=300')
-    args = parser.parse_args()
+                        help='extra key=value overrides for training, e.g. optim_wrapper.optimizer.lr=1e-4')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(CONFIG)
+    schedule = [] if args.max_iters is None else schedule_options(
+        args.max_iters, cfg.param_scheduler[0]['end'], cfg.default_hooks.logger.interval)
     work_dir = (ROOT / args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
 
-    make_coco_instances(ROOT / 'data' / 'toy_coco', seed=args.seed)
+    make_coco_instances(DATA_ROOT, seed=args.seed)
 
     start = time.time()
-    run([sys.executable, 'tools/train.py', CONFIG, '--work-dir', work_dir,
-         '--cfg-options', f'randomness.seed={args.seed}', *args.cfg_options], work_dir / 'train.log')
+    run([sys.executable, 'tools/train.py', CONFIG, '--work-dir', work_dir, '--cfg-options',
+         f'randomness.seed={args.seed}', *NO_VALIDATION, *schedule, *args.cfg_options], work_dir / 'train.log')
     train_minutes = (time.time() - start) / 60
     checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
 
     untrained = work_dir / 'untrained.pth'
-    save_untrained_checkpoint(untrained)
+    save_untrained_checkpoint(cfg, untrained)
     before = parse_metrics(run([sys.executable, 'tools/test.py', CONFIG, untrained,
                                 '--work-dir', work_dir / 'untrained_eval'], work_dir / 'test_untrained.log'))
-    after = parse_metrics(run([sys.executable, 'tools/test.py', CONFIG, checkpoint, '--work-dir', work_dir,
-                               '--show-dir', 'vis'], work_dir / 'test.log'))
+    start = time.time()
+    predictions_file = work_dir / 'predictions.pkl'
+    after = parse_metrics(run([sys.executable, 'tools/test.py', CONFIG, checkpoint, '--work-dir',
+                               work_dir / 'eval', '--out', predictions_file], work_dir / 'test.log'))
+    test_minutes = (time.time() - start) / 60
 
-    pictures = sorted(work_dir.glob('*/vis/*.png')) + sorted(work_dir.glob('*/vis/*.jpg'))
-    if not pictures:
-        sys.exit('tools/test.py --show-dir wrote no pictures')
-    shutil.copy(pictures[-1], work_dir / 'prediction.png')
+    with open(predictions_file, 'rb') as f:
+        predictions = pickle.load(f)
+    iters = args.max_iters or cfg.train_cfg.max_iters
+    picture = work_dir / 'demo.png'
+    draw_demo_picture(
+        predictions, DATA_ROOT / 'annotations' / 'instances_val.json', work_dir, picture,
+        cfg.metainfo['classes'], cfg.metainfo['palette'], args.score_thr, args.num_images,
+        title=f'Mask R-CNN ViL-T after {iters} iterations on the toy data: bbox mAP {after["bbox_mAP"]:.3f}, '
+              f'segm mAP {after.get("segm_mAP", float("nan")):.3f} (untrained: {before["bbox_mAP"]:.3f})')
 
-    summary = dict(trained=after, untrained=before, train_minutes=round(train_minutes, 1),
+    summary = dict(trained=after, untrained=before, max_iters=iters, train_minutes=round(train_minutes, 1),
+                   trained_eval_minutes=round(test_minutes, 1), score_thr=args.score_thr,
                    config=str(CONFIG.relative_to(ROOT)), seed=args.seed)
     (work_dir / 'summary.json').write_text(json.dumps(summary, indent=2))
     print('\n=== demo summary ===')
     for name, m in (('untrained', before), ('trained', after)):
         print(f'{name:>9}: bbox mAP {m["bbox_mAP"]:.3f} (AP50 {m.get("bbox_mAP_50", float("nan")):.3f}), '
               f'segm mAP {m.get("segm_mAP", float("nan")):.3f}')
-    print(f'training took {train_minutes:.1f} min; predictions drawn in {work_dir / "prediction.png"}')
+    print(f'training ({iters} iterations, no validation inside) took {train_minutes:.1f} min, '
+          f'evaluating the trained model {test_minutes:.1f} min; picture: {picture}')
 
 
 if __name__ == '__main__':

@@ -52,6 +52,6 @@ param_scheduler = [
 ]
 custom_hooks = [dict(type='RandomShiftHook', switch_ratio=0.75)]
 default_hooks = dict(
-    logger=dict(interval=25),
+    logger=dict(interval=5),
     checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 log_processor = dict(by_epoch=False)

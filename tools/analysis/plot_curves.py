@@ -88,6 +88,17 @@ def select_keys(series: dict, keys: list[str] | None) -> list[str]:
     return list(keys)
 
 
+def draw_panel(ax, series: dict, key: str, validation_keys: frozenset = frozenset()) -> None:
+    """Draw one key's values against step into the matplotlib axes ``ax``."""
+    steps = sorted(series[key])
+    values = [series[key][s] for s in steps]
+    ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3)
+    ax.set_ylabel(key)
+    ax.set_xlabel('validation step (epoch or iteration)' if key in validation_keys
+                  else 'iteration')
+    ax.grid(alpha=0.3)
+
+
 def plot(series: dict, keys: list[str], out: str | Path, title: str = '',
          validation_keys: frozenset = frozenset()) -> None:
     """Write one panel per key, value against step, to the image file ``out``.
@@ -101,13 +112,7 @@ def plot(series: dict, keys: list[str], out: str | Path, title: str = '',
 
     fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
-        steps = sorted(series[key])
-        values = [series[key][s] for s in steps]
-        ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3)
-        ax.set_ylabel(key)
-        ax.set_xlabel('validation step (epoch or iteration)' if key in validation_keys
-                      else 'iteration')
-        ax.grid(alpha=0.3)
+        draw_panel(ax, series, key, validation_keys)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -128,6 +133,7 @@ def main(argv=None) -> None:
         keys = select_keys(series, args.keys)
     except (FileNotFoundError, KeyError) as err:
         raise SystemExit(str(err).strip('"')) from None
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     plot(series, keys, args.out, title=osp.basename(osp.abspath(args.work_dir)),
          validation_keys=validation_keys)
     print(f'{", ".join(f"{k} ({len(series[k])} points)" for k in keys)} -> {args.out}')

@@ -1,10 +1,32 @@
 """What every backbone shares for dense prediction."""
 import warnings
 
+import torch
 from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
+
+
+CPU_FP16_WARNING = (
+    'fp16 autocast on the CPU: the backbones run several times slower than in fp32 or bf16 '
+    '(the CPU kernels for float16 are slow; a Pale-T training step at 224x224 took 2.7x the '
+    'fp32 time, and at 800x1216 13x the bf16 time, on a 2-core CPU). Use bf16 autocast on '
+    "the CPU (torch.autocast('cpu', dtype=torch.bfloat16); timm's train.py: --amp-dtype "
+    'bfloat16) or no autocast (drop --amp).')
+_warned_cpu_fp16 = False
+
+
+def warn_once_on_cpu_fp16_autocast(x):
+    """Warn once per process when ``x`` is a CPU tensor under fp16 autocast.
+
+    Reads only the autocast state and the device of ``x`` (no host-device sync).
+    """
+    global _warned_cpu_fp16
+    if (not _warned_cpu_fp16 and x.device.type == 'cpu' and torch.is_autocast_enabled('cpu')
+            and torch.get_autocast_dtype('cpu') == torch.float16):
+        _warned_cpu_fp16 = True
+        warnings.warn(CPU_FP16_WARNING, stacklevel=2)
 
 
 class DenseBackbone(BaseModule):

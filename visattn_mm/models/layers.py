@@ -1,4 +1,6 @@
 """Small building blocks shared by the backbone skeletons."""
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -59,6 +61,21 @@ def check_int(value, arg, name, minimum=1):
     if not _is_int(value) or value < minimum:
         raise ValueError(f'{name}: {arg}={value!r} must be an int >= {minimum}')
     return value
+
+
+def check_mlp_ratio(ratio, arg, name, dim):
+    """Raise a ValueError naming ``arg`` unless ``ratio`` gives a ``dim``-channel MLP hidden units.
+
+    The hidden width is ``int(dim * ratio)``, so ``ratio`` must be a number > 0
+    large enough for at least one unit (0 or a negative ratio would build an
+    MLP without hidden units, silently).
+    """
+    if (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+            or not 0 < ratio < math.inf or int(dim * ratio) < 1):
+        raise ValueError(f'{name}: {arg}={ratio!r} must be a number > 0 giving the {dim}-channel '
+                         f'MLP at least one hidden unit (hidden width int({dim} x ratio)); '
+                         f'the papers use 4 or 8')
+    return ratio
 
 
 def check_arch(arch, arch_zoo, required_keys, name):

@@ -37,9 +37,9 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
-from .base import DenseBackbone
-from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
-                     init_transformer_weights, linear_drop_path_rates)
+from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
+                     check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
@@ -189,6 +189,7 @@ class PaleTransformer(DenseBackbone):
                             pale_sizes=pale_sizes, mlp_ratios=mlp_ratios)
         for i, (d, h, s) in enumerate(zip(dims, heads, pale_sizes)):
             check_int(s, f'pale_sizes[{i}]', 'PaleTransformer')
+            check_mlp_ratio(mlp_ratios[i], f'mlp_ratios[{i}]', 'PaleTransformer', d)
             if h % 2:
                 raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
                                  f'attend within row groups, half within column groups)')
@@ -253,6 +254,7 @@ class PaleTransformer(DenseBackbone):
         if x.dim() != 4:
             raise ValueError(f'PaleTransformer expects an NCHW image batch, got shape {tuple(x.shape)}')
         self._check_batchnorm_statistics(x)
+        warn_once_on_cpu_fp16_autocast(x)
         outs = []
         for i in range(self.num_stages):
             tokens, hw = getattr(self, f'patch_embed{i + 1}')(x)

@@ -26,9 +26,9 @@ from ..ops.reference import dense_attention
 from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_table,
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
-from .base import DenseBackbone
-from .layers import (Mlp, check_arch, check_int, check_stage_args, check_stage_lengths, init_transformer_weights,
-                     linear_drop_path_rates, pad_to_multiple)
+from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .layers import (Mlp, check_arch, check_int, check_mlp_ratio, check_stage_args, check_stage_lengths,
+                     init_transformer_weights, linear_drop_path_rates, pad_to_multiple)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
@@ -495,6 +495,8 @@ class ViL(DenseBackbone):
             check_int(p, f'patch_sizes[{i}]', name)
         for i, g in enumerate(num_global_tokens):
             check_int(g, f'num_global_tokens[{i}]', name, minimum=0)
+        for d in dims:
+            check_mlp_ratio(mlp_ratio, 'mlp_ratio', name, d)
         if shift_mode not in SHIFT_MODES:
             raise ValueError(f'{name}: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
         try:
@@ -626,6 +628,7 @@ class ViL(DenseBackbone):
         if x.dim() != 4:
             raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape '
                              f'{tuple(x.shape)}')
+        warn_once_on_cpu_fp16_autocast(x)
         outs = []
         for i, stage in enumerate(self.stages):
             tokens, (h, w) = stage(x)

@@ -18,9 +18,9 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
-from .base import DenseBackbone
-from .layers import (OverlapPatchEmbed, check_arch, check_int, check_stage_args, check_stage_lengths,
-                     init_transformer_weights, linear_drop_path_rates)
+from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .layers import (OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
+                     check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -185,6 +185,7 @@ class VVT(DenseBackbone):
         check_int(fr_ratio, 'fr_ratio', 'VVT')
         check_int(se_ratio, 'se_ratio', 'VVT')
         for i, (d, h) in enumerate(zip(dims, heads)):
+            check_mlp_ratio(mlp_ratios[i], f'mlp_ratios[{i}]', 'VVT', d)
             if d % (h * fr_ratio):
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
                                  f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
@@ -231,6 +232,7 @@ class VVT(DenseBackbone):
     def forward(self, x):
         if x.dim() != 4:
             raise ValueError(f'VVT expects an NCHW image batch, got shape {tuple(x.shape)}')
+        warn_once_on_cpu_fp16_autocast(x)
         outs = []
         for i in range(self.num_stages):
             patch_embed, blocks, norm = self.stage_modules(i)
