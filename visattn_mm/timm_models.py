@@ -16,10 +16,12 @@ report): ``pretrained=True, pretrained_cfg_overlay=dict(file=PATH)`` or
 ``checkpoint_path=PATH``. Importing twice is a no-op (Python caches the module);
 reloading it only makes timm warn that the names are overwritten.
 
-Not scriptable, not FX-traceable: the attentions and skeletons branch in Python on
-map sizes (padding to chunk/window multiples, per-size masks and bias tables), which
-``torch.jit.script`` and ``torch.fx`` cannot follow. :data:`NOT_SCRIPTABLE_OR_TRACEABLE`
-lists the names for test filters, as timm's own tests exclude such models by name.
+Not scriptable, not FX-traceable: the skeletons and attentions branch in Python on
+map sizes (input checks, padding to chunk/window multiples, per-size masks and bias
+tables), which ``torch.fx`` cannot trace, and use Python that TorchScript does not
+compile (generators, modules looked up by computed names). :data:`NOT_SCRIPTABLE_OR_TRACEABLE`
+lists the names for test filters, as timm's own tests exclude such models by name
+(``EXCLUDE_JIT_FILTERS``, ``EXCLUDE_FX_FILTERS``).
 """
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
