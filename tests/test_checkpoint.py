@@ -12,7 +12,7 @@ from mmengine.config import Config
 import visattn_mm  # noqa: F401
 from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state_dict
 from visattn_mm.models import Classifier, ViL
-from visattn_mm.ops.rel_pos import resize_rpb_table
+from visattn_mm.ops.rel_pos import resize_rpb_grid, resize_rpb_table
 
 from helpers import VIL_TINY_ARCH as TINY_ARCH
 from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
@@ -68,6 +68,14 @@ def test_resize_rpb_table_hand_computed():
     assert resize_rpb_table(table, 4) is table
     with pytest.raises(ValueError, match='square'):
         resize_rpb_table(torch.zeros(253, 3), 729)   # Transformer-LS' aliased table has no grid
+
+
+def test_resize_rpb_grid_rectangular_hand_computed():
+    # One head, 2x3 offsets [[0, 1, 2], [3, 4, 5]] -> 3x3: rows from sources 0, 0.5, 1; columns kept.
+    table = torch.arange(6.0)[:, None]
+    expected = torch.tensor([0.0, 1.0, 2.0, 1.5, 2.5, 3.5, 3.0, 4.0, 5.0])[:, None]
+    torch.testing.assert_close(resize_rpb_grid(table, (2, 3), (3, 3)), expected)
+    assert resize_rpb_grid(table, (2, 3), (2, 3)) is table
 
 
 @pytest.fixture(scope='module')

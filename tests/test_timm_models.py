@@ -1,13 +1,19 @@
-"""timm registration of the classification forms: names, configs, sizes, a training step, checkpoints."""
+"""timm registration of the classification forms: names, configs, sizes, a training step, checkpoints,
+and timm's generic model checks (as timm's tests/test_models.py runs them) over all fifteen names."""
 import argparse
 import importlib
+import io
+import logging
+import math
 import warnings
 
 import pytest
 import timm
 import torch
 from mmdet.registry import MODELS
+from mmengine.logging import MMLogger
 from timm.loss import LabelSmoothingCrossEntropy
+from timm.models import group_parameters
 from timm.optim import create_optimizer_v2
 
 import visattn_mm  # noqa: F401  (registers the timm names)
@@ -26,6 +32,8 @@ PARAMS_M = {'vil_tiny': (6.72, 0.01), 'vil_small': (24.66, 0.01), 'vil_medium': 
             'vvt_large': (61.85, 0.01), 'pale_tiny': (21.8, 0.1), 'pale_small': (48.3, 0.1),
             'pale_base': (85.4, 0.1)}
 TINY_PALE = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 64, 64), num_heads=(2, 2, 2, 2))
+SMALL_INPUT = (64, 96)   # (H, W): not 224, not square; ViL's full-attention maps are 4x6 and 2x3
+TINY_NAMES = ['vil_tiny', 'vil_ls_tiny', 'vvt_tiny', 'pale_tiny']
 
 
 def test_names_registered_once_and_reimport_is_harmless():
@@ -59,6 +67,19 @@ def test_create_model_configs_and_sizes(name):
     nwd = model.no_weight_decay()
     assert all(any(w in n for w in ('relative_position', 'cls_token', 'pos_embed')) for n in nwd)
     assert bool(nwd) == name.startswith('vil')
+    # timm's default-cfg consistency (test_model_default_cfgs), without the forward passes
+    state = model.state_dict()
+    assert cfg['fixed_input_size'] is False and cfg['pool_size'] == (7, 7)   # any size; 224 / 32
+    assert model.num_features == model.head_hidden_size == model.feature_info[-1]['num_chs']
+    assert [f['reduction'] for f in model.feature_info] == [4, 8, 16, 32]
+    assert all(f['module'] in dict(model.named_modules()) for f in model.feature_info)
+    assert cfg['first_conv'] + '.weight' in state and cfg['classifier'] + '.weight' in state
+    # layer decay groups: stem, one per block (a patch embedding joins the next block, a norm
+    # the previous one), the head last; coarse: stem, stages, head
+    layer_of = group_parameters(model, model.group_matcher(), reverse=True)
+    assert len(set(layer_of.values())) == 1 + _num_blocks(model) + 1
+    assert layer_of[cfg['first_conv'] + '.weight'] == 0 and layer_of['head.weight'] == _num_blocks(model) + 1
+    assert len(set(group_parameters(model, model.group_matcher(coarse=True), reverse=True).values())) == 6
 
 
 @pytest.mark.parametrize('name', ['vil_tiny', 'vil_ls_tiny'])
@@ -136,3 +157,148 @@ def test_timm_train_wrapper_runs_a_script_with_the_names_registered(tmp_path):
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == 'Classifier'
+
+
+def _tiny(name):
+    """A tiny arch of the name's family: the name's layout and defaults, small enough for CI."""
+    return dict(arch=dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16),
+                          num_heads=(2, 2, 2, 2) if name.startswith('pale') else (1, 2, 2, 2)))
+
+
+def _num_blocks(model):
+    stages = [model.backbone.stage_modules(i)[1] for i in range(4)]     # ViL: a stage; VVT, Pale: blocks
+    return sum(len(getattr(stage, 'blocks', stage)) for stage in stages)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_timm_generic_model_checks(name):
+    """What timm's tests/test_models.py checks, at a small non-224 input: backward with a
+    gradient for every parameter, forward_intermediates against feature_info,
+    forward_features/forward_head, reset_classifier (incl. ''), group_matcher."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=7, **_tiny(name))
+    x = torch.randn(2, 3, *SMALL_INPUT)
+    out = model.train()(x)
+    assert out.shape == (2, 7)
+    out.mean().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+    model.eval()
+    x = x[:1]
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x)
+        assert [tuple(m.shape) for m in maps] == [
+            (1, f['num_chs'], math.ceil(SMALL_INPUT[0] / f['reduction']), math.ceil(SMALL_INPUT[1] / f['reduction']))
+            for f in model.feature_info]
+        assert torch.equal(final, model.forward_features(x))
+        first, early = model.forward_intermediates(x, indices=[-4], stop_early=True)
+        assert torch.equal(early[0], maps[0]) and first.shape == maps[0].shape
+        pooled = model.forward_head(final, pre_logits=True)
+        assert pooled.shape == (1, model.head_hidden_size)
+        model.reset_classifier(0)
+        assert model.num_classes == 0 and torch.equal(model.forward_head(final), pooled)
+        model.reset_classifier(0, '')
+        assert torch.equal(model.forward_head(final), final)
+        model.reset_classifier(3, '')     # the head at every position
+        assert model.forward_head(final).shape == (1, 3, *final.shape[2:])
+    with pytest.raises(ValueError, match='global_pool'):
+        model.reset_classifier(5, 'max')
+    with pytest.raises(ValueError, match='stage indices'):
+        model.forward_intermediates(x, indices=[4])
+
+
+@pytest.mark.parametrize('name', TINY_NAMES)
+def test_features_only_maps_match_the_classifier(name):
+    torch.manual_seed(0)
+    classifier = timm.create_model(name, **_tiny(name)).eval()
+    torch.manual_seed(0)
+    features = timm.create_model(name, features_only=True, out_indices=(1, 3), **_tiny(name)).eval()
+    assert features.feature_info.channels() == [classifier.feature_info[i]['num_chs'] for i in (1, 3)]
+    assert features.feature_info.reduction() == [8, 32]
+    x = torch.randn(1, 3, *SMALL_INPUT)
+    with torch.no_grad():
+        expected = classifier.forward_intermediates(x, indices=(1, 3), intermediates_only=True)
+        for got, want in zip(features(x), expected, strict=True):
+            assert torch.equal(got, want)
+    # head and the last output norm are pruned: every parameter left gets a gradient
+    sum(m.mean() for m in features.train()(torch.randn(2, 3, *SMALL_INPUT))).backward()
+    assert [n for n, p in features.named_parameters() if p.grad is None] == []
+    early = timm.create_model(name, features_only=True, out_indices=(0, 1), **_tiny(name))   # stages 3-4 pruned
+    assert [tuple(m.shape[1:]) for m in early(x)] == [(c, math.ceil(64 / r), math.ceil(96 / r)) for c, r in
+                                                     zip(early.feature_info.channels(), (4, 8))]
+    assert sum(p.numel() for p in early.parameters()) < sum(p.numel() for p in features.parameters())
+    assert len(timm.create_model(name, features_only=True, **_tiny(name))(x)) == 4   # default: all stages
+
+
+@pytest.mark.parametrize('name', ['vil_tiny', 'vil_ls_tiny'])
+def test_full_attention_classifiers_take_any_size_and_img_size(name):
+    """Other sizes resize the full-attention tables; img_size= sizes the tables (and loads 224 ones)."""
+    model = timm.create_model(name, num_classes=5, **_tiny(name)).eval()
+    with torch.no_grad():
+        for size in ((224, 224), (160, 288), (33, 47)):
+            assert model(torch.randn(1, 3, *size)).shape == (1, 5)
+    at_288 = timm.create_model(name, num_classes=5, img_size=288, **_tiny(name))
+    full = [m for m in at_288.modules() if type(m).__name__ == 'FullAttention']
+    assert {m.rpb_size for m in full} == {(18, 18), (9, 9)}
+    at_288.load_state_dict(model.state_dict())        # 224 tables resized by the load pre-hook
+    with pytest.raises(ValueError, match='img_size'):
+        timm.create_model(name, img_size=(224,), **_tiny(name))
+
+
+def test_img_size_is_accepted_where_nothing_depends_on_it():
+    model = timm.create_model('pale_tiny', img_size=96, **_tiny('pale'))
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
+
+
+def _official_files(tmp_path):
+    """Official-format release files (tiny archs) of ViL, ViL-LS and VVT, with their model kwargs."""
+    from test_checkpoint import official_vil_checkpoint
+    from test_vil_ls import official_vil_ls_checkpoint
+    from test_vvt import official_vvt_checkpoint
+    spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 2))
+    files = {}
+    for name, checkpoint in (('vil_tiny', official_vil_checkpoint(spec)), ('vil_ls_tiny', official_vil_ls_checkpoint(spec)),
+                             ('vvt_tiny', official_vvt_checkpoint(dict(spec, mlp=(4, 4, 4, 4))))):
+        files[name] = tmp_path / f'{name}_official.pth'
+        torch.save(checkpoint, files[name])
+    return files
+
+
+def test_official_release_loads_in_one_call(tmp_path):
+    """pretrained_cfg_overlay=dict(file=...) and checkpoint_path= convert an official release
+    (container, module. prefix, layout, head) with our load report; both give the same model."""
+    from visattn_mm.checkpoint import read_checkpoint, unwrap_state_dict
+    for name, path in _official_files(tmp_path).items():
+        official, _ = unwrap_state_dict(read_checkpoint(str(path)))
+        file_cfg = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **_tiny(name))
+        via_cfg = timm.create_model(name, **file_cfg)
+        via_path = timm.create_model(name, checkpoint_path=str(path), **_tiny(name))
+        assert torch.equal(via_cfg.head.weight, official['head.weight'])
+        last_norm = 'norm3' if name.startswith('vil') else 'norm4'
+        official_norm = official['norm.weight' if name.startswith('vil') else 'norm4.weight']
+        assert torch.equal(via_cfg.backbone.state_dict()[f'{last_norm}.weight'], official_norm)
+        for key, value in via_cfg.state_dict().items():
+            assert torch.equal(value, via_path.state_dict()[key]), key
+        # another number of classes: the head stays fresh, the rest loads; features_only loads too
+        ten = timm.create_model(name, num_classes=10, **file_cfg)
+        assert torch.equal(ten.backbone.state_dict()[f'{last_norm}.weight'], official_norm)
+        features = timm.create_model(name, features_only=True, **file_cfg)
+        assert torch.equal(features.model.backbone.stage_modules(0)[0].proj.weight,
+                           via_cfg.backbone.stage_modules(0)[0].proj.weight)
+
+
+def test_official_load_is_reported_and_strict(tmp_path):
+    path = _official_files(tmp_path)['vil_tiny']
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    MMLogger.get_current_instance().addHandler(handler)
+    try:
+        model = timm.create_model('vil_tiny', checkpoint_path=str(path), **_tiny('vil'))
+    finally:
+        MMLogger.get_current_instance().removeHandler(handler)
+    assert "layout 'vil_official'" in logged.getvalue() and 'missing: 0' in logged.getvalue()
+    with pytest.raises(RuntimeError, match='did not load'):     # head of another size, strict
+        timm.create_model('vil_tiny', num_classes=10, checkpoint_path=str(path), **_tiny('vil'))
+    ours = timm.create_model('vil_tiny', **_tiny('vil'))
+    ours.load_state_dict({'state_dict': model.state_dict(), 'epoch': 3})          # our layout in a container
+    assert torch.equal(ours.head.weight, model.head.weight)

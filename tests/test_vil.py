@@ -6,6 +6,7 @@ import torch
 
 from visattn_mm.models import Classifier, ViL, set_random_shift
 from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
+from visattn_mm.ops.rel_pos import resize_rpb_grid
 from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
 
 from helpers import VIL_TINY_ARCH as TINY_ARCH
@@ -68,8 +69,24 @@ def test_full_attention_equals_sliding_chunk_when_chunk_covers_map():
         full.local_relative_position_bias_table.copy_(table[3:8, 3:8].reshape(25, 2))
     x = torch.randn(2, 10, 8, dtype=torch.float64)
     torch.testing.assert_close(full(x, (3, 3)), sc(x, (3, 3)), rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match='sliding_chunk'):
-        full(torch.randn(2, 17, 8, dtype=torch.float64), (4, 4))
+
+
+@pytest.mark.parametrize('hw', [(4, 4), (2, 5)])
+def test_full_attention_at_another_size_uses_the_resized_table(hw):
+    """A map of another size sees the table bilinearly resized to its offset grid: the same
+    output as a layer built for that size holding the resized table; the gradient reaches it."""
+    torch.manual_seed(0)
+    full = FullAttention(8, 2, rpb_size=(3, 3), num_global=1).double()
+    sized = FullAttention(8, 2, rpb_size=hw, num_global=1).double()
+    state = full.state_dict()
+    state['local_relative_position_bias_table'] = resize_rpb_grid(
+        state['local_relative_position_bias_table'], (5, 5), (2 * hw[0] - 1, 2 * hw[1] - 1))
+    sized.load_state_dict(state)
+    x = torch.randn(2, 1 + hw[0] * hw[1], 8, dtype=torch.float64)
+    out = full(x, hw)
+    torch.testing.assert_close(out, sized(x, hw), rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert full.local_relative_position_bias_table.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize('size', [(37, 53), (112, 137), (1, 1), (5, 300)])

@@ -4,20 +4,30 @@ After ``import visattn_mm`` (whose registry imports this module),
 ``timm.create_model('pale_tiny', num_classes=1000, drop_path_rate=0.1)`` builds a
 :class:`~visattn_mm.models.Classifier` through timm's ``build_model_with_cfg``, so the
 model carries timm's ``pretrained_cfg``/``default_cfg`` and works with timm's
-``train.py``/``validate.py`` (see ``tools/timm_train.py``). Its state_dict
-(``backbone.*`` + ``head.*``, bare or in timm's ``{'state_dict': ...}`` checkpoint)
-loads into the dense backbone of the same size through
-:func:`visattn_mm.checkpoint.load_pretrained`.
+``train.py``/``validate.py`` (see ``tools/timm_train.py``), with ``features_only=True``
+(stage maps at strides 4-32 through ``forward_intermediates``, ``out_indices``
+selecting them) and at any input size. Its state_dict (``backbone.*`` + ``head.*``,
+bare or in timm's ``{'state_dict': ...}`` checkpoint) loads into the dense backbone of
+the same size through :func:`visattn_mm.checkpoint.load_pretrained`.
 
-Nothing is built at import time; no pretrained weights are hosted (``pretrained=True``
-has no file to fetch, pass ``pretrained_cfg_overlay=dict(file=PATH)`` for a local one).
-Importing twice is a no-op (Python caches the module); reloading it only makes timm
-warn that the names are overwritten.
+Nothing is built at import time; no pretrained weights are hosted. A local file loads
+in one call, official ViL / ViL-LS / VVT releases included (converted, with our load
+report): ``pretrained=True, pretrained_cfg_overlay=dict(file=PATH)`` or
+``checkpoint_path=PATH``. Importing twice is a no-op (Python caches the module);
+reloading it only makes timm warn that the names are overwritten.
+
+Not scriptable, not FX-traceable: the skeletons and attentions branch in Python on
+map sizes (input checks, padding to chunk/window multiples, per-size masks and bias
+tables), which ``torch.fx`` cannot trace, and use Python that TorchScript does not
+compile (generators, modules looked up by computed names). :data:`NOT_SCRIPTABLE_OR_TRACEABLE`
+lists the names for test filters, as timm's own tests exclude such models by name
+(``EXCLUDE_JIT_FILTERS``, ``EXCLUDE_FX_FILTERS``).
 """
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from .models.classifier import Classifier
+from .checkpoint import load_pretrained
+from .models.classifier import Classifier, is_classifier_layout
 
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # official classification layout
 VIL_LS_CLS_ATTN = ('long_short', 'long_short', 'full', 'full')
@@ -44,19 +54,39 @@ CROP_PCT = {'ViL': 0.875, 'ViLLS': 0.875, 'VVT': 0.9, 'PaleTransformer': 0.875}
 
 
 def _cfg(backbone_type):
-    return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=None,
-                crop_pct=CROP_PCT[backbone_type],
+    # Every variant takes any input size (ViL's full-attention tables are resized), so
+    # fixed_input_size is False; pool_size is the last map of a 224 input (stride 32).
+    return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7),
+                fixed_input_size=False, crop_pct=CROP_PCT[backbone_type],
                 interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
                 first_conv=FIRST_CONV[backbone_type], classifier='head')
 
 
 default_cfgs = generate_default_cfgs({name: _cfg(spec[0]) for name, spec in VARIANTS.items()})
+NOT_SCRIPTABLE_OR_TRACEABLE = tuple(VARIANTS)
+
+
+def _pretrained_filter(state_dict, model):
+    """timm's ``pretrained_filter_fn`` (``pretrained=True`` with a file in the pretrained cfg).
+
+    Our layout goes on to timm's own loading. Any other (an official release) is
+    loaded here through :func:`load_pretrained` (conversion, resizing, the report, the
+    90% rule) and the model's own state goes back to timm, whose remaining steps (it
+    drops the head for another ``num_classes``) then leave the model as loaded.
+    """
+    if is_classifier_layout(state_dict):
+        return state_dict
+    load_pretrained(model, state_dict)
+    return model.state_dict()
 
 
 def _create(variant, pretrained=False, **kwargs):
     backbone_type, defaults = VARIANTS[variant]
+    # features_only: stage maps via forward_intermediates; an int n means the last n stages
+    feature_cfg = dict(out_indices=kwargs.pop('out_indices', 4), feature_cls='getter')
     kwargs = {**defaults, **kwargs}
-    return build_model_with_cfg(Classifier, variant, pretrained, backbone_type=backbone_type, **kwargs)
+    return build_model_with_cfg(Classifier, variant, pretrained, backbone_type=backbone_type,
+                                feature_cfg=feature_cfg, pretrained_filter_fn=_pretrained_filter, **kwargs)
 
 
 def _register(variant):
@@ -64,7 +94,7 @@ def _register(variant):
         return _create(variant, pretrained, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = variant
-    entrypoint.__doc__ = f'{VARIANTS[variant][0]} classifier ({variant}), 224x224 ImageNet layout.'
+    entrypoint.__doc__ = f'{VARIANTS[variant][0]} classifier ({variant}), ImageNet layout, trained at 224x224.'
     globals()[variant] = register_model(entrypoint)
 
 

@@ -97,10 +97,9 @@ def _is_state_dict(obj):
 
 
 def find_state_dict(checkpoint):
-    """Return ``(state_dict, container)``: the tensors and where they were found.
+    """Return ``(state_dict, container)``: the tensors as saved, ``module.`` prefixes stripped.
 
-    ``container`` is ``'net'``, ``'model'``, ``'state_dict'``, ``'module'`` or
-    ``'bare'``. ``module.`` prefixes (DataParallel) are stripped.
+    ``container`` is ``'net'``, ``'model'``, ``'state_dict'``, ``'module'`` or ``'bare'``.
 
     Raises:
         ValueError: If no state_dict of tensors is found.
@@ -117,16 +116,15 @@ def find_state_dict(checkpoint):
         found = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise ValueError(f'no state_dict of tensors found in the checkpoint (looked for a bare '
                          f'state_dict and containers {CONTAINER_KEYS}; found {found})')
-    state_dict = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
-    return state_dict, container
+    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}, container
 
 
 def unwrap_state_dict(checkpoint):
-    """The backbone's tensors: :func:`find_state_dict`, then ``backbone.`` keys only.
+    """Return ``(state_dict, container)``: the backbone's tensors and where they were found.
 
-    When some keys start with ``backbone.`` (a full detector/segmentor or our
-    classifier) only those are kept, without the prefix, and ``container`` gets
-    ``'+backbone.'``.
+    As :func:`find_state_dict`; in addition, when some keys start with ``backbone.``
+    (a full detector/segmentor or our classifier) only those are kept, without the
+    prefix, and ``container`` gets ``'+backbone.'``.
 
     Raises:
         ValueError: If no state_dict of tensors is found.

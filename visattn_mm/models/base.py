@@ -32,10 +32,12 @@ def warn_once_on_cpu_fp16_autocast(x):
 class DenseBackbone(BaseModule):
     """Base of the backbones: ``pretrained``/``init_cfg``, frozen stages, ``norm_eval``.
 
-    Subclasses set ``self.frozen_stages`` and ``self.norm_eval``, implement
-    ``stage_modules(i)`` (the modules of stage ``i``, its patch embedding first),
-    call ``self._freeze_stages()`` at the end of ``__init__`` and may define
-    ``checkpoint_filter`` / ``adaptable_keys`` for :func:`load_pretrained`.
+    Subclasses set ``self.frozen_stages``, ``self.norm_eval``, ``self.out_indices``,
+    ``self.num_stages`` (built stages), ``self.embed_dims`` and ``self.strides`` (one
+    per built stage), implement ``stage_modules(i)`` (the modules of stage ``i``, its
+    patch embedding first), ``_run_stages(x)`` (see :meth:`iter_stages`) and
+    ``output_norm(i)``, call ``self._freeze_stages()`` at the end of ``__init__`` and
+    may define ``checkpoint_filter`` / ``adaptable_keys`` for :func:`load_pretrained`.
 
     Args:
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -58,6 +60,56 @@ class DenseBackbone(BaseModule):
     def stage_modules(self, i):
         """The modules of stage ``i`` (0-based), its patch embedding first."""
         raise NotImplementedError
+
+    def output_norm(self, i):
+        """The LayerNorm that turns stage ``i``'s tokens into its output, or None."""
+        raise NotImplementedError
+
+    def _run_stages(self, x):
+        raise NotImplementedError
+
+    def iter_stages(self, x):
+        """Run the built stages in turn on an NCHW batch (the classifier's timm interface uses this).
+
+        Yields:
+            tuple: ``(i, tokens, (H, W))`` after stage ``i``: its ``(B, H*W, C)`` tokens as
+            the next stage reads them, before the output norm.
+
+        Raises:
+            ValueError: If ``x`` is not 4-D.
+        """
+        if x.dim() != 4:
+            raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape {tuple(x.shape)}')
+        warn_once_on_cpu_fp16_autocast(x)
+        yield from self._run_stages(x)
+
+    def output_map(self, i, tokens, hw):
+        """Stage ``i``'s output: ``tokens`` through its output norm (if any) as an NCHW map."""
+        norm = self.output_norm(i)
+        return tokens_to_map(tokens if norm is None else norm(tokens), hw)
+
+    def forward(self, x):
+        return tuple(self.output_map(i, tokens, hw) for i, tokens, hw in self.iter_stages(x)
+                     if i in self.out_indices)
+
+    def truncate(self, num_stages, keep_output_norms=True):
+        """Delete the stages after the first ``num_stages`` (and, optionally, all output norms).
+
+        For models that use only early stages (timm's ``features_only`` pruning);
+        parameters they would never use would otherwise get no gradient.
+        """
+        doomed = [m for i in range(num_stages, self.num_stages) for m in self.stage_modules(i)]
+        if not keep_output_norms:
+            doomed += [self.output_norm(i) for i in range(num_stages) if self.output_norm(i) is not None]
+            self.out_indices = ()
+        for parent in list(self.modules()):
+            for name, child in list(parent.named_children()):
+                if any(child is m for m in doomed):
+                    delattr(parent, name)
+        self.num_stages = num_stages
+        self.out_indices = tuple(i for i in self.out_indices if i < num_stages)
+        self.embed_dims, self.strides = self.embed_dims[:num_stages], self.strides[:num_stages]
+        self.frozen_stages = min(self.frozen_stages, num_stages)
 
     def init_weights(self):
         """Random init happens in ``__init__``; ``Pretrained`` entries load through our loader.
@@ -109,3 +161,8 @@ class DenseBackbone(BaseModule):
                 if isinstance(m, _BatchNorm):
                     m.eval()
         return self
+
+
+def tokens_to_map(tokens, hw):
+    """``(B, H*W, C)`` tokens as a contiguous ``(B, C, H, W)`` map."""
+    return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()

@@ -37,7 +37,7 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
-from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .base import DenseBackbone
 from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
                      check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
 
@@ -204,6 +204,7 @@ class PaleTransformer(DenseBackbone):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.embed_dims = tuple(dims[:self.num_stages])
+        self.strides = tuple(4 * 2 ** i for i in range(self.num_stages))
         self.pale_sizes = tuple(pale_sizes[:self.num_stages])
         drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
@@ -250,12 +251,12 @@ class PaleTransformer(DenseBackbone):
                 f'for its BatchNorms; a batch of {x.shape[0]} image(s) of {tuple(x.shape[2:])} gives 1. Use '
                 f'a batch of 2 or more, an image larger than {stride} pixels on one side, or norm_eval=True.')
 
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'PaleTransformer expects an NCHW image batch, got shape {tuple(x.shape)}')
+    def output_norm(self, i):
+        """``norm{i+1}`` (built for ``out_indices`` only)."""
+        return getattr(self, f'norm{i + 1}', None)
+
+    def _run_stages(self, x):
         self._check_batchnorm_statistics(x)
-        warn_once_on_cpu_fp16_autocast(x)
-        outs = []
         for i in range(self.num_stages):
             tokens, hw = getattr(self, f'patch_embed{i + 1}')(x)
             for block in getattr(self, f'block{i + 1}'):
@@ -263,12 +264,9 @@ class PaleTransformer(DenseBackbone):
                     tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
                 else:
                     tokens = block(tokens, hw)
+            yield i, tokens, hw
             b, _, c = tokens.shape
             x = tokens.transpose(1, 2).reshape(b, c, *hw)
-            if i in self.out_indices:
-                out = getattr(self, f'norm{i + 1}')(tokens)
-                outs.append(out.transpose(1, 2).reshape(b, c, *hw).contiguous())
-        return tuple(outs)
 
 
 _STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')

@@ -7,8 +7,9 @@ pre-LN blocks of sliding-chunk attention and an MLP. Global tokens are dropped a
 the end of every stage; the local tokens of each stage are the multi-scale outputs
 (strides 4, 8, 16, 32).
 
-Stages may also use full attention with a fixed-size RPB table, which is how the
-official classification models run stages 3-4 at 224x224, or Transformer-LS
+Stages may also use full attention with an RPB table sized for the pretraining
+resolution (resized for other map sizes), which is how the official
+classification models run stages 3-4 at 224x224, or Transformer-LS
 long-short attention, which makes the skeleton ViL-LS (:class:`ViLLS`; see
 ``attn_types``).
 """
@@ -23,10 +24,10 @@ from timm.layers import DropPath, trunc_normal_
 from ..ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
                               long_short_rpb_table_size)
 from ..ops.reference import dense_attention
-from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_table,
+from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_grid, resize_rpb_table,
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
-from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .base import DenseBackbone
 from .layers import (Mlp, check_arch, check_int, check_mlp_ratio, check_stage_args, check_stage_lengths,
                      init_transformer_weights, linear_drop_path_rates, pad_to_multiple)
 
@@ -165,10 +166,13 @@ class SlidingChunkAttention(_GlobalRPB):
 
 
 class FullAttention(_GlobalRPB):
-    """Full attention with a Swin-style RPB table for one fixed map size.
+    """Full attention with a Swin-style RPB table sized for one map.
 
     This is the official classification models' attention in stages 3-4. The
-    table is bound to ``rpb_size``; for other sizes use sliding-chunk attention.
+    table is built for ``rpb_size`` and used as it is there; a map of another size
+    ``(h, w)`` uses the table bilinearly resized to its ``(2h-1) x (2w-1)`` offset
+    grid, the resize the checkpoint loader applies to tables of another size
+    (:func:`~visattn_mm.ops.rel_pos.resize_rpb_grid`), so any input size works.
 
     Args:
         dim (int): Channels.
@@ -206,17 +210,24 @@ class FullAttention(_GlobalRPB):
     def resolve_shift_mode(self):
         return 0
 
+    def _local_bias(self, hw):
+        """``(heads, h*w, h*w)`` local bias of an ``hw`` map: the table as built for
+        ``rpb_size``, or resized to the map's offset grid."""
+        if hw == self.rpb_size:
+            table, index = self.local_relative_position_bias_table, self.relative_position_index
+        else:
+            rh, rw = self.rpb_size
+            table = resize_rpb_grid(self.local_relative_position_bias_table, (2 * rh - 1, 2 * rw - 1),
+                                    (2 * hw[0] - 1, 2 * hw[1] - 1))
+            index = full_attention_rpb_index(*hw).to(table.device)
+        return table[index].permute(2, 0, 1)
+
     def forward(self, x, hw, shift_mode=None):
         b, n, c = x.shape
         g, heads = self.num_global, self.num_heads
         bias = None
         if self.use_rpb:
-            if tuple(hw) != self.rpb_size:
-                raise ValueError(
-                    f'full attention was built for a {self.rpb_size} map (pretrain_img_size) but got '
-                    f'{tuple(hw)}; use attn_types="sliding_chunk" for other input sizes')
-            bias = self.local_relative_position_bias_table[self.relative_position_index]
-            bias = bias.permute(2, 0, 1)                       # (heads, N_loc, N_loc)
+            bias = self._local_bias(tuple(hw))                 # (heads, N_loc, N_loc)
             if g:
                 num_local = n - g
                 l2g = self.g2l_relative_position_bias[1][:, None, :].expand(heads, num_local, g)
@@ -429,8 +440,9 @@ class ViL(DenseBackbone):
         num_global_tokens (Sequence[int], optional): Global tokens per stage.
             Default: the arch's, ``(1, 1, 1, 0)``.
         attn_types (str | Sequence[str]): ``'sliding_chunk'`` (any input size),
-            ``'full'`` (fixed RPB table for ``pretrain_img_size``; the official
-            classification layout of stages 3-4) or ``'long_short'`` (Transformer-LS,
+            ``'full'`` (RPB table sized for ``pretrain_img_size``, resized for other
+            sizes; quadratic in the map size; the official classification layout of
+            stages 3-4) or ``'long_short'`` (Transformer-LS,
             any input size; see :class:`ViLLS`), per stage. Default: all
             ``'sliding_chunk'``, the official detection layout.
         dp_rank (int | Sequence[int]): Dynamic-projection rank ``r`` of
@@ -508,7 +520,9 @@ class ViL(DenseBackbone):
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.num_stages = num_stages
         self.embed_dims = tuple(dims)
+        self.strides = tuple(math.prod(patch_sizes[:i + 1]) for i in range(num_stages))
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
         drop_paths = linear_drop_path_rates(drop_path_rate, depths)
@@ -624,19 +638,15 @@ class ViL(DenseBackbone):
         stage = self.stages[i]
         return (stage.patch_embed, stage) + ((norm,) if norm is not None else ())
 
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape '
-                             f'{tuple(x.shape)}')
-        warn_once_on_cpu_fp16_autocast(x)
-        outs = []
+    def output_norm(self, i):
+        """``norm{i}`` (built for ``out_indices`` only)."""
+        return getattr(self, f'norm{i}', None)
+
+    def _run_stages(self, x):
         for i, stage in enumerate(self.stages):
             tokens, (h, w) = stage(x)
+            yield i, tokens, (h, w)
             x = tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
-            if i in self.out_indices:
-                norm = getattr(self, f'norm{i}')
-                outs.append(norm(tokens).transpose(1, 2).reshape(x.shape).contiguous())
-        return tuple(outs)
 
 
 class ViLLS(ViL):

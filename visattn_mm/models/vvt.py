@@ -18,7 +18,7 @@ import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
-from .base import DenseBackbone, warn_once_on_cpu_fp16_autocast
+from .base import DenseBackbone, tokens_to_map
 from .layers import (OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
                      check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
 
@@ -200,6 +200,7 @@ class VVT(DenseBackbone):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.embed_dims = tuple(dims[:self.num_stages])
+        self.strides = tuple(4 * 2 ** i for i in range(self.num_stages))
         drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
         in_dim = in_channels
@@ -229,11 +230,11 @@ class VVT(DenseBackbone):
         return (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'),
                 getattr(self, f'norm{i + 1}'))
 
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'VVT expects an NCHW image batch, got shape {tuple(x.shape)}')
-        warn_once_on_cpu_fp16_autocast(x)
-        outs = []
+    def output_norm(self, i):
+        """None: ``norm{i+1}`` is part of stage ``i`` (the next stage reads its output)."""
+        return None
+
+    def _run_stages(self, x):
         for i in range(self.num_stages):
             patch_embed, blocks, norm = self.stage_modules(i)
             tokens, hw = patch_embed(x)
@@ -242,10 +243,9 @@ class VVT(DenseBackbone):
                     tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
                 else:
                     tokens = block(tokens, hw)
-            x = norm(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()
-            if i in self.out_indices:
-                outs.append(x)
-        return tuple(outs)
+            tokens = norm(tokens)
+            yield i, tokens, hw
+            x = tokens_to_map(tokens, hw)
 
 
 _STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')

@@ -71,13 +71,32 @@ def resize_rpb_table(table, num_rows):
     if old_side ** 2 != table.shape[0] or new_side ** 2 != num_rows:
         raise ValueError(f'RPB tables can only be resized between square sizes (g*g rows); got '
                          f'{table.shape[0]} -> {num_rows} rows')
-    if old_side == new_side:
+    return resize_rpb_grid(table, (old_side, old_side), (new_side, new_side))
+
+
+def resize_rpb_grid(table, grid, new_grid):
+    """Bilinearly resize an RPB table whose rows are a ``grid`` of offsets (row-major).
+
+    The full-attention table of an ``h x w`` map has a ``(2h-1) x (2w-1)`` grid; each
+    head's grid is resized like an image (``align_corners=False``, the resize of
+    :func:`resize_rpb_table`), which differentiates back to ``table``.
+
+    Args:
+        table (Tensor): ``(rows * cols, heads)`` with ``grid = (rows, cols)``.
+        grid (tuple[int, int]): The offset grid of ``table``.
+        new_grid (tuple[int, int]): The offset grid to resize to.
+
+    Returns:
+        Tensor: ``(new_rows * new_cols, heads)`` in the input dtype; ``table``
+        itself when the grids are equal.
+    """
+    grid, new_grid = tuple(grid), tuple(new_grid)
+    if grid == new_grid:
         return table
     heads = table.shape[1]
-    grid = table.T.reshape(1, heads, old_side, old_side).float()
-    grid = torch.nn.functional.interpolate(grid, size=(new_side, new_side), mode='bilinear',
-                                           align_corners=False)
-    return grid.reshape(heads, num_rows).T.to(table.dtype).contiguous()
+    image = table.T.reshape(1, heads, *grid).float()
+    image = torch.nn.functional.interpolate(image, size=new_grid, mode='bilinear', align_corners=False)
+    return image.reshape(heads, new_grid[0] * new_grid[1]).T.to(table.dtype).contiguous()
 
 
 def resize_1d_table(table, length):
