@@ -112,6 +112,28 @@ def test_this_machine_is_described_and_planned():
     assert 'FORCE_CUDA=0' in lines
 
 
+def test_a_gpu_machine_is_described_from_torch_and_nvcc(tmp_path, monkeypatch):
+    """torch's view of two GPUs (mocked) and an nvcc found in CUDA_HOME give the CUDA plan."""
+    import torch
+    import torch.utils.cpp_extension as cpp_extension
+
+    cuda_home = tmp_path / 'cuda'
+    (cuda_home / 'bin').mkdir(parents=True)
+    nvcc = cuda_home / 'bin' / 'nvcc'
+    nvcc.write_text('#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n')
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda i: [(9, 0), (8, 6)][i])
+    monkeypatch.setattr(torch.version, 'cuda', '13.0')
+    monkeypatch.setattr(cpp_extension, 'CUDA_HOME', str(cuda_home))
+
+    machine = plan.describe_machine()
+    assert machine.gpu_capabilities == ((9, 0), (8, 6))
+    assert (machine.nvcc, machine.nvcc_cuda) == (str(nvcc), '13.0')
+    assert plan.make_plan(machine, {}).build_env['TORCH_CUDA_ARCH_LIST'] == '8.6;9.0'
+
+
 # --------------------------------------------------------------------------
 # tools/bootstrap.sh: Python choice (from a copy, with fake interpreters only)
 # --------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class Machine:
         torch_cuda: ``torch.version.cuda`` (``None`` for a CPU-only torch).
         gpu_capabilities: ``(major, minor)`` compute capability of each CUDA device torch
             sees; empty where it sees none.
-        nvcc: path of the CUDA compiler, ``None`` where there is none.
+        nvcc: path of the CUDA compiler, ``None`` where there is none (looked up only
+            where there is a GPU).
         nvcc_cuda: CUDA release of that compiler, e.g. ``'13.0'``.
         cores: CPU cores this process may use.
     """
@@ -132,16 +133,17 @@ def _major(version: str | None) -> str | None:
 def describe_machine() -> Machine:
     """The facts of this machine, as this interpreter's torch sees them."""
     import torch
-    from torch.utils.cpp_extension import CUDA_HOME
 
-    capabilities = ()
+    capabilities, nvcc = (), None
     if torch.cuda.is_available():
         capabilities = tuple(torch.cuda.get_device_capability(i)
                              for i in range(torch.cuda.device_count()))
-    nvcc = None
-    if CUDA_HOME and os.access(os.path.join(CUDA_HOME, 'bin', 'nvcc'), os.X_OK):
-        nvcc = os.path.join(CUDA_HOME, 'bin', 'nvcc')
-    nvcc = nvcc or shutil.which('nvcc')
+        # Where torch's extension builder (mmcv's build) will look for it. Imported only
+        # here: on a machine without a GPU it logs a warning about the missing CUDA runtime.
+        from torch.utils.cpp_extension import CUDA_HOME
+        if CUDA_HOME and os.access(os.path.join(CUDA_HOME, 'bin', 'nvcc'), os.X_OK):
+            nvcc = os.path.join(CUDA_HOME, 'bin', 'nvcc')
+        nvcc = nvcc or shutil.which('nvcc')
     return Machine(python=f'{sys.version_info.major}.{sys.version_info.minor}',
                    torch=torch.__version__, torch_cuda=torch.version.cuda,
                    gpu_capabilities=capabilities, nvcc=nvcc,
