@@ -179,6 +179,26 @@ def test_bootstrap_says_which_pythons_it_found(bootstrap_copy):
     assert 'PYTHON=/path/to/python3.11' in proc.stderr
 
 
+def test_bootstrap_finds_a_pyenv_python_its_shim_does_not_select(bootstrap_copy):
+    """PYTHON=python3.12 where pyenv's shim answers 'command not found' (another global
+    version): the interpreter under pyenv's versions folder is taken (here a 3.10, so that
+    the test ends at the refusal naming it instead of building anything)."""
+    fake_bin = bootstrap_copy / 'bin'
+    shim = fake_bin / 'python3.12'
+    shim.write_text('#!/bin/sh\necho "pyenv: python3.12: command not found" >&2\nexit 127\n')
+    shim.chmod(0o755)
+    pyenv_root = bootstrap_copy / 'pyenv'
+    (pyenv_root / 'versions' / '3.12.1' / 'bin').mkdir(parents=True)
+    real = _fake_python(pyenv_root / 'versions' / '3.12.1' / 'bin', 'python3.12', '3.10')
+    pyenv = fake_bin / 'pyenv'
+    pyenv.write_text(f'#!/bin/sh\ncase "$1" in\n  root) echo {pyenv_root} ;;\n'
+                     f'  whence) [ "$2" = python3.12 ] && echo 3.12.1 ;;\nesac\n')
+    pyenv.chmod(0o755)
+    proc = _bootstrap(bootstrap_copy, {'PATH': str(fake_bin), 'PYTHON': 'python3.12'})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f'PYTHON={real} is Python 3.10' in proc.stderr
+
+
 # --------------------------------------------------------------------------
 # Lock file against setup.cfg
 # --------------------------------------------------------------------------

@@ -20,6 +20,16 @@ SUPPORTED_PYTHONS="3.11 3.12"
 python_version() {  # major.minor of interpreter $1, empty if it does not run
     "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
 }
+pyenv_interpreter() {  # a pyenv-installed interpreter named $1 that its shim does not select
+    command -v pyenv >/dev/null || return 0
+    local version
+    for version in $(pyenv whence "$1" 2>/dev/null); do
+        if [[ -x "$(pyenv root)/versions/$version/bin/$1" ]]; then
+            echo "$(pyenv root)/versions/$version/bin/$1"
+            return 0
+        fi
+    done
+}
 is_supported() { [[ -n "$1" && " $SUPPORTED_PYTHONS " == *" $1 "* ]]; }
 pin() {  # the version the lock file pins for package $1
     sed -n "s/^$1==\([^ ;#]*\).*/\1/p" "$LOCK"
@@ -27,6 +37,11 @@ pin() {  # the version the lock file pins for package $1
 
 if [[ -n "${PYTHON:-}" ]]; then
     PY_VERSION="$(python_version "$PYTHON")"
+    if [[ -z "$PY_VERSION" && -n "$(pyenv_interpreter "$PYTHON")" ]]; then
+        # e.g. PYTHON=python3.12 where pyenv's shim selects another global version
+        PYTHON="$(pyenv_interpreter "$PYTHON")"
+        PY_VERSION="$(python_version "$PYTHON")"
+    fi
     if ! is_supported "$PY_VERSION"; then
         echo "[bootstrap] error: PYTHON=$PYTHON is Python ${PY_VERSION:-(does not run)}; the stack" \
              "supports Python ${SUPPORTED_PYTHONS// / and }: set PYTHON to one of those" \
@@ -41,6 +56,10 @@ else
     for candidate in python3.11 python3.12 python3; do
         command -v "$candidate" >/dev/null || continue
         version="$(python_version "$candidate")"
+        if [[ -z "$version" && -n "$(pyenv_interpreter "$candidate")" ]]; then
+            candidate="$(pyenv_interpreter "$candidate")"
+            version="$(python_version "$candidate")"
+        fi
         seen+=" $candidate=${version:-?}"
         if is_supported "$version"; then
             PYTHON="$(command -v "$candidate")"
