@@ -106,7 +106,7 @@ def test_official_vil_checkpoint_into_maskrcnn_config(official_small):
     assert report.layout == 'vil_official' and report.container == 'net'
     assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
     assert sorted(report.fresh) == [f'norm{i}.{p}' for i in range(3) for p in ('bias', 'weight')]
-    assert set(report.resized) == {f'stages.3.blocks.0.attn.local_relative_position_bias_table'}
+    assert set(report.resized) == {'stages.3.blocks.0.attn.local_relative_position_bias_table'}
     assert report.num_loaded_params == report.num_model_params - 6
 
     # Spot checks against the official recipe.

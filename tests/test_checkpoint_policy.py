@@ -161,7 +161,8 @@ def test_test_tool_refuses_a_classification_checkpoint(workspace):
 
 
 def test_train_tool_refuses_load_from_of_another_backbone(workspace):
-    proc = _run_tool(workspace, 'train.py', 'work_load_from', '--cfg-options', 'load_from=resnet50.pth', 'train_cfg.max_iters=1',
+    proc = _run_tool(workspace, 'train.py', 'work_load_from', '--cfg-options', 'load_from=resnet50.pth',
+                     'train_cfg.max_iters=1',
                      'train_cfg.val_interval=100')
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert 'Traceback' not in proc.stderr

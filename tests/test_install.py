@@ -13,7 +13,6 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys

@@ -28,7 +28,9 @@ def dense_sliding_chunk(q, k, v, height, width, window, gk, gv, table, l2g, mask
 def random_inputs(height, width, window, num_global, seed=0):
     g = torch.Generator().manual_seed(seed)
     n = height * width
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
     q, k, v = (r(2, HEADS, n, DIM) for _ in range(3))
     gk, gv = r(2, HEADS, num_global, DIM), r(2, HEADS, num_global, DIM)
     table, l2g = r((4 * window - 1) ** 2, HEADS), r(HEADS, num_global)

@@ -257,7 +257,8 @@ def _official_files(tmp_path):
     from test_vvt import official_vvt_checkpoint
     spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 2))
     files = {}
-    for name, checkpoint in (('vil_tiny', official_vil_checkpoint(spec)), ('vil_ls_tiny', official_vil_ls_checkpoint(spec)),
+    for name, checkpoint in (('vil_tiny', official_vil_checkpoint(spec)),
+                             ('vil_ls_tiny', official_vil_ls_checkpoint(spec)),
                              ('vvt_tiny', official_vvt_checkpoint(dict(spec, mlp=(4, 4, 4, 4))))):
         files[name] = tmp_path / f'{name}_official.pth'
         torch.save(checkpoint, files[name])

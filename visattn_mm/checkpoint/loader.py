@@ -59,8 +59,9 @@ class LoadReport:
             f'  loaded as-is: {len(self.loaded)}',
             f'  converted: {len(self.converted)}' + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})'
                                                    if self.converted else ''),
-            f'  resized: {len(self.resized)}' + (f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
-                                               if self.resized else ''),
+            f'  resized: {len(self.resized)}' + (
+                f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
+                if self.resized else ''),
             f'  dropped: {len(self.dropped)}' + (f' [{by_reason(self.dropped)}]' if self.dropped else ''),
             f'  shape mismatch (not loaded): {len(self.mismatched)}' + (
                 f' ({keys(f"{k} ckpt {tuple(a)} vs model {tuple(b)}" for k, (a, b) in self.mismatched.items())})'

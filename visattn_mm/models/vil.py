@@ -759,8 +759,9 @@ def _split_full_qkv(state_dict, target_keys, report):
         if qkv and f'{qkv.group(1)}query.{qkv.group(2)}' in target_keys:
             dim = value.shape[0] // 3
             for name, part_value in (('query', value[:dim]), ('kv', value[dim:])):
-                out[f'{qkv.group(1)}{name}.{qkv.group(2)}'] = part_value
-                report.converted[f'{qkv.group(1)}{name}.{qkv.group(2)}'] = f'{key}[{"0:C" if name == "query" else "C:3C"}]'
+                new_key = f'{qkv.group(1)}{name}.{qkv.group(2)}'
+                out[new_key] = part_value
+                report.converted[new_key] = f'{key}[{"0:C" if name == "query" else "C:3C"}]'
         else:
             out[key] = value
     return out
