@@ -433,9 +433,12 @@ def _view(flip: bool, boxes, scores, labels, masks):
     return sample
 
 
-def test_tta_model_merges_masks_with_their_boxes(test_tool):
-    test_tool.register_instance_aware_tta()
+def test_tta_model_merges_masks_with_their_boxes():
+    """Registered by the package itself, so a user's config can name it under mmdet's scope."""
     from mmdet.registry import MODELS
+
+    from visattn_mm.engine.det_tta import InstanceAwareDetTTAModel
+    assert MODELS.get('InstanceAwareDetTTAModel') is InstanceAwareDetTTAModel
 
     class Stub(torch.nn.Module):
         def test_step(self, data):  # BaseTTAModel requires one; never called here

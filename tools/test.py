@@ -18,7 +18,7 @@ are kept:
   image is drawn, 50 by default).
 * ``--tta``: the config's ``tta_model`` and ``tta_pipeline``, or the
   library's defaults where the config has none: mmdet's flip / no-flip TTA
-  (masks are merged too, see ``register_instance_aware_tta``) and mmseg's
+  (masks are merged too, by ``visattn_mm.engine.det_tta.InstanceAwareDetTTAModel``) and mmseg's
   ``SegTTAModel`` over image ratios 0.5-1.75 x flip / no flip.
 """
 from __future__ import annotations
@@ -138,61 +138,6 @@ def apply_tta(cfg: Config, scope: str) -> None:
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
 
-def _unflip_masks(masks, flip: bool, direction: str | None):
-    """Flip masks predicted on a flipped view back onto the original image."""
-    if not flip:
-        return masks
-    dims = {'horizontal': (-1,), 'vertical': (-2,), 'diagonal': (-2, -1)}[direction]
-    return masks.flip(dims)
-
-
-def register_instance_aware_tta() -> None:
-    """Register ``InstanceAwareDetTTAModel`` in mmengine's root model registry.
-
-    mmdet 3.3's ``DetTTAModel`` refuses predictions with masks, so Mask R-CNN
-    could not be tested with ``--tta``. This subclass merges boxes exactly as
-    ``DetTTAModel`` does (boxes flipped back, NMS over all views) and keeps the
-    masks of the surviving boxes; masks are predicted at the original image
-    size, so undoing the flip is all they need.
-
-    The root registry, as for the plugin's own classes: mmdet's registry is
-    its child and falls back to it, and a build under any default scope
-    (including 'mmengine') still finds the class.
-    """
-    import torch
-    from mmcv.ops import batched_nms
-    from mmdet.models import DetTTAModel
-    from mmengine.registry import MODELS
-    from mmengine.structures import InstanceData
-
-    if MODELS.get('InstanceAwareDetTTAModel') is not None:
-        return
-
-    @MODELS.register_module()
-    class InstanceAwareDetTTAModel(DetTTAModel):
-        """``DetTTAModel`` that also merges instance masks."""
-
-        def _merge_single_sample(self, data_samples):
-            if data_samples[0].pred_instances.get('masks', None) is None:
-                return super()._merge_single_sample(data_samples)
-            preds = [s.pred_instances for s in data_samples]
-            metas = [s.metainfo for s in data_samples]
-            boxes, scores = self.merge_aug_bboxes(
-                [p.bboxes for p in preds], [p.scores for p in preds], metas)
-            if boxes.numel() == 0:
-                return data_samples[0]
-            labels = torch.cat([p.labels for p in preds])
-            masks = torch.cat([_unflip_masks(p.masks, m['flip'], m['flip_direction'])
-                               for p, m in zip(preds, metas)])
-            dets, keep = batched_nms(boxes, scores, labels, self.tta_cfg['nms'])
-            keep = keep[:self.tta_cfg['max_per_img']]
-            merged = data_samples[0]
-            merged.pred_instances = InstanceData(
-                bboxes=dets[:len(keep), :-1], scores=dets[:len(keep), -1],
-                labels=labels[keep], masks=masks[keep])
-            return merged
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     common.import_plugin()
@@ -203,8 +148,6 @@ def main(argv=None) -> None:
     if args.show or args.show_dir:
         apply_visualization(cfg, scope, args)
     if args.tta:
-        if scope == 'mmdet':
-            register_instance_aware_tta()
         apply_tta(cfg, scope)
     if args.out is not None and scope == 'mmdet' and not args.out.endswith(
             ('.pkl', '.pickle')):

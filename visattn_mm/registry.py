@@ -10,6 +10,11 @@ from . import timm_models  # noqa: F401  (registers the timm.create_model names)
 from .engine import CheckpointPolicyRunner, RandomShiftHook, RngStateHook
 from .models import VVT, PaleTransformer, ViL, ViLLS
 
+try:  # needs mmdet and mmcv's compiled ops; the backbones alone need neither
+    from .engine.det_tta import InstanceAwareDetTTAModel
+except ImportError:
+    InstanceAwareDetTTAModel = None
+
 MODELS.register_module(module=ViL)
 MODELS.register_module(module=ViLLS)
 MODELS.register_module(module=VVT)
@@ -17,3 +22,5 @@ MODELS.register_module(module=PaleTransformer)
 HOOKS.register_module(module=RandomShiftHook)
 HOOKS.register_module(module=RngStateHook)
 RUNNERS.register_module(module=CheckpointPolicyRunner)
+if InstanceAwareDetTTAModel is not None:
+    MODELS.register_module(module=InstanceAwareDetTTAModel)
