@@ -205,3 +205,37 @@ def test_impl_selection_api(monkeypatch):
         monkeypatch.undo()
         importlib.reload(impl_module)
     assert get_attention_impl() == initial
+
+
+@pytest.mark.parametrize('backbone', ['ViL', 'ViLLS', 'PaleTransformer'])
+def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
+    """The constructor argument picks the path of every attention op (spy on the fused
+    kernel), a process-wide selection other than 'auto' overrides it, both give the same
+    output, and a wrong value is refused with the allowed ones."""
+    import visattn_mm.models as models
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    cls = getattr(models, backbone)
+    images = torch.randn(1, 3, 45, 61, dtype=torch.float64)
+    outputs = {}
+    for attn_impl in ('math', 'fast'):
+        torch.manual_seed(0)
+        model = cls(arch='tiny', attn_impl=attn_impl).double().eval()
+        calls.clear()
+        with torch.no_grad():
+            outputs[attn_impl] = model(images)
+        assert bool(calls) == (attn_impl == 'fast'), (attn_impl, len(calls))
+        calls.clear()
+        with attention_impl('fast' if attn_impl == 'math' else 'math'), torch.no_grad():
+            model(images)
+        assert bool(calls) == (attn_impl == 'math')   # the override won
+    for fast, math in zip(outputs['fast'], outputs['math']):
+        torch.testing.assert_close(fast, math, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match=r"attn_impl='flash'.*'auto', 'fast', 'math'"):
+        cls(arch='tiny', attn_impl='flash')

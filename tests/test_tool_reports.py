@@ -32,8 +32,8 @@ def paths_taken(model, training, monkeypatch):
     """``{op module name: {'fast'|'math', ...}}`` over one forward pass on the CPU."""
     taken = {}
     for module in OPS_WITH_TWO_PATHS:
-        def spy(*args, _op=module.__name__.rsplit('.', 1)[-1], _decide=module.use_fast_path):
-            fast = _decide(*args)
+        def spy(*args, _op=module.__name__.rsplit('.', 1)[-1], _decide=module.use_fast_path, **kwargs):
+            fast = _decide(*args, **kwargs)
             taken.setdefault(_op, set()).add('fast' if fast else 'math')
             return fast
         monkeypatch.setattr(module, 'use_fast_path', spy)

@@ -12,4 +12,6 @@ pale_backbone = dict(
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,
     norm_eval=False,
-    with_cp=False)
+    with_cp=False,
+    # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
+    attn_impl='auto')

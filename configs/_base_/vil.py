@@ -16,5 +16,7 @@ vil_backbone = dict(
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,
     norm_eval=False,
-    with_cp=False)
+    with_cp=False,
+    # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
+    attn_impl='auto')
 vil_ls_backbone = dict(vil_backbone, type='ViLLS', dp_rank=8)  # dynamic projection rank 8 (SPEC 2.1)

@@ -38,7 +38,7 @@ from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
 from .base import DenseBackbone
-from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
+from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_attn_impl, check_int, check_mlp_ratio, check_stage_args,
                      check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
 
 ARCH_ZOO = {
@@ -85,9 +85,11 @@ class PaleAttention(nn.Module):
         qkv_bias (bool): Bias of the pointwise q/k/v convs. Default: True.
         attn_drop (float): Dropout on the attention probabilities. Default: 0.
         proj_drop (float): Dropout after ``proj``. Default: 0.
+        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
-    def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0):
+    def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0,
+                 attn_impl='auto'):
         super().__init__()
         self.num_heads = num_heads
         self.pale_size = pale_size
@@ -97,6 +99,7 @@ class PaleAttention(nn.Module):
         self.v = SeparableConv(dim, qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = attn_drop
+        self.attn_impl = attn_impl
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw):
@@ -106,7 +109,7 @@ class PaleAttention(nn.Module):
         q, k, v = (conv(x).reshape(b, self.num_heads, -1, n).transpose(-1, -2)
                    for conv in (self.q, self.k, self.v))
         out = pale_attention(q * self.scale, k, v, *hw, self.pale_size,
-                             dropout_p=self.attn_drop if self.training else 0.0)
+                             dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
         out = out.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
@@ -123,14 +126,15 @@ class PaleBlock(nn.Module):
         drop (float): Dropout after the attention projection and in the MLP.
         attn_drop (float): Dropout on the attention probabilities.
         drop_path (float): Stochastic depth of this block.
+        attn_impl (str): Attention implementation, see :class:`PaleAttention`.
     """
 
     def __init__(self, dim, num_heads, pale_size, mlp_ratio, qkv_bias=True, drop=0.0, attn_drop=0.0,
-                 drop_path=0.0):
+                 drop_path=0.0, attn_impl='auto'):
         super().__init__()
         self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.attn = PaleAttention(dim, num_heads, pale_size, qkv_bias, attn_drop, drop)
+        self.attn = PaleAttention(dim, num_heads, pale_size, qkv_bias, attn_drop, drop, attn_impl)
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -168,6 +172,10 @@ class PaleTransformer(DenseBackbone):
             more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
             with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        attn_impl (str): Attention implementation: 'fast' (fused
+            ``scaled_dot_product_attention``), 'math' (explicit softmax, the reference)
+            or 'auto' (per device, as measured; see :mod:`visattn_mm.ops.impl`).
+            Logged at build. Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg
@@ -178,8 +186,9 @@ class PaleTransformer(DenseBackbone):
 
     def __init__(self, arch='tiny', in_channels=3, qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                 with_cp=False, pretrained=None, init_cfg=None):
+                 with_cp=False, attn_impl='auto', pretrained=None, init_cfg=None):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        check_attn_impl(attn_impl, 'PaleTransformer')
         spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'PaleTransformer')
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         num_stages = len(depths)
@@ -212,7 +221,8 @@ class PaleTransformer(DenseBackbone):
         for i in range(self.num_stages):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [PaleBlock(dims[i], heads[i], pale_sizes[i], mlp_ratios[i], qkv_bias, drop_rate,
-                                attn_drop_rate, drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
+                                attn_drop_rate, drop_paths[sum(depths[:i]) + j], attn_impl)
+                      for j in range(depths[i])]
             self.add_module(f'patch_embed{i + 1}',
                             OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS))
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))

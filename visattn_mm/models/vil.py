@@ -28,8 +28,8 @@ from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
 from .base import DenseBackbone
-from .layers import (Mlp, check_arch, check_int, check_mlp_ratio, check_stage_args, check_stage_lengths,
-                     init_transformer_weights, linear_drop_path_rates, pad_to_multiple)
+from .layers import (Mlp, check_arch, check_attn_impl, check_int, check_mlp_ratio, check_stage_args,
+                     check_stage_lengths, init_transformer_weights, linear_drop_path_rates, pad_to_multiple)
 
 ARCH_ZOO = {
     'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
@@ -95,10 +95,12 @@ class SlidingChunkAttention(_GlobalRPB):
             every forward pass. Toggled by :class:`RandomShiftHook`.
         attn_drop (float): Dropout on attention probabilities.
         proj_drop (float): Dropout after ``proj``.
+        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
     """
 
     def __init__(self, dim, num_heads, window=7, num_global=1, qkv_bias=True, use_rpb=True,
-                 masking_mode=0, shift_mode=0, random_shift=False, attn_drop=0.0, proj_drop=0.0):
+                 masking_mode=0, shift_mode=0, random_shift=False, attn_drop=0.0, proj_drop=0.0,
+                 attn_impl='auto'):
         super().__init__()
         check_modes(masking_mode, shift_mode)
         check_modes(masking_mode, 1 if random_shift else shift_mode)
@@ -111,6 +113,7 @@ class SlidingChunkAttention(_GlobalRPB):
         self.shift_mode = shift_mode
         self.random_shift = random_shift
         self.attn_drop = attn_drop
+        self.attn_impl = attn_impl
         self.query = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
@@ -157,7 +160,7 @@ class SlidingChunkAttention(_GlobalRPB):
             q[:, :, g:], k[:, :, g:], v[:, :, g:], h, w, self.window,
             global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
             local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
-            shift_mode=shift_mode, dropout_p=dropout_p)
+            shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl)
         if g:
             glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p)
             out = torch.cat([glob, out], dim=2)
@@ -272,16 +275,18 @@ class LongShortAttention(nn.Module):
             ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
         attn_drop (float): Dropout on the local queries' attention probabilities.
         proj_drop (float): Dropout after ``proj``.
+        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
     """
 
     def __init__(self, dim, num_heads, window=7, dp_rank=8, num_global=1, qkv_bias=True,
-                 use_rpb=True, attn_drop=0.0, proj_drop=0.0):
+                 use_rpb=True, attn_drop=0.0, proj_drop=0.0, attn_impl='auto'):
         super().__init__()
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
         self.window = window
         self.num_global = num_global
         self.attn_drop = attn_drop
+        self.attn_impl = attn_impl
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -331,7 +336,7 @@ class LongShortAttention(nn.Module):
             q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, self.window,
             k_bar=self._project(weights, k[:, :, g:]), v_bar=self._project(weights, v[:, :, g:]),
             global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
-            local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0)
+            local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
         if g:
             glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
                                    torch.cat([v[:, :, :g], out], dim=2))
@@ -470,6 +475,11 @@ class ViL(DenseBackbone):
         norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
             only LayerNorms, so this only affects BatchNorms added by subclasses).
         with_cp (bool): Gradient checkpointing per block, saving memory.
+        attn_impl (str): Implementation of the sliding-chunk and long-short attention:
+            'fast' (fused ``scaled_dot_product_attention``), 'math' (explicit softmax,
+            the reference) or 'auto' (per device, as measured; see
+            :mod:`visattn_mm.ops.impl`). Full attention has one path. Logged at build.
+            Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
     """
@@ -481,9 +491,10 @@ class ViL(DenseBackbone):
                  random_shift=False, use_rpb=True, pretrain_img_size=224, qkv_bias=True,
                  mlp_ratio=4.0, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.1,
                  out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False, with_cp=False,
-                 pretrained=None, init_cfg=None):
+                 attn_impl='auto', pretrained=None, init_cfg=None):
         name = type(self).__name__
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        check_attn_impl(attn_impl, name)
         spec = check_arch(arch, self.arch_zoo, ('depths', 'embed_dims', 'num_heads'), name)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         patch_sizes = spec.get('patch_sizes', PATCH_SIZES)
@@ -540,11 +551,11 @@ class ViL(DenseBackbone):
                     attn = FullAttention(dims[i], heads[i], rpb_size=table_size, **common)
                 elif attn_types[i] == 'long_short':
                     attn = LongShortAttention(dims[i], heads[i], window=windows[i],
-                                              dp_rank=dp_ranks[i], **common)
+                                              dp_rank=dp_ranks[i], attn_impl=attn_impl, **common)
                 else:
                     attn = SlidingChunkAttention(dims[i], heads[i], window=windows[i],
                                                  masking_mode=masking_mode, shift_mode=shift_mode,
-                                                 random_shift=random_shift, **common)
+                                                 random_shift=random_shift, attn_impl=attn_impl, **common)
                 blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate,
                                        drop_paths[sum(depths[:i]) + j]))
             embed = ViLPatchEmbed(in_dim, dims[i], patch_sizes[i], num_global_tokens[i],

@@ -15,7 +15,9 @@ function:
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction; it has a single path and ignores the choice.
 
-The choice is process-global: :func:`set_attention_impl`, the
+The choice is made per model: the backbones' ``attn_impl`` argument, passed to
+every op as ``impl``. A process-wide selection overrides it when it is not
+'auto' (for benchmarks and tests): :func:`set_attention_impl`, the
 :func:`attention_impl` context manager, or the ``VISATTN_ATTENTION_IMPL``
 environment variable read at import.
 """
@@ -80,8 +82,21 @@ def attention_impl(name):
         set_attention_impl(previous)
 
 
-def chosen_path(device_type, bias_needs_grad=False):
-    """The path ('fast' or 'math') an op takes under the current selection.
+def resolve_impl(impl='auto'):
+    """The implementation in force for an op asked to use ``impl``.
+
+    The process-wide selection (:func:`set_attention_impl`, :func:`attention_impl`,
+    ``VISATTN_ATTENTION_IMPL``) overrides ``impl`` unless it is 'auto'.
+
+    Raises:
+        ValueError: If ``impl`` is not one of :data:`ATTENTION_IMPLS`.
+    """
+    _checked(impl)
+    return impl if _selected == 'auto' else _selected
+
+
+def chosen_path(device_type, bias_needs_grad=False, impl='auto'):
+    """The path ('fast' or 'math') an op asked to use ``impl`` takes.
 
     Args:
         device_type (str): The inputs' device type ('cpu', 'cuda', ...).
@@ -90,19 +105,22 @@ def chosen_path(device_type, bias_needs_grad=False):
             gradient, so PyTorch runs its math kernel on the fused path's
             padded tensors instead: no faster than the explicit path and more
             saved for backward; 'auto' keeps the explicit path then.
+        impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
     """
-    if _selected != 'auto':
-        return _selected
+    choice = resolve_impl(impl)
+    if choice != 'auto':
+        return choice
     fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)
     return 'fast' if fused else 'math'
 
 
-def use_fast_path(tensor, *biases):
+def use_fast_path(tensor, *biases, impl='auto'):
     """Whether an op should run its fused path (see :func:`chosen_path`).
 
     Args:
         tensor (torch.Tensor): an input of the op; its device decides 'auto'.
         *biases (torch.Tensor | None): the op's logit biases.
+        impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
     """
     bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
-    return chosen_path(tensor.device.type, bias_grad) == 'fast'
+    return chosen_path(tensor.device.type, bias_grad, impl) == 'fast'

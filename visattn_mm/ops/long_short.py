@@ -162,7 +162,8 @@ def dynamic_projection(logits, num_heads):
 
 
 def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
-                         global_k=None, global_v=None, local_bias=None, dropout_p=0.0):
+                         global_k=None, global_v=None, local_bias=None, dropout_p=0.0,
+                         impl='auto'):
     """Local queries attend to ``[projected keys | their segment's patch | global keys]``.
 
     Args:
@@ -179,11 +180,12 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
             ``table[long_short_rpb_index(w)]`` with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.
+        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    if use_fast_path(q, local_bias):
+    if use_fast_path(q, local_bias, impl=impl):
         return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v,
                                            local_bias, dropout_p)
     w = window

@@ -69,7 +69,7 @@ def padded_key_mask(side, length, pale_size, device):
     return hidden.reshape(stride, 1, size * length).to(device)
 
 
-def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'):
     """Self-attention within groups of ``s`` interlaced rows spanning the full width.
 
     Args:
@@ -80,6 +80,7 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         width (int): Map width ``W``.
         pale_size (int): Rows per group ``s`` (``min(s, H)`` is used).
         dropout_p (float): Dropout on the attention probabilities.
+        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d_v)``.
@@ -96,7 +97,7 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         t = t.reshape(b, heads, size, stride, width, d).transpose(2, 3)
         return t.reshape(b, heads, stride, size * width, d)
 
-    attend = fused_attention if use_fast_path(q) else dense_attention
+    attend = fused_attention if use_fast_path(q, impl=impl) else dense_attention
     # Groups as (B*h, stride, s*W, d): the (stride, 1, s*W) key mask broadcasts.
     out = attend(*(group(t).flatten(0, 1) for t in (q, k, v)),
                  hidden=padded_key_mask(height, width, pale_size, q.device), dropout_p=dropout_p)
@@ -105,7 +106,7 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
     return out.reshape(b, heads, padded, width, d)[:, :, :height].reshape(b, heads, n, d)
 
 
-def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'):
     """Self-attention within groups of ``s`` interlaced columns spanning the full height.
 
     The row attention of the transposed map. Arguments and result as
@@ -117,11 +118,11 @@ def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0
         return t.reshape(b, heads, h, w, -1).transpose(2, 3).reshape(b, heads, n, -1)
 
     out = interlaced_row_attention(*(transpose(t, height, width) for t in (q, k, v)),
-                                   width, height, pale_size, dropout_p)
+                                   width, height, pale_size, dropout_p, impl)
     return transpose(out, width, height)
 
 
-def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'):
     """Parallel PS-Attention: the first half of the heads attends within interlaced
     row groups, the second half within interlaced column groups.
 
@@ -134,6 +135,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         width (int): Map width ``W``.
         pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``.
         dropout_p (float): Dropout on the attention probabilities.
+        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
@@ -143,6 +145,6 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
     s_r, s_c = _pair(pale_size)
     half = heads // 2
-    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p)
-    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p)
+    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
+    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)
     return torch.cat([row, col], dim=1)

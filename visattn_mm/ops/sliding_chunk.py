@@ -173,7 +173,7 @@ def gather_neighbour_chunks(chunks, blocks):
 
 def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
                             local_bias=None, l2g_bias=None, masking_mode=0, shift_mode=0,
-                            dropout_p=0.0):
+                            dropout_p=0.0, impl='auto'):
     """Local tokens attend to their neighbour chunks and to the global tokens.
 
     Args:
@@ -191,11 +191,12 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         masking_mode (int): 0, -1 or 1, see the module docstring.
         shift_mode (int): 0, -1 or 1..8, see the module docstring.
         dropout_p (float): Dropout on the attention probabilities.
+        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    if use_fast_path(q, local_bias, l2g_bias):
+    if use_fast_path(q, local_bias, l2g_bias, impl=impl):
         return _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias,
                                               l2g_bias, masking_mode, shift_mode, dropout_p)
     w = window
