@@ -26,8 +26,8 @@ def random_tensors(shapes, dtype, seed=0):
     return [None if s is None else torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
 
 
-def run_path(impl, op, inputs, monkeypatch):
-    """Output and input gradients of ``op(*inputs)`` on one path; counts fused-kernel calls."""
+def count_fused_calls(monkeypatch):
+    """Spy on the fused kernel: returns the list that grows by one per call."""
     calls = []
     sdpa = F.scaled_dot_product_attention
 
@@ -36,6 +36,13 @@ def run_path(impl, op, inputs, monkeypatch):
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    return calls
+
+
+def run_path(impl, op, inputs, monkeypatch):
+    """Output and input gradients of ``op(*inputs)`` on one path; counts fused-kernel calls."""
+    sdpa = F.scaled_dot_product_attention
+    calls = count_fused_calls(monkeypatch)
     leaves = [t for t in inputs if t is not None and t.requires_grad]
     with attention_impl(impl):
         out = op(*inputs)
@@ -213,14 +220,7 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
     kernel), a process-wide selection other than 'auto' overrides it, both give the same
     output, and a wrong value is refused with the allowed ones."""
     import visattn_mm.models as models
-    calls = []
-    sdpa = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    calls = count_fused_calls(monkeypatch)
     cls = getattr(models, backbone)
     images = torch.randn(1, 3, 45, 61, dtype=torch.float64)
     outputs = {}
