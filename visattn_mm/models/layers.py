@@ -4,10 +4,9 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.logging import print_log
 from timm.layers import trunc_normal_
 
-from ..ops.impl import ATTENTION_IMPLS, get_attention_impl
+from ..ops.impl import ATTENTION_IMPLS
 
 
 class Mlp(nn.Module):
@@ -60,7 +59,7 @@ def _is_int(value):
 
 
 def check_attn_impl(attn_impl, name):
-    """Validate a backbone's ``attn_impl`` and log the choice once, when the model is built.
+    """Validate a backbone's ``attn_impl``.
 
     Raises:
         ValueError: If ``attn_impl`` is not one of ``ATTENTION_IMPLS``.
@@ -68,9 +67,6 @@ def check_attn_impl(attn_impl, name):
     if attn_impl not in ATTENTION_IMPLS:
         raise ValueError(f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
                          "(see visattn_mm.ops.impl; 'auto' picks per device)")
-    selected = get_attention_impl()
-    override = f' (overridden by the process-wide selection {selected!r})' if selected != 'auto' else ''
-    print_log(f'{name}: attention implementation {attn_impl!r}{override}', logger='current')
     return attn_impl
 
 

@@ -175,7 +175,7 @@ class PaleTransformer(DenseBackbone):
         attn_impl (str): Attention implementation: 'fast' (fused
             ``scaled_dot_product_attention``), 'math' (explicit softmax, the reference)
             or 'auto' (per device, as measured; see :mod:`visattn_mm.ops.impl`).
-            Logged at build. Default: 'auto'.
+            Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg

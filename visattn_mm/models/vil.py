@@ -478,8 +478,7 @@ class ViL(DenseBackbone):
         attn_impl (str): Implementation of the sliding-chunk and long-short attention:
             'fast' (fused ``scaled_dot_product_attention``), 'math' (explicit softmax,
             the reference) or 'auto' (per device, as measured; see
-            :mod:`visattn_mm.ops.impl`). Full attention has one path. Logged at build.
-            Default: 'auto'.
+            :mod:`visattn_mm.ops.impl`). Full attention has one path. Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
     """
