@@ -2,10 +2,11 @@
 
 The path every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` of our
 backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
-``checkpoint_filter`` convert an official layout, drop tensors whose shapes cannot
-fit, ``load_state_dict`` (whose pre-hooks resize position tables, so ``load_from``,
-resume and plain ``load_state_dict`` resize the same way), report, and refuse a
-load that matched too little. Whole-model loads (:mod:`.policy`) share the matching,
+``checkpoint_filter`` convert an official layout, resize position tables (the
+model's :class:`~.protocol.CheckpointProtocol`, which its load pre-hooks also run, so
+``load_from``, resume and plain ``load_state_dict`` resize the same way), drop
+tensors whose shapes cannot fit, ``load_state_dict``, report, and refuse a load
+that matched too little. Whole-model loads (:mod:`.policy`) share the matching,
 the report and the refusal (:func:`load_state_dict_with_report`).
 """
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch
 from mmengine.logging import MMLogger
 
 from .formats import CheckpointError, read_checkpoint, unwrap_state_dict
+from .protocol import CheckpointProtocol
 
 MIN_LOADED_FRACTION = 0.9
 
@@ -82,10 +84,9 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
     """Load ``checkpoint`` (a path or an already-read object) into ``model``.
 
     Args:
-        model (nn.Module): A backbone. If it defines ``checkpoint_filter(state_dict,
-            target_keys, report)``, that converts official layouts first; if it defines
-            ``adaptable_keys(state_dict)``, the keys it returns may differ in shape
-            (its load-state-dict pre-hook resizes them).
+        model (nn.Module): A backbone or classifier. If it is a
+            :class:`~.protocol.CheckpointProtocol`, its ``checkpoint_filter`` converts
+            official layouts first.
         checkpoint (str | dict): File path, or a checkpoint object already read.
         allow_partial (bool): Load even if fewer than 90% of the model's parameter
             tensors are set (e.g. deliberately loading only some stages).
@@ -115,9 +116,8 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
         raise CheckpointError(f'{source}: {err}. Is it a model checkpoint? Point to a file holding '
                               'a state_dict (tools/convert_ckpt.py writes one).') from None
     report = LoadReport(source=str(source), container=container, layout='ours')
-    filter_fn = getattr(model, 'checkpoint_filter', None)
-    if filter_fn is not None:
-        state_dict = filter_fn(state_dict, set(model.state_dict()), report)
+    if isinstance(model, CheckpointProtocol):
+        state_dict = model.checkpoint_filter(state_dict, set(model.state_dict()), report)
     return load_state_dict_with_report(model, state_dict, report, allow_partial, advice, logger)
 
 
@@ -125,8 +125,9 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
                                 logger=None):
     """Load the tensors of ``state_dict`` that fit ``model``, filling in ``report``; or refuse.
 
-    A tensor fits if ``model`` has its key with the same shape, or a shape that the
-    ``adaptable_keys`` of the module holding it says its load pre-hook adapts.
+    Every :class:`~.protocol.CheckpointProtocol` module of ``model`` first drops its
+    derived tensors and resizes its tables (:meth:`~.protocol.CheckpointProtocol.adapt_state_dict`);
+    then a tensor fits if ``model`` has its key with the same shape.
 
     Args:
         model (nn.Module): The model (a backbone, or a whole detector or segmentor).
@@ -145,17 +146,18 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
             nothing is loaded then.
     """
     target = model.state_dict()
-    resizable = adaptable_keys(model, state_dict)
+    state_dict = dict(state_dict)
+    for name, module in model.named_modules():
+        if isinstance(module, CheckpointProtocol):
+            module.adapt_state_dict(state_dict, f'{name}.' if name else '', report)
     usable = {}
     for key, value in state_dict.items():
         if key not in target:
             report.unexpected.append(key)
-        elif value.shape != target[key].shape and key not in resizable:
+        elif value.shape != target[key].shape:
             report.mismatched[key] = (tuple(value.shape), tuple(target[key].shape))
         else:
-            if value.shape != target[key].shape:
-                report.resized[key] = (tuple(value.shape), tuple(target[key].shape))
-            elif key not in report.converted:
+            if key not in report.converted and key not in report.resized:
                 report.loaded.append(key)
             usable[key] = value
     param_names = [name for name, _ in model.named_parameters()]
@@ -174,22 +176,6 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
     (logger or MMLogger.get_current_instance()).info(report.summary())
     return report
 
-
-def adaptable_keys(model, state_dict):
-    """Keys of ``state_dict`` of another shape that a module's load pre-hook adapts.
-
-    Asks every module of ``model`` (``model`` included) that defines
-    ``adaptable_keys(state_dict)`` about the keys under its prefix.
-    """
-    keys = set()
-    for name, module in model.named_modules():
-        ask = getattr(module, 'adaptable_keys', None)
-        if ask is None:
-            continue
-        prefix = f'{name}.' if name else ''
-        own = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        keys |= {prefix + key for key in ask(own)}
-    return keys
 
 
 def check_finite(state_dict, source, max_keys=5):

@@ -1,7 +1,8 @@
 """Backbone skeletons (nn.Modules); attention math lives in visattn_mm.ops."""
 from .classifier import Classifier
 from .pale import PaleTransformer
-from .vil import SlidingChunkAttention, ViL, ViLLS, set_random_shift
+from .vil import ViL, ViLLS, set_random_shift
+from .vil_attention import SlidingChunkAttention
 from .vvt import VVT
 
 __all__ = ['ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'SlidingChunkAttention',

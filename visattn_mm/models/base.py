@@ -1,11 +1,33 @@
-"""What every backbone shares for dense prediction."""
+"""What every backbone shares for dense prediction: one skeleton.
+
+:class:`DenseBackbone` owns everything that is not a backbone's own layers:
+
+* presets: ``arch_zoo`` (names and aliases) with a custom-dict escape hatch and
+  per-stage defaults (:meth:`DenseBackbone.resolve_arch`);
+* the mmdet surface, validated and stored once (:meth:`DenseBackbone.init_stages`):
+  ``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp``, ``drop_path_rate``,
+  ``init_cfg`` / ``pretrained``;
+* the stage loop (patch embedding, blocks with optional gradient checkpointing,
+  stage output) and the output maps, for mmdet/mmseg and timm alike;
+* the checkpoint protocol (:class:`~visattn_mm.checkpoint.protocol.CheckpointProtocol`):
+  a backbone declares its ``checkpoint_filter`` function and how its tables resize;
+  the load pre-hook registered here applies that on every load path.
+
+A backbone declares where its modules live (``stage_layout``: module names differ
+per backbone because they follow the official checkpoints) and builds its stages.
+"""
+import re
+from typing import NamedTuple, Optional
 import warnings
 
 import torch
+import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
+from ..checkpoint.protocol import CheckpointProtocol
+from .layers import check_arch, check_stage_args, check_stage_lengths, linear_drop_path_rates
 
 
 CPU_FP16_WARNING = (
@@ -29,15 +51,42 @@ def warn_once_on_cpu_fp16_autocast(x):
         warnings.warn(CPU_FP16_WARNING, stacklevel=2)
 
 
-class DenseBackbone(BaseModule):
-    """Base of the backbones: ``pretrained``/``init_cfg``, frozen stages, ``norm_eval``.
+def with_aliases(presets, aliases):
+    """``presets`` plus ``aliases`` (short name -> preset name) pointing at the same dicts."""
+    return {**presets, **{alias: presets[name] for alias, name in aliases.items()}}
 
-    Subclasses set ``self.frozen_stages``, ``self.norm_eval``, ``self.out_indices``,
-    ``self.num_stages`` (built stages), ``self.embed_dims`` and ``self.strides`` (one
-    per built stage), implement ``stage_modules(i)`` (the modules of stage ``i``, its
-    patch embedding first), ``_run_stages(x)`` (see :meth:`iter_stages`) and
-    ``output_norm(i)``, call ``self._freeze_stages()`` at the end of ``__init__`` and
-    may define ``checkpoint_filter`` / ``adaptable_keys`` for :func:`load_pretrained`.
+
+class StageLayout(NamedTuple):
+    """Where a backbone's stage modules live; ``{i}`` is the 0-based stage, ``{n}`` = i + 1.
+
+    The names follow each backbone's official checkpoints, so they differ per backbone.
+
+    Attributes:
+        embed (str): The patch embedding (NCHW map -> ``(tokens, (H, W))``).
+        blocks (str): The ModuleList of blocks, each called as ``block(tokens, hw)``.
+        norm (str): The stage's LayerNorm (may be absent, see ``norm_in_stage``).
+        norm_in_stage (bool): True: the norm is part of the stage and its output also
+            feeds the next stage (VVT). False: it is an output norm, applied only to the
+            returned map and built only for ``out_indices`` (ViL, Pale, mmdet's Swin).
+        container (str, optional): A module holding the whole stage, if there is one
+            (ViL's ``stages.{i}``); it is what freezing and pruning act on.
+    """
+
+    embed: str
+    blocks: str
+    norm: str
+    norm_in_stage: bool = False
+    container: Optional[str] = None
+
+
+class DenseBackbone(CheckpointProtocol, BaseModule):
+    """Base of the four backbones: presets, the mmdet surface, the stage loop, checkpoints.
+
+    A subclass sets ``arch_zoo``, ``stage_layout`` and (optionally) ``arch_defaults``,
+    ``checkpoint_filter``, ``derived_tensors`` and ``resize_checkpoint_tensor``; in
+    ``__init__`` it resolves its arch (:meth:`resolve_arch`), calls :meth:`init_stages`,
+    registers its modules under the layout's names and ends with ``self._freeze_stages()``.
+    It may override :meth:`check_input`, :meth:`run_block` and :meth:`finish_stage`.
 
     Args:
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -46,6 +95,14 @@ class DenseBackbone(BaseModule):
             layouts converted, a report logged, loads matching under 90% refused);
             other mmengine init configs may be listed with it.
     """
+
+    #: Preset name (and alias) -> dict of per-stage lists (``depths``, ``embed_dims``, ...).
+    arch_zoo = {}
+    #: Keys a custom arch dict must have.
+    arch_required = ('depths', 'embed_dims', 'num_heads')
+    #: Optional per-stage arch keys -> default (one value for every stage, or a tuple).
+    arch_defaults = {}
+    stage_layout = None
 
     def __init__(self, pretrained=None, init_cfg=None):
         name = type(self).__name__
@@ -56,17 +113,84 @@ class DenseBackbone(BaseModule):
                           'checkpoint=...)', DeprecationWarning)
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
+        self._register_load_state_dict_pre_hook(self._adapt_loaded_state_dict)
+
+    @classmethod
+    def resolve_arch(cls, arch):
+        """The arch as a dict with every per-stage key: a preset, or a checked custom dict.
+
+        Raises:
+            ValueError: For an unknown preset, a custom dict missing required keys, or
+                per-stage entries of the wrong length.
+        """
+        name = cls.__name__
+        spec = check_arch(arch, cls.arch_zoo, cls.arch_required, name)
+        num_stages = len(spec['depths'])
+        for key, default in cls.arch_defaults.items():
+            spec.setdefault(key, default if isinstance(default, tuple) else (default,) * num_stages)
+        check_stage_lengths(name, num_stages, **{k: spec[k] for k in spec if k != 'depths'})
+        return spec
+
+    def init_stages(self, depths, embed_dims, strides, out_indices, frozen_stages, drop_path_rate, norm_eval,
+                    with_cp, build_all_stages):
+        """Validate and store the standard surface; return the stochastic depth of every block.
+
+        Args:
+            depths (Sequence[int]): Blocks per stage, of the whole arch.
+            embed_dims (Sequence[int]): Channels per stage.
+            strides (Sequence[int]): Output stride per stage.
+            out_indices (Sequence[int]): Stages (0-based) returned as maps.
+            frozen_stages (int): -1 nothing; 0 the first patch embedding; ``i`` stages 1..i.
+            drop_path_rate (float): Stochastic depth of the last block (linear from 0).
+            norm_eval (bool): Keep BatchNorms in eval mode while training.
+            with_cp (bool): Gradient checkpointing per block.
+            build_all_stages (bool): Build every stage (ViL), or only those up to the
+                last of ``out_indices`` (VVT, Pale).
+
+        Returns:
+            list[float]: Drop-path rate of every block of the whole arch.
+        """
+        num_stages = len(depths)
+        self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages,
+                                            drop_path_rate, builds_up_to_last_output=not build_all_stages)
+        self.num_stages = num_stages if build_all_stages else max(self.out_indices) + 1   # built stages
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.embed_dims = tuple(embed_dims[:self.num_stages])
+        self.strides = tuple(strides[:self.num_stages])
+        return linear_drop_path_rates(drop_path_rate, depths)
+
+    def stage_part(self, i, part):
+        """Module ``part`` (a :class:`StageLayout` field) of stage ``i``, or None if not built."""
+        name = getattr(self.stage_layout, part).format(i=i, n=i + 1)
+        try:
+            return self.get_submodule(name)
+        except AttributeError:
+            return None
 
     def stage_modules(self, i):
-        """The modules of stage ``i`` (0-based), its patch embedding first."""
-        raise NotImplementedError
+        """The modules of stage ``i`` (0-based), its patch embedding first, its norm (if built) last."""
+        body = 'container' if self.stage_layout.container else 'blocks'
+        modules = (self.stage_part(i, 'embed'), self.stage_part(i, body), self.stage_part(i, 'norm'))
+        return tuple(m for m in modules if m is not None)
 
     def output_norm(self, i):
-        """The LayerNorm that turns stage ``i``'s tokens into its output, or None."""
-        raise NotImplementedError
+        """The LayerNorm that turns stage ``i``'s tokens into its output map, or None."""
+        return None if self.stage_layout.norm_in_stage else self.stage_part(i, 'norm')
 
-    def _run_stages(self, x):
-        raise NotImplementedError
+    def check_input(self, x):
+        """Raise a ValueError for an NCHW batch this backbone cannot run (default: any runs)."""
+
+    def run_block(self, block, tokens, hw, *args):
+        """``block(tokens, hw, *args)``, recomputed in backward under ``with_cp`` while training."""
+        if self.with_cp and tokens.requires_grad:
+            return cp.checkpoint(block, tokens, hw, *args, use_reentrant=False)
+        return block(tokens, hw, *args)
+
+    def finish_stage(self, i, tokens):
+        """Stage ``i``'s tokens as the next stage reads them (default: through an in-stage norm)."""
+        return self.stage_part(i, 'norm')(tokens) if self.stage_layout.norm_in_stage else tokens
 
     def iter_stages(self, x):
         """Run the built stages in turn on an NCHW batch (the classifier's timm interface uses this).
@@ -76,12 +200,19 @@ class DenseBackbone(BaseModule):
             the next stage reads them, before the output norm.
 
         Raises:
-            ValueError: If ``x`` is not 4-D.
+            ValueError: If ``x`` is not 4-D, or :meth:`check_input` refuses it.
         """
         if x.dim() != 4:
             raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape {tuple(x.shape)}')
         warn_once_on_cpu_fp16_autocast(x)
-        yield from self._run_stages(x)
+        self.check_input(x)
+        for i in range(self.num_stages):
+            tokens, hw = self.stage_part(i, 'embed')(x)
+            for block in self.stage_part(i, 'blocks'):
+                tokens = self.run_block(block, tokens, hw)
+            tokens = self.finish_stage(i, tokens)
+            yield i, tokens, hw
+            x = tokens_to_map(tokens, hw)
 
     def output_map(self, i, tokens, hw):
         """Stage ``i``'s output: ``tokens`` through its output norm (if any) as an NCHW map."""
@@ -110,6 +241,11 @@ class DenseBackbone(BaseModule):
         self.out_indices = tuple(i for i in self.out_indices if i < num_stages)
         self.embed_dims, self.strides = self.embed_dims[:num_stages], self.strides[:num_stages]
         self.frozen_stages = min(self.frozen_stages, num_stages)
+
+    def _adapt_loaded_state_dict(self, state_dict, prefix, *args):
+        # Every load path (init_cfg, load_from, resume, load_state_dict) drops derived
+        # tensors and resizes tables; the loader has done so already for its own loads.
+        self.adapt_state_dict(state_dict, prefix)
 
     def init_weights(self):
         """Random init happens in ``__init__``; ``Pretrained`` entries load through our loader.
@@ -166,3 +302,37 @@ class DenseBackbone(BaseModule):
 def tokens_to_map(tokens, hw):
     """``(B, H*W, C)`` tokens as a contiguous ``(B, C, H, W)`` map."""
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()
+
+
+_NUMBERED_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
+
+
+def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None):
+    """The common part of the checkpoint filters of backbones named ``patch_embed{n}``/``block{n}``/``norm{n}``.
+
+    Drops, with the reason in ``report``, the classification ``head`` and the tensors of
+    stages the model does not build (stages after the last ``out_indices``).
+
+    Args:
+        state_dict (dict): Checkpoint tensors.
+        target_keys (set[str]): The model's keys.
+        report (LoadReport): Where the drops are noted.
+        other_reason (callable, optional): ``key -> reason or None``: further tensors to drop.
+
+    Returns:
+        dict: The tensors kept.
+    """
+    built = {int(m.group(1)) for m in map(_NUMBERED_STAGE_KEY.match, target_keys) if m}
+    out = {}
+    for key, value in state_dict.items():
+        match = _NUMBERED_STAGE_KEY.match(key)
+        if key.startswith('head.'):
+            report.dropped[key] = 'classification head'
+        elif match and int(match.group(1)) not in built:
+            report.dropped[key] = 'stage not built (after the last out_indices)'
+        elif other_reason is not None and other_reason(key):
+            report.dropped[key] = other_reason(key)
+        else:
+            out[key] = value
+    return out
+

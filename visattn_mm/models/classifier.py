@@ -22,8 +22,9 @@ import torch.nn as nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from ..checkpoint import LoadReport, find_state_dict, load_pretrained
+from ..checkpoint.protocol import CheckpointProtocol
 from .base import tokens_to_map
-from .layers import check_arch, init_transformer_weights
+from .layers import init_transformer_weights
 from .pale import PaleTransformer
 from .vil import ViL, ViLLS
 from .vvt import VVT
@@ -77,7 +78,7 @@ def is_classifier_layout(state_dict):
     return all(isinstance(k, str) and k.startswith(('backbone.', 'head.')) for k in state_dict)
 
 
-class Classifier(nn.Module):
+class Classifier(CheckpointProtocol, nn.Module):
     """A backbone with a classification head on the pooled last stage.
 
     Args:
@@ -110,7 +111,7 @@ class Classifier(nn.Module):
         if img_size is not None:
             self._set_img_size(backbone_cls, img_size, backbone_kwargs)
         arch = backbone_kwargs.get('arch', inspect.signature(backbone_cls).parameters['arch'].default)
-        num_stages = len(check_arch(arch, backbone_cls.arch_zoo, ('depths',), 'Classifier')['depths'])
+        num_stages = len(backbone_cls.resolve_arch(arch)['depths'])
         self.backbone = backbone_cls(out_indices=(num_stages - 1,), **backbone_kwargs)
         self.backbone_type = backbone_type
         self.num_features = self.head_hidden_size = self.backbone.embed_dims[-1]
@@ -287,9 +288,3 @@ class Classifier(nn.Module):
         report.converted.update({prefix + k: v for k, v in backbone_report.converted.items()})
         report.fresh.update({prefix + k: v for k, v in backbone_report.fresh.items()})
         return {**{prefix + k: v for k, v in converted.items()}, **head}
-
-    def adaptable_keys(self, state_dict):
-        """Keys whose tensors the backbone's load pre-hook resizes, for :func:`load_pretrained`."""
-        prefix = 'backbone.'
-        body = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        return {prefix + k for k in self.backbone.adaptable_keys(body)}

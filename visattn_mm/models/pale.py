@@ -30,24 +30,18 @@ the heads (channels) attends within row groups, the second half within column
 groups (:mod:`visattn_mm.ops.pale`); the halves are concatenated and projected by
 ``proj`` (Linear). LayerNorm eps 1e-5 throughout (PyTorch default, as CvT/CSWin).
 """
-import re
-
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
-from .base import DenseBackbone
-from .layers import (Mlp, OverlapPatchEmbed, check_arch, check_attn_impl, check_int, check_mlp_ratio, check_stage_args,
-                     check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
+from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
+from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, check_mlp_ratio, init_transformer_weights
 
-ARCH_ZOO = {
+ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
     'small': dict(depths=(2, 2, 16, 2), embed_dims=(96, 192, 384, 768), num_heads=(2, 4, 8, 16)),
     'base': dict(depths=(2, 2, 16, 2), embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32)),
-}
-for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('b', 'base')):
-    ARCH_ZOO[_alias] = ARCH_ZOO[_name]
+}, dict(t='tiny', s='small', b='base'))
 
 DEFAULT_PALE_SIZE = 7   # per stage, for arch dicts without ``pale_sizes`` (paper: 7 everywhere)
 DEFAULT_MLP_RATIO = 4   # per stage, for arch dicts without ``mlp_ratios``
@@ -146,6 +140,28 @@ class PaleBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+def pale_checkpoint_filter(state_dict, target_keys, report):
+    """Prepare a Pale state_dict (ours, e.g. from :class:`~visattn_mm.models.Classifier`) for the dense backbone.
+
+    Dropped, with the reason in the report: the classification ``head``, tensors of
+    stages this backbone does not build, and output norms ``norm{i}`` it does not
+    build. A classification checkpoint has only the last stage's output norm; the
+    dense backbone's other ``norm{i}`` keep their fresh initialisation and are
+    reported as such (not as missing).
+    """
+    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q.dw.weight' in state_dict:
+        report.layout = 'pale'
+    out = drop_head_and_unbuilt_stages(
+        state_dict, target_keys, report,
+        other_reason=lambda key: ('output norm not built (stage not in out_indices)'
+                                  if key.startswith('norm') and key not in target_keys else None))
+    if report.layout == 'pale':
+        for key in sorted(target_keys):
+            if key.startswith('norm') and key not in state_dict:
+                report.fresh[key] = 'output norm not in the checkpoint (a classifier has only the last one)'
+    return out
+
+
 class PaleTransformer(DenseBackbone):
     """Pale Transformer backbone.
 
@@ -183,19 +199,18 @@ class PaleTransformer(DenseBackbone):
     """
 
     arch_zoo = ARCH_ZOO
+    arch_defaults = dict(pale_sizes=DEFAULT_PALE_SIZE, mlp_ratios=DEFAULT_MLP_RATIO)
+    stage_layout = StageLayout(embed='patch_embed{n}', blocks='block{n}', norm='norm{n}')
+    checkpoint_filter = staticmethod(pale_checkpoint_filter)
 
     def __init__(self, arch='tiny', in_channels=3, qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
                  with_cp=False, attn_impl='auto', pretrained=None, init_cfg=None):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
         check_attn_impl(attn_impl, 'PaleTransformer')
-        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'PaleTransformer')
+        spec = self.resolve_arch(arch)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
-        num_stages = len(depths)
-        pale_sizes = spec.get('pale_sizes', (DEFAULT_PALE_SIZE,) * num_stages)
-        mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
-        check_stage_lengths('PaleTransformer', num_stages, embed_dims=dims, num_heads=heads,
-                            pale_sizes=pale_sizes, mlp_ratios=mlp_ratios)
+        pale_sizes, mlp_ratios = spec['pale_sizes'], spec['mlp_ratios']
         for i, (d, h, s) in enumerate(zip(dims, heads, pale_sizes)):
             check_int(s, f'pale_sizes[{i}]', 'PaleTransformer')
             check_mlp_ratio(mlp_ratios[i], f'mlp_ratios[{i}]', 'PaleTransformer', d)
@@ -204,18 +219,9 @@ class PaleTransformer(DenseBackbone):
                                  f'attend within row groups, half within column groups)')
             if d % h:
                 raise ValueError(f'PaleTransformer: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
-        out_indices = check_stage_args('PaleTransformer', num_stages, out_indices, frozen_stages,
-                                       drop_path_rate, builds_up_to_last_output=True)
-        self.num_stages = max(out_indices) + 1   # built stages
-
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
-        self.embed_dims = tuple(dims[:self.num_stages])
-        self.strides = tuple(4 * 2 ** i for i in range(self.num_stages))
+        drop_paths = self.init_stages(depths, dims, [4 * 2 ** i for i in range(len(depths))], out_indices,
+                                      frozen_stages, drop_path_rate, norm_eval, with_cp, build_all_stages=False)
         self.pale_sizes = tuple(pale_sizes[:self.num_stages])
-        drop_paths = linear_drop_path_rates(drop_path_rate, depths)
 
         in_dim = in_channels
         for i in range(self.num_stages):
@@ -226,28 +232,14 @@ class PaleTransformer(DenseBackbone):
             self.add_module(f'patch_embed{i + 1}',
                             OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS))
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
-            if i in out_indices:
+            if i in self.out_indices:
                 self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
             in_dim = dims[i]
 
         self.apply(init_transformer_weights)   # convs and BatchNorms keep PyTorch's defaults
         self._freeze_stages()
 
-    def checkpoint_filter(self, state_dict, target_keys, report):
-        """Drop the classification head and tensors of stages/norms this backbone does not build."""
-        return pale_checkpoint_filter(state_dict, target_keys, report)
-
-    def adaptable_keys(self, state_dict):
-        """Pale has no size-dependent tensors (no position tables)."""
-        return set()
-
-    def stage_modules(self, i):
-        """Patch merging, blocks and (if built) output norm of stage ``i`` (0-based)."""
-        norm = getattr(self, f'norm{i + 1}', None)
-        modules = (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'))
-        return modules + ((norm,) if norm is not None else ())
-
-    def _check_batchnorm_statistics(self, x):
+    def check_input(self, x):
         """Training BatchNorm (in the q/k/v convs) needs more than one value per channel.
 
         The last built stage has ``B * ceil(H / s) * ceil(W / s)`` values, ``s`` its stride.
@@ -260,53 +252,3 @@ class PaleTransformer(DenseBackbone):
                 f'PaleTransformer in training mode needs more than 1 value per channel at stride {stride} '
                 f'for its BatchNorms; a batch of {x.shape[0]} image(s) of {tuple(x.shape[2:])} gives 1. Use '
                 f'a batch of 2 or more, an image larger than {stride} pixels on one side, or norm_eval=True.')
-
-    def output_norm(self, i):
-        """``norm{i+1}`` (built for ``out_indices`` only)."""
-        return getattr(self, f'norm{i + 1}', None)
-
-    def _run_stages(self, x):
-        self._check_batchnorm_statistics(x)
-        for i in range(self.num_stages):
-            tokens, hw = getattr(self, f'patch_embed{i + 1}')(x)
-            for block in getattr(self, f'block{i + 1}'):
-                if self.with_cp and tokens.requires_grad:
-                    tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
-                else:
-                    tokens = block(tokens, hw)
-            yield i, tokens, hw
-            b, _, c = tokens.shape
-            x = tokens.transpose(1, 2).reshape(b, c, *hw)
-
-
-_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
-
-
-def pale_checkpoint_filter(state_dict, target_keys, report):
-    """Prepare a Pale state_dict (ours, e.g. from :class:`~visattn_mm.models.Classifier`) for the dense backbone.
-
-    Dropped, with the reason in the report: the classification ``head``, tensors of
-    stages this backbone does not build, and output norms ``norm{i}`` it does not
-    build. A classification checkpoint has only the last stage's output norm; the
-    dense backbone's other ``norm{i}`` keep their fresh initialisation and are
-    reported as such (not as missing).
-    """
-    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q.dw.weight' in state_dict:
-        report.layout = 'pale'
-    built = {int(m.group(1)) for m in map(_STAGE_KEY.match, target_keys) if m}
-    out = {}
-    for key, value in state_dict.items():
-        match = _STAGE_KEY.match(key)
-        if key.startswith('head.'):
-            report.dropped[key] = 'classification head'
-        elif match and int(match.group(1)) not in built:
-            report.dropped[key] = 'stage not built (after the last out_indices)'
-        elif key.startswith('norm') and key not in target_keys:
-            report.dropped[key] = 'output norm not built (stage not in out_indices)'
-        else:
-            out[key] = value
-    if report.layout == 'pale':
-        for key in sorted(target_keys):
-            if key.startswith('norm') and key not in state_dict:
-                report.fresh[key] = 'output norm not in the checkpoint (a classifier has only the last one)'
-    return out

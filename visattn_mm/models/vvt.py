@@ -11,18 +11,15 @@ Module names follow the official code (``patch_embed{i}``, ``block{i}.{j}``,
 classification ``head`` is dropped.
 """
 import math
-import re
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
-from .base import DenseBackbone, tokens_to_map
-from .layers import (OverlapPatchEmbed, check_arch, check_int, check_mlp_ratio, check_stage_args,
-                     check_stage_lengths, init_transformer_weights, linear_drop_path_rates)
+from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
+from .layers import OverlapPatchEmbed, check_int, check_mlp_ratio, init_transformer_weights
 
-ARCH_ZOO = {
+ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
                  mlp_ratios=(8, 8, 4, 4)),
     'small': dict(depths=(3, 3, 9, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -31,9 +28,7 @@ ARCH_ZOO = {
                    mlp_ratios=(8, 8, 4, 4)),
     'large': dict(depths=(4, 4, 36, 4), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
                   mlp_ratios=(4, 4, 4, 4)),
-}
-for _alias, _name in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'), ('l', 'large')):
-    ARCH_ZOO[_alias] = ARCH_ZOO[_name]
+}, dict(t='tiny', s='small', m='medium', l='large'))
 
 DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
 EMBED_LN_EPS = 1e-5    # patch-embedding LayerNorm (official: nn.LayerNorm default)
@@ -138,6 +133,18 @@ class VVTBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x), hw))
 
 
+def vvt_checkpoint_filter(state_dict, target_keys, report):
+    """Prepare an official VVT (or our) state_dict for the dense backbone.
+
+    Official key names are ours, so tensors pass through unchanged. Dropped, with
+    the reason in the report: the classification ``head``, and the tensors of
+    stages this backbone does not build (stages after the last ``out_indices``).
+    """
+    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q_proj.weight' in state_dict:
+        report.layout = 'vvt_official' if 'head.weight' in state_dict else 'vvt'
+    return drop_head_and_unbuilt_stages(state_dict, target_keys, report)
+
+
 class VVT(DenseBackbone):
     """Vicinity Vision Transformer backbone.
 
@@ -172,16 +179,16 @@ class VVT(DenseBackbone):
     """
 
     arch_zoo = ARCH_ZOO
+    arch_defaults = dict(mlp_ratios=DEFAULT_MLP_RATIO)
+    stage_layout = StageLayout(embed='patch_embed{n}', blocks='block{n}', norm='norm{n}', norm_in_stage=True)
+    checkpoint_filter = staticmethod(vvt_checkpoint_filter)
 
     def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
                  with_cp=False, pretrained=None, init_cfg=None):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
-        spec = check_arch(arch, ARCH_ZOO, ('depths', 'embed_dims', 'num_heads'), 'VVT')
-        depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
-        num_stages = len(depths)
-        mlp_ratios = spec.get('mlp_ratios', (DEFAULT_MLP_RATIO,) * num_stages)
-        check_stage_lengths('VVT', num_stages, embed_dims=dims, num_heads=heads, mlp_ratios=mlp_ratios)
+        spec = self.resolve_arch(arch)
+        depths, dims, heads, mlp_ratios = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['mlp_ratios']
         check_int(fr_ratio, 'fr_ratio', 'VVT')
         check_int(se_ratio, 'se_ratio', 'VVT')
         for i, (d, h) in enumerate(zip(dims, heads)):
@@ -191,17 +198,8 @@ class VVT(DenseBackbone):
                                  f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        out_indices = check_stage_args('VVT', num_stages, out_indices, frozen_stages, drop_path_rate,
-                                       builds_up_to_last_output=True)
-        self.num_stages = max(out_indices) + 1   # built stages
-
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
-        self.embed_dims = tuple(dims[:self.num_stages])
-        self.strides = tuple(4 * 2 ** i for i in range(self.num_stages))
-        drop_paths = linear_drop_path_rates(drop_path_rate, depths)
+        drop_paths = self.init_stages(depths, dims, [4 * 2 ** i for i in range(len(depths))], out_indices,
+                                      frozen_stages, drop_path_rate, norm_eval, with_cp, build_all_stages=False)
 
         in_dim = in_channels
         for i in range(self.num_stages):
@@ -216,58 +214,3 @@ class VVT(DenseBackbone):
 
         self.apply(init_vvt_weights)
         self._freeze_stages()
-
-    def checkpoint_filter(self, state_dict, target_keys, report):
-        """Official-layout handling used by :func:`load_pretrained`."""
-        return vvt_checkpoint_filter(state_dict, target_keys, report)
-
-    def adaptable_keys(self, state_dict):
-        """VVT has no size-dependent tensors (positions are recomputed every forward)."""
-        return set()
-
-    def stage_modules(self, i):
-        """Patch embedding, blocks and norm of stage ``i`` (0-based)."""
-        return (getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}'),
-                getattr(self, f'norm{i + 1}'))
-
-    def output_norm(self, i):
-        """None: ``norm{i+1}`` is part of stage ``i`` (the next stage reads its output)."""
-        return None
-
-    def _run_stages(self, x):
-        for i in range(self.num_stages):
-            patch_embed, blocks, norm = self.stage_modules(i)
-            tokens, hw = patch_embed(x)
-            for block in blocks:
-                if self.with_cp and tokens.requires_grad:
-                    tokens = cp.checkpoint(block, tokens, hw, use_reentrant=False)
-                else:
-                    tokens = block(tokens, hw)
-            tokens = norm(tokens)
-            yield i, tokens, hw
-            x = tokens_to_map(tokens, hw)
-
-
-_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
-
-
-def vvt_checkpoint_filter(state_dict, target_keys, report):
-    """Prepare an official VVT (or our) state_dict for the dense backbone.
-
-    Official key names are ours, so tensors pass through unchanged. Dropped, with
-    the reason in the report: the classification ``head``, and the tensors of
-    stages this backbone does not build (stages after the last ``out_indices``).
-    """
-    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q_proj.weight' in state_dict:
-        report.layout = 'vvt_official' if 'head.weight' in state_dict else 'vvt'
-    built = {int(m.group(1)) for m in map(_STAGE_KEY.match, target_keys) if m}
-    out = {}
-    for key, value in state_dict.items():
-        match = _STAGE_KEY.match(key)
-        if key.startswith('head.'):
-            report.dropped[key] = 'classification head'
-        elif match and int(match.group(1)) not in built:
-            report.dropped[key] = 'stage not built (after the last out_indices)'
-        else:
-            out[key] = value
-    return out

@@ -1,0 +1,295 @@
+"""The attention layers of ViL and ViL-LS: sliding-chunk, full and long-short.
+
+Each is a module holding the projections and bias tables (official key names) and
+calling a pure function of :mod:`visattn_mm.ops` for the attention itself. All take
+``(B, G + H*W, C)`` tokens with the ``G`` global tokens first and the map size ``(H, W)``.
+"""
+import torch
+import torch.nn as nn
+from timm.layers import trunc_normal_
+
+from ..ops.common import dense_attention
+from ..ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
+                              long_short_rpb_table_size)
+from ..ops.rel_pos import full_attention_rpb_index, resize_rpb_grid, sliding_chunk_rpb_index
+from ..ops.sliding_chunk import check_modes, sliding_chunk_attention
+
+DUAL_LN_EPS = 1e-5  # Transformer-LS' DualLN keeps torch's default
+
+
+def _global_token_bias(g2l_bias, g2g_bias, num_local):
+    """(heads, G, G + N) bias of the global queries: g2g, then g2l[0] for every local key."""
+    heads, num_global = g2g_bias.shape[:2]
+    return torch.cat([g2g_bias, g2l_bias[0][..., None].expand(heads, num_global, num_local)], dim=-1)
+
+
+class RelativePositionBias(nn.Module):
+    """Base of the three attentions: their bias tables, under the official key names.
+
+    ``local_relative_position_bias_table`` (rows x heads) is read through the
+    non-persistent ``relative_position_index`` buffer (derived from the window or map
+    size, never loaded). With global tokens, ``g2l_relative_position_bias[0]`` biases
+    global->local logits, ``[1]`` local->global, and ``g2g_relative_position_bias``
+    global->global.
+    """
+
+    def _init_bias_tables(self, use_rpb, index, table_rows, num_heads, num_global=0):
+        """Create the tables (trunc-normal, std 0.02) when ``use_rpb``; ``index`` indexes the local one."""
+        self.use_rpb = use_rpb
+        if not use_rpb:
+            return
+        self.local_relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
+        trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+        self.register_buffer('relative_position_index', index, persistent=False)
+        if num_global:
+            self.g2l_relative_position_bias = nn.Parameter(torch.zeros(2, num_heads, num_global))
+            self.g2g_relative_position_bias = nn.Parameter(torch.zeros(num_heads, num_global, num_global))
+            trunc_normal_(self.g2l_relative_position_bias, std=0.02)
+            trunc_normal_(self.g2g_relative_position_bias, std=0.02)
+
+
+class SlidingChunkAttention(RelativePositionBias):
+    """ViL attention: sliding-chunk local attention plus global tokens.
+
+    Local tokens attend to the keys of their own and neighbouring ``w x w``
+    chunks and to all global tokens; global tokens attend to every token.
+    ``query``, ``kv`` and ``proj`` are shared by local and global tokens (the
+    official ``*_global`` keys are copies of them).
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        window (int): Chunk size ``w``.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``query``/``kv``.
+        use_rpb (bool): Relative positional bias (table of ``(4w-1)^2`` rows per head,
+            plus global-token biases).
+        masking_mode (int): 0, -1 or 1; see :mod:`visattn_mm.ops.sliding_chunk`.
+        shift_mode (int): Neighbour set used when random shift is off: 0 (all 8),
+            -1 (own chunk only) or a fixed 1..8.
+        random_shift (bool): While training, draw the neighbour (1..8) at random at
+            every forward pass. Toggled by :class:`RandomShiftHook`.
+        attn_drop (float): Dropout on attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
+    """
+
+    def __init__(self, dim, num_heads, window=7, num_global=1, qkv_bias=True, use_rpb=True,
+                 masking_mode=0, shift_mode=0, random_shift=False, attn_drop=0.0, proj_drop=0.0,
+                 attn_impl='auto'):
+        super().__init__()
+        check_modes(masking_mode, shift_mode)
+        check_modes(masking_mode, 1 if random_shift else shift_mode)
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.window = window
+        self.num_global = num_global
+        self.masking_mode = masking_mode
+        self.shift_mode = shift_mode
+        self.random_shift = random_shift
+        self.attn_drop = attn_drop
+        self.attn_impl = attn_impl
+        self.query = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_bias_tables(use_rpb, sliding_chunk_rpb_index(window), (4 * window - 1) ** 2, num_heads,
+                               num_global)
+
+    def resolve_shift_mode(self):
+        """The neighbour set for this forward pass (drawn here when random shift is on).
+
+        Called outside gradient checkpointing so that recomputation reuses the draw.
+        """
+        if self.random_shift and self.training:
+            return int(torch.randint(1, 9, ()).item())
+        return self.shift_mode
+
+    def forward(self, x, hw, shift_mode=None):
+        """x: (B, G + H*W, C) with the global tokens first; hw: (H, W); shift_mode: see
+        :meth:`resolve_shift_mode` (drawn here if None)."""
+        if shift_mode is None:
+            shift_mode = self.resolve_shift_mode()
+        b, n, c = x.shape
+        g, heads, (h, w) = self.num_global, self.num_heads, hw
+        q = (self.query(x) * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
+        local_bias = l2g_bias = global_bias = None
+        if self.use_rpb:
+            w2 = self.window ** 2
+            local_bias = self.local_relative_position_bias_table[self.relative_position_index]
+            local_bias = local_bias.reshape(w2, 9 * w2, heads).permute(2, 0, 1)
+            if g:
+                l2g_bias = self.g2l_relative_position_bias[1]
+                global_bias = _global_token_bias(self.g2l_relative_position_bias,
+                                                 self.g2g_relative_position_bias, n - g)
+        dropout_p = self.attn_drop if self.training else 0.0
+        out = sliding_chunk_attention(
+            q[:, :, g:], k[:, :, g:], v[:, :, g:], h, w, self.window,
+            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
+            local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
+            shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl)
+        if g:
+            glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p)
+            out = torch.cat([glob, out], dim=2)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+
+class FullAttention(RelativePositionBias):
+    """Full attention with a Swin-style RPB table sized for one map.
+
+    This is the official classification models' attention in stages 3-4. The
+    table is built for ``rpb_size`` and used as it is there; a map of another size
+    ``(h, w)`` uses the table bilinearly resized to its ``(2h-1) x (2w-1)`` offset
+    grid, the resize the checkpoint loader applies to tables of another size
+    (:func:`~visattn_mm.ops.rel_pos.resize_rpb_grid`), so any input size works.
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        rpb_size (tuple[int, int]): Map size ``(H, W)`` the RPB table is built for.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``qkv``.
+        use_rpb (bool): Use the RPB table and global-token biases.
+        attn_drop (float): Dropout on attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+    """
+
+    def __init__(self, dim, num_heads, rpb_size, num_global=1, qkv_bias=True, use_rpb=True,
+                 attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.num_global = num_global
+        self.rpb_size = tuple(rpb_size)
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        rh, rw = self.rpb_size
+        self._init_bias_tables(use_rpb, full_attention_rpb_index(rh, rw), (2 * rh - 1) * (2 * rw - 1), num_heads,
+                               num_global)
+
+    def _local_bias(self, hw):
+        """``(heads, h*w, h*w)`` local bias of an ``hw`` map: the table as built for
+        ``rpb_size``, or resized to the map's offset grid."""
+        if hw == self.rpb_size:
+            table, index = self.local_relative_position_bias_table, self.relative_position_index
+        else:
+            rh, rw = self.rpb_size
+            table = resize_rpb_grid(self.local_relative_position_bias_table, (2 * rh - 1, 2 * rw - 1),
+                                    (2 * hw[0] - 1, 2 * hw[1] - 1))
+            index = full_attention_rpb_index(*hw).to(table.device)
+        return table[index].permute(2, 0, 1)
+
+    def forward(self, x, hw):
+        """x: (B, G + H*W, C) with the global tokens first; hw: (H, W)."""
+        b, n, c = x.shape
+        g, heads = self.num_global, self.num_heads
+        bias = None
+        if self.use_rpb:
+            bias = self._local_bias(tuple(hw))                 # (heads, N_loc, N_loc)
+            if g:
+                num_local = n - g
+                l2g = self.g2l_relative_position_bias[1][:, None, :].expand(heads, num_local, g)
+                bias = torch.cat([
+                    _global_token_bias(self.g2l_relative_position_bias,
+                                       self.g2g_relative_position_bias, num_local),
+                    torch.cat([l2g, bias], dim=-1)], dim=1)
+        q, k, v = self.qkv(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
+        out = dense_attention(q * self.scale, k, v, bias=bias,
+                              dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+class LongShortAttention(RelativePositionBias):
+    """Transformer-LS long-short attention (ViL-LS stages 1-2), as the official code computes it.
+
+    1. ``q, k, v`` from the fused ``qkv``; ``q`` scaled by ``head_dim ** -0.5``.
+    2. DualLN, part 1: ``dual_ln_full`` on ``k`` and ``v`` of all tokens (global
+       included), over all channels, before the heads are split.
+    3. Dynamic projection: ``P = softmax_tokens(to_dynamic_projection(x_local))`` in
+       fp32 over the ``H * W`` local tokens (never padding); ``K_bar = P k``,
+       ``V_bar = P v`` per head, heads merged, DualLN part 2 (``dual_ln_dp``), split.
+    4. Local queries: one fp32 softmax over ``[K_bar | segment patch | global keys]``
+       (:func:`~visattn_mm.ops.long_short.long_short_attention`); window RPB only.
+    5. Global queries attend to the global keys/values and to the local tokens'
+       attention outputs (as keys and values), without bias or dropout.
+    6. ``proj`` on ``[global, local]``.
+
+    The official code handles one global token (it multiplies the local
+    probabilities with ``v_global`` element-wise); ``num_global > 1`` uses the
+    matrix product that this generalises to, so every local query sees all global
+    tokens and every global query all global tokens and local outputs.
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        window (int): Segment size ``w`` (7 at 224, 8 at 384).
+        dp_rank (int): Rank ``r`` of the dynamic projection.
+        num_global (int): Global tokens at the front of the sequence.
+        qkv_bias (bool): Bias in ``qkv``.
+        use_rpb (bool): Window relative positional bias (a table of
+            ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
+        attn_drop (float): Dropout on the local queries' attention probabilities.
+        proj_drop (float): Dropout after ``proj``.
+        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
+    """
+
+    def __init__(self, dim, num_heads, window=7, dp_rank=8, num_global=1, qkv_bias=True,
+                 use_rpb=True, attn_drop=0.0, proj_drop=0.0, attn_impl='auto'):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.window = window
+        self.num_global = num_global
+        self.attn_drop = attn_drop
+        self.attn_impl = attn_impl
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.to_dynamic_projection = nn.Linear(dim, dp_rank * num_heads)
+        self.dual_ln_dp = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
+        self.dual_ln_full = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
+        # Global tokens have no biases here: the official long-short layer has none.
+        self._init_bias_tables(use_rpb, long_short_rpb_index(window), long_short_rpb_table_size(window), num_heads)
+
+    def _project(self, weights, x):
+        """``K_bar`` or ``V_bar``: ``P x`` per head, then ``dual_ln_dp`` over all channels.
+
+        Args:
+            weights (Tensor): ``P``, ``(B, heads, r, N)``.
+            x (Tensor): Local keys or values, ``(B, heads, N, d)``.
+
+        Returns:
+            Tensor: ``(B, heads, r, d)``.
+        """
+        b, heads, rank, _ = weights.shape
+        merged = (weights.to(x.dtype) @ x).transpose(1, 2).reshape(b, rank, -1)
+        return self.dual_ln_dp(merged).reshape(b, rank, heads, -1).transpose(1, 2)
+
+    def forward(self, x, hw):
+        """x: (B, G + H*W, C) with the global tokens first; hw: (H, W)."""
+        b, n, c = x.shape
+        g, heads = self.num_global, self.num_heads
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        k, v = self.dual_ln_full(k), self.dual_ln_full(v)
+        q, k, v = (t.reshape(b, n, heads, -1).transpose(1, 2) for t in (q * self.scale, k, v))
+        weights = dynamic_projection(self.to_dynamic_projection(x[:, g:]), heads)
+        local_bias = None
+        if self.use_rpb:
+            local_bias = self.local_relative_position_bias_table[self.relative_position_index]
+            local_bias = local_bias.permute(2, 0, 1)          # (heads, w*w, (w+2p)^2)
+        out = long_short_attention(
+            q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, self.window,
+            k_bar=self._project(weights, k[:, :, g:]), v_bar=self._project(weights, v[:, :, g:]),
+            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
+            local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
+        if g:
+            glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
+                                   torch.cat([v[:, :, :g], out], dim=2))
+            out = torch.cat([glob, out], dim=2)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
