@@ -23,7 +23,7 @@ from timm.layers import DropPath, trunc_normal_
 
 from ..ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
                               long_short_rpb_table_size)
-from ..ops.reference import dense_attention
+from ..ops.common import dense_attention
 from ..ops.rel_pos import (full_attention_rpb_index, resize_1d_table, resize_rpb_grid, resize_rpb_table,
                            sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes, sliding_chunk_attention
