@@ -77,7 +77,7 @@ def test_output_sides_follow_the_conv_chain_and_equal_ceil(tiny_model, size):
 def test_sliding_chunk_one_sided_padding(height, width, masking_mode, num_global):
     q, k, v, gk, gv, table, l2g = sc_tests.random_inputs(height, width, 3, num_global)
     fast = sc_tests.run_fast(q, k, v, height, width, 3, gk, gv, table, l2g, masking_mode, 0)
-    ref = sc_tests.dense_sliding_chunk(q, k, v, height, width, 3, gk, gv, table, l2g, masking_mode, 0)
+    ref = sc_tests.run_reference(q, k, v, height, width, 3, gk, gv, table, l2g, masking_mode, 0)
     torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
 
 

@@ -4,25 +4,11 @@ import itertools
 import pytest
 import torch
 
-from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
+from visattn_mm.ops.reference import sliding_chunk_attention_dense
 from visattn_mm.ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
 from visattn_mm.ops.sliding_chunk import key_mask, sliding_chunk_attention
 
 HEADS, DIM = 2, 4
-
-
-def dense_sliding_chunk(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode):
-    """The same attention written densely: N x (G + N) logits, explicit bias and mask."""
-    visible, rel = sliding_chunk_visibility(height, width, window, masking_mode, shift_mode)
-    span = 2 * window - 1
-    index = (rel[..., 0] + span) * (2 * span + 1) + rel[..., 1] + span
-    index = torch.where(visible, index, torch.zeros_like(index))
-    bias = table[index].permute(2, 0, 1)                       # (heads, N, N)
-    num_global = gk.shape[2]
-    n = height * width
-    bias = torch.cat([l2g[:, None, :].expand(HEADS, n, num_global), bias], dim=-1)
-    hidden = torch.cat([torch.zeros(n, num_global, dtype=torch.bool), ~visible], dim=-1)
-    return dense_attention(q, torch.cat([gk, k], 2), torch.cat([gv, v], 2), bias, hidden)
 
 
 def random_inputs(height, width, window, num_global, seed=0):
@@ -46,6 +32,12 @@ def run_fast(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, s
         l2g_bias=l2g if gk.shape[2] else None, masking_mode=masking_mode, shift_mode=shift_mode)
 
 
+def run_reference(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode):
+    """The dense reference on the arguments of :func:`run_fast`: N x (G + N) logits, explicit bias and mask."""
+    return sliding_chunk_attention_dense(q, k, v, height, width, window, global_k=gk, global_v=gv, table=table,
+                                         l2g_bias=l2g, masking_mode=masking_mode, shift_mode=shift_mode)
+
+
 # (H, W, w): multiples of w and not, non-square, fewer than 3 chunks, smaller than a chunk.
 SIZES = [(9, 9, 3), (10, 13, 3), (7, 8, 3), (2, 5, 3), (1, 1, 3), (15, 22, 7)]
 CASES = [(mm, 0) for mm in (0, -1, 1)] + [(0, sm) for sm in (-1, *range(1, 9))] + [(-1, 3), (-1, -1)]
@@ -61,7 +53,7 @@ def test_matches_dense_reference(height, width, window, masking_mode, shift_mode
     inputs = random_inputs(height, width, window, num_global)
     q, k, v, gk, gv, table, l2g = inputs
     fast = run_fast(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode)
-    ref = dense_sliding_chunk(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode)
+    ref = run_reference(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode)
     assert fast.shape == ref.shape == q.shape
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
 
@@ -71,7 +63,7 @@ def test_gradients_match_reference():
     inputs = [t.requires_grad_() for t in random_inputs(height, width, window, 1, seed=3)]
     fast = run_fast(*inputs[:3], height, width, window, *inputs[3:], 0, 0)
     grads_fast = torch.autograd.grad(fast.pow(2).sum(), inputs)
-    ref = dense_sliding_chunk(*inputs[:3], height, width, window, *inputs[3:], 0, 0)
+    ref = run_reference(*inputs[:3], height, width, window, *inputs[3:], 0, 0)
     grads_ref = torch.autograd.grad(ref.pow(2).sum(), inputs)
     for a, b in zip(grads_fast, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

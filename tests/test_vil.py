@@ -6,8 +6,9 @@ import torch
 
 from visattn_mm.models import Classifier, ViL, set_random_shift
 from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
+from visattn_mm.ops.common import dense_attention
 from visattn_mm.ops.rel_pos import resize_rpb_grid
-from visattn_mm.ops.reference import dense_attention, sliding_chunk_visibility
+from visattn_mm.ops.reference import sliding_chunk_attention_dense
 
 from helpers import VIL_TINY_ARCH as TINY_ARCH
 from helpers import (assert_dense_outputs, assert_only_stem_frozen, assert_same_gradients, assert_stages_frozen,
@@ -23,23 +24,19 @@ def test_classification_parameter_counts(arch, expected_m):
 
 
 def _dense_module_reference(attn, x, hw):
-    """The whole attention layer (local + global queries) as one dense masked softmax."""
-    g, heads, w = attn.num_global, attn.num_heads, attn.window
+    """The whole attention layer densely: local queries by the dense sliding-chunk reference,
+    global queries over all keys with the global-token biases."""
+    g, heads = attn.num_global, attn.num_heads
     b, n, c = x.shape
     q = (attn.query(x) * attn.scale).reshape(b, n, heads, -1).transpose(1, 2)
     k, v = attn.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
-    visible, rel = sliding_chunk_visibility(*hw, w, attn.masking_mode, attn.shift_mode)
-    span = 2 * w - 1
-    index = ((rel[..., 0] + span) * (2 * span + 1) + rel[..., 1] + span).clamp(0, (2 * span + 1) ** 2 - 1)
-    local = attn.local_relative_position_bias_table[index].permute(2, 0, 1)
     g2l, g2g = attn.g2l_relative_position_bias, attn.g2g_relative_position_bias
-    nl = n - g
-    bias = torch.cat([
-        torch.cat([g2g, g2l[0][..., None].expand(heads, g, nl)], -1),
-        torch.cat([g2l[1][:, None, :].expand(heads, nl, g), local], -1)], 1)
-    hidden = torch.zeros(n, n, dtype=torch.bool)
-    hidden[g:, g:] = ~visible
-    out = dense_attention(q, k, v, bias, hidden).transpose(1, 2).reshape(b, n, c)
+    local = sliding_chunk_attention_dense(
+        q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, attn.window, global_k=k[:, :, :g], global_v=v[:, :, :g],
+        table=attn.local_relative_position_bias_table, l2g_bias=g2l[1], masking_mode=attn.masking_mode,
+        shift_mode=attn.shift_mode)
+    glob = dense_attention(q[:, :, :g], k, v, torch.cat([g2g, g2l[0][..., None].expand(heads, g, n - g)], -1))
+    out = torch.cat([glob, local], 2).transpose(1, 2).reshape(b, n, c)
     return attn.proj(out)
 
 

@@ -9,8 +9,8 @@ the tokens (default 28, 56, 112, 224). Ours, as the backbones call them:
 * ``pale`` (Pale): pale size 7, half the heads on interlaced rows, half on columns;
 * ``vicinity`` (VVT): linear attention with the 2-D Manhattan re-weighting;
 
-against ``dense`` (``q k^T -> softmax -> @ v``, the reference of
-``visattn_mm.ops.reference``) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``).
+against ``dense`` (``q k^T -> softmax -> @ v``, ``visattn_mm.ops.common.dense_attention``, the
+explicit kernel behind the references) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``).
 ``dense`` cases whose ``N x N`` fp32 scores would need more than
 ``--dense-limit-gib`` are skipped with the memory they would need; ``dense`` and
 ``sdpa`` cases above ``--dense-max-tokens`` are skipped to bound the run time.
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from visattn_mm.ops.long_short import long_short_attention, segment_pad
 from visattn_mm.ops.pale import pale_attention
-from visattn_mm.ops.reference import dense_attention
+from visattn_mm.ops.common import dense_attention
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 from visattn_mm.ops.vicinity import vicinity_attention
 

@@ -1,4 +1,4 @@
-"""Numerics shared by the attention ops."""
+"""Numerics and chunk layout shared by the attention ops."""
 import torch
 import torch.nn.functional as F
 
@@ -91,3 +91,51 @@ def dense_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p, training=True)
     return attn @ v
+
+
+def chunk_grid(height, width, window):
+    """Rows and columns ``(R, C)`` of ``w x w`` chunks covering an ``H x W`` map (the last ones padded)."""
+    return -(-height // window), -(-width // window)
+
+
+def to_chunks(x, height, width, window):
+    """Cut row-major map tokens into ``w x w`` chunks, zero-padding the map at the bottom/right.
+
+    ViL's sliding chunks and Transformer-LS' segments share this layout.
+
+    Args:
+        x (Tensor): ``(B, heads, H*W, d)`` tokens of an ``H x W`` map, row-major.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Chunk size ``w``.
+
+    Returns:
+        Tensor: ``(B, heads, R, C, w*w, d)`` for the ``R x C`` grid of :func:`chunk_grid`;
+        the tokens of each chunk row-major.
+    """
+    b, heads, _, d = x.shape
+    w = window
+    rows, cols = chunk_grid(height, width, w)
+    x = x.reshape(b, heads, height, width, d)
+    x = F.pad(x, (0, 0, 0, cols * w - width, 0, rows * w - height))
+    x = x.reshape(b, heads, rows, w, cols, w, d).transpose(3, 4)
+    return x.reshape(b, heads, rows, cols, w * w, d)
+
+
+def from_chunks(x, height, width, window):
+    """Inverse of :func:`to_chunks`: chunks back to row-major map tokens, the padding cropped.
+
+    Args:
+        x (Tensor): ``(B, heads, R, C, w*w, d)``.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Chunk size ``w``.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    b, heads, rows, cols, _, d = x.shape
+    w = window
+    x = x.reshape(b, heads, rows, cols, w, w, d).transpose(3, 4)
+    x = x.reshape(b, heads, rows * w, cols * w, d)[:, :, :height, :width]
+    return x.reshape(b, heads, height * width, d)

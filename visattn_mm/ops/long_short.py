@@ -33,9 +33,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .common import fused_attention, softmax_fp32
+from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import use_fast_path
-from .sliding_chunk import _from_chunks, _to_chunks
 
 
 def segment_pad(window):
@@ -103,7 +102,7 @@ def window_key_mask(height, width, window, device):
         the same for every query of a segment.
     """
     w, p = window, segment_pad(window)
-    rows, cols = -(-height // w), -(-width // w)
+    rows, cols = chunk_grid(height, width, w)
     span = torch.arange(-p, w + p)
     ys = torch.arange(rows)[:, None] * w + span          # (R, K) image rows of each patch
     xs = torch.arange(cols)[:, None] * w + span          # (C, K)
@@ -134,7 +133,7 @@ def _segment_patch_view(x, height, width, window):
     """``(B, h, R, C, d, K, K)`` strided view of every segment's patch (see :func:`segment_patches`)."""
     b, heads, _, d = x.shape
     w, p = window, segment_pad(window)
-    rows, cols = -(-height // w), -(-width // w)
+    rows, cols = chunk_grid(height, width, w)
     size = w + 2 * p
     x = x.reshape(b, heads, height, width, d)
     x = F.pad(x, (0, 0, p, cols * w - width + p, p, rows * w - height + p))
@@ -189,7 +188,7 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v,
                                            local_bias, dropout_p)
     w = window
-    q_seg = _to_chunks(q, height, width, w)
+    q_seg = to_chunks(q, height, width, w)
     b, heads, rows, cols, _, d = q_seg.shape
     q_seg = q_seg.reshape(b, heads, rows * cols, w * w, d)
     k_win = segment_patches(k, height, width, w)
@@ -216,7 +215,7 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         out = out + attn[..., :num_bar] @ v_bar.unsqueeze(2)
     if num_global:
         out = out + attn[..., num_bar + num_win:] @ global_v.unsqueeze(2)
-    return _from_chunks(out.reshape(b, heads, rows, cols, w * w, d), height, width, w)
+    return from_chunks(out.reshape(b, heads, rows, cols, w * w, d), height, width, w)
 
 
 def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias,
@@ -229,7 +228,7 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
     which :func:`fused_attention` folds into the dot product.
     """
     w = window
-    q_seg = _to_chunks(q, height, width, w)
+    q_seg = to_chunks(q, height, width, w)
     b, heads, rows, cols, segment, d = q_seg.shape
     q_seg = q_seg.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, segment, d)
     num_bar = 0 if k_bar is None else k_bar.shape[2]
@@ -249,4 +248,4 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
     hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
     out = fused_attention(q_seg, keys(k, k_bar, global_k), keys(v, v_bar, global_v), bias, hidden, dropout_p)
     out = out.reshape(b, rows, cols, heads, segment, d).permute(0, 3, 1, 2, 4, 5)
-    return _from_chunks(out, height, width, w)
+    return from_chunks(out, height, width, w)

@@ -36,8 +36,9 @@ from .common import dense_attention, fused_attention
 from .impl import use_fast_path
 
 
-def _pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+def pale_size_pair(pale_size):
+    """``(s_r, s_c)`` from a pale size given as ``s`` or ``(s_r, s_c)``."""
+    return tuple(pale_size) if isinstance(pale_size, (tuple, list)) else (pale_size, pale_size)
 
 
 def interlace_stride(side, pale_size):
@@ -143,7 +144,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     heads = q.shape[1]
     if heads % 2:
         raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
-    s_r, s_c = _pair(pale_size)
+    s_r, s_c = pale_size_pair(pale_size)
     half = heads // 2
     row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
     col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)

@@ -5,10 +5,25 @@ They are exact and simple, and quadratic in memory: use them for tests and for
 small maps only.
 """
 import torch
+import torch.nn.functional as F
 
-from .common import dense_attention  # the explicit kernel; imported from here by models and tests
+from .common import chunk_grid, dense_attention
+from .long_short import segment_pad
+from .pale import pale_size_pair
 from .rel_pos import NEIGHBOUR_OFFSETS
 from .sliding_chunk import check_modes, neighbour_blocks
+from .vicinity import EPS, signed_clamp
+
+__all__ = [
+    'sliding_chunk_visibility', 'sliding_chunk_attention_dense', 'vicinity_attention_dense',
+    'long_short_attention_dense', 'pale_attention_dense'
+]
+
+
+def _pixel_coordinates(height, width):
+    """Row and column ``(ys, xs)`` of the ``H*W`` pixels of a map, row-major, each of shape ``(N,)``."""
+    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
+    return ys.reshape(-1), xs.reshape(-1)
 
 
 def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0):
@@ -27,11 +42,10 @@ def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0
     """
     check_modes(masking_mode, shift_mode)
     w = window
-    rows, cols = -(-height // w), -(-width // w)
+    rows, cols = chunk_grid(height, width, w)
     if masking_mode == -1 and (rows < 3 or cols < 3):
         raise ValueError('the dense reference of cyclic mode needs at least 3 chunks per axis')
-    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
-    ys, xs = ys.reshape(-1), xs.reshape(-1)
+    ys, xs = _pixel_coordinates(height, width)
     chunk_dy = ys[None] // w - ys[:, None] // w           # key chunk - query chunk
     chunk_dx = xs[None] // w - xs[:, None] // w
     allowed = [NEIGHBOUR_OFFSETS[b] for b in neighbour_blocks(shift_mode)]
@@ -52,7 +66,54 @@ def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0
     return visible, torch.stack([rel_y, rel_x], dim=-1)
 
 
-def vicinity_attention_dense(q, k, v, height, width, eps=1e-4, clamp=True):
+def sliding_chunk_attention_dense(q, k, v, height, width, window, *, global_k=None, global_v=None, table=None,
+                                  l2g_bias=None, masking_mode=0, shift_mode=0):
+    """ViL sliding-chunk attention of the local queries, written densely from its definition.
+
+    One softmax per query over ``[the G global keys | the H*W pixels]``, the pixels
+    that :func:`sliding_chunk_visibility` does not mark visible hidden. A visible
+    pixel pair gets the bias ``table[(ry + 2w - 1) * (4w - 1) + rx + 2w - 1]`` for
+    its query-minus-key offset ``(ry, rx)`` (unwrapped in cyclic mode; within
+    ``+-(2w - 1)`` per axis); a global key gets its ``l2g_bias``. No chunks, no
+    padding: the map is exactly ``H x W``.
+
+    Args:
+        q (Tensor): ``(B, heads, H*W, d)`` local queries, already scaled.
+        k (Tensor): ``(B, heads, H*W, d)`` local keys.
+        v (Tensor): ``(B, heads, H*W, d)`` local values.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Chunk size ``w``.
+        global_k (Tensor, optional): ``(B, heads, G, d)`` global keys.
+        global_v (Tensor, optional): ``(B, heads, G, d)`` global values.
+        table (Tensor, optional): ``((4w - 1)**2, heads)`` RPB table.
+        l2g_bias (Tensor, optional): ``(heads, G)`` bias of the local->global logits.
+        masking_mode (int): 0, -1 or 1 (cyclic mode needs 3 chunks per axis here).
+        shift_mode (int): 0, -1 or 1..8.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    visible, rel = (t.to(q.device) for t in
+                    sliding_chunk_visibility(height, width, window, masking_mode, shift_mode))
+    heads, n = q.shape[1], height * width
+    num_global = 0 if global_k is None else global_k.shape[2]
+    bias = q.new_zeros(heads, n, n)
+    if table is not None:
+        span = 2 * window - 1
+        index = (rel[..., 0] + span) * (2 * span + 1) + rel[..., 1] + span
+        # Hidden pairs may lie farther apart than any table row; their bias is never used.
+        index = torch.where(visible, index, torch.zeros_like(index))
+        bias = table[index].permute(2, 0, 1).to(q.dtype)
+    to_global = q.new_zeros(heads, num_global) if l2g_bias is None else l2g_bias.to(q.dtype)
+    bias = torch.cat([to_global[:, None, :].expand(heads, n, num_global), bias], dim=-1)
+    hidden = torch.cat([visible.new_zeros(n, num_global), ~visible], dim=-1)
+    keys = k if global_k is None else torch.cat([global_k, k], dim=2)
+    values = v if global_v is None else torch.cat([global_v, v], dim=2)
+    return dense_attention(q, keys, values, bias, hidden)
+
+
+def vicinity_attention_dense(q, k, v, height, width, eps=EPS, clamp=True):
     """Vicinity attention in its quadratic form: explicit ``(N, N)`` weights.
 
     ``w_ij = (relu(q_i) . relu(k_j)) (cos(a_i - a_j) + cos(b_i - b_j))`` with
@@ -65,8 +126,6 @@ def vicinity_attention_dense(q, k, v, height, width, eps=1e-4, clamp=True):
 
     Args: as :func:`visattn_mm.ops.vicinity.vicinity_attention`.
     """
-    from .vicinity import signed_clamp
-
     compute = torch.promote_types(q.dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     rows = torch.arange(height).repeat_interleave(width).to(compute)
@@ -111,11 +170,9 @@ def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    from .long_short import segment_pad
-
     w, p = window, segment_pad(window)
     heads, n = q.shape[1], height * width
-    ys, xs = (t.reshape(-1) for t in torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij'))
+    ys, xs = _pixel_coordinates(height, width)
     top, left = (ys // w * w)[:, None], (xs // w * w)[:, None]
     visible = ((ys[None] >= top - p) & (ys[None] < top + w + p)
                & (xs[None] >= left - p) & (xs[None] < left + w + p))
@@ -131,7 +188,7 @@ def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_
     values = torch.cat([t for t in (v_bar, v, global_v) if t is not None], dim=2)
     no_mask = torch.zeros(n, r + g, dtype=torch.bool)
     hidden = torch.cat([no_mask[:, :r], ~visible, no_mask[:, r:]], dim=-1)
-    return dense_attention(q, keys, values, torch.nn.functional.pad(bias, (r, g)), hidden)
+    return dense_attention(q, keys, values, F.pad(bias, (r, g)), hidden)
 
 
 def pale_attention_dense(q, k, v, height, width, pale_size):
@@ -153,9 +210,9 @@ def pale_attention_dense(q, k, v, height, width, pale_size):
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    s_r, s_c = tuple(pale_size) if isinstance(pale_size, (tuple, list)) else (pale_size, pale_size)
+    s_r, s_c = pale_size_pair(pale_size)
     stride_r, stride_c = -(-height // s_r), -(-width // s_c)
-    ys, xs = (t.reshape(-1) for t in torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij'))
+    ys, xs = _pixel_coordinates(height, width)
     same_row_group = (ys[:, None] % stride_r) == (ys[None] % stride_r)
     same_col_group = (xs[:, None] % stride_c) == (xs[None] % stride_c)
     half = q.shape[1] // 2

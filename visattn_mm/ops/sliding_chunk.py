@@ -26,7 +26,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .common import fused_attention, softmax_fp32
+from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
@@ -70,7 +70,7 @@ def key_mask(height, width, window, masking_mode, shift_mode, device):
     """
     check_modes(masking_mode, shift_mode)
     w = window
-    rows, cols = -(-height // w), -(-width // w)
+    rows, cols = chunk_grid(height, width, w)
     blocks = neighbour_blocks(shift_mode)
     dy = torch.tensor([NEIGHBOUR_OFFSETS[b][0] for b in blocks])
     dx = torch.tensor([NEIGHBOUR_OFFSETS[b][1] for b in blocks])
@@ -112,26 +112,6 @@ def outside_exact_window(window, device):
     query_y, query_x = inner.repeat_interleave(w), inner.repeat(w)
     near = ((query_y[:, None] - key_y).abs() <= w) & ((query_x[:, None] - key_x).abs() <= w)
     return (~near).to(device)
-
-
-def _to_chunks(x, height, width, window):
-    """(B, h, H*W, d) -> (B, h, R, C, w*w, d), zero-padded at the bottom/right."""
-    b, heads, _, d = x.shape
-    w = window
-    rows, cols = -(-height // w), -(-width // w)
-    x = x.reshape(b, heads, height, width, d)
-    x = F.pad(x, (0, 0, 0, cols * w - width, 0, rows * w - height))
-    x = x.reshape(b, heads, rows, w, cols, w, d).transpose(3, 4)
-    return x.reshape(b, heads, rows, cols, w * w, d)
-
-
-def _from_chunks(x, height, width, window):
-    """Inverse of :func:`_to_chunks`, cropping the padding."""
-    b, heads, rows, cols, _, d = x.shape
-    w = window
-    x = x.reshape(b, heads, rows, cols, w, w, d).transpose(3, 4)
-    x = x.reshape(b, heads, rows * w, cols * w, d)[:, :, :height, :width]
-    return x.reshape(b, heads, height * width, d)
 
 
 def neighbour_chunk_views(chunks, blocks):
@@ -202,12 +182,12 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     w = window
     hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
     blocks = neighbour_blocks(shift_mode)
-    q_chunks = _to_chunks(q, height, width, w)
+    q_chunks = to_chunks(q, height, width, w)
     b, heads, rows, cols, _, d = q_chunks.shape
     q_chunks = q_chunks.reshape(b, heads, rows * cols, w * w, d)
 
     def gather(t):
-        t = gather_neighbour_chunks(_to_chunks(t, height, width, w), blocks)
+        t = gather_neighbour_chunks(to_chunks(t, height, width, w), blocks)
         return t.reshape(b, heads, rows * cols, len(blocks) * w * w, d)
 
     k_near, v_near = gather(k), gather(v)
@@ -232,7 +212,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     if num_global:
         out = out + attn[..., :num_global] @ global_v.unsqueeze(2)
     out = out.reshape(b, heads, rows, cols, w * w, d)
-    return _from_chunks(out, height, width, w)
+    return from_chunks(out, height, width, w)
 
 
 def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias, l2g_bias,
@@ -250,7 +230,7 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     blocks = neighbour_blocks(shift_mode)
     # Mode 1 = the key-only mask of mode 0 plus the chunk-independent window.
     hidden = key_mask(height, width, w, 0 if masking_mode == 1 else masking_mode, shift_mode, q.device)
-    q_chunks = _to_chunks(q, height, width, w)
+    q_chunks = to_chunks(q, height, width, w)
     b, heads, rows, cols, chunk, d = q_chunks.shape
     q_chunks = q_chunks.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, chunk, d)
 
@@ -258,7 +238,7 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
 
     def gather(t, global_t):
         parts = [p.permute(0, 2, 3, 1, 4, 5)
-                 for p in neighbour_chunk_views(_to_chunks(t, height, width, w), blocks)]
+                 for p in neighbour_chunk_views(to_chunks(t, height, width, w), blocks)]
         if num_global:
             parts.insert(0, global_t[:, None, None].expand(b, rows, cols, heads, num_global, d))
         return torch.cat(parts, dim=4).reshape(b * rows * cols, heads, -1, d)
@@ -276,4 +256,4 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
     out = fused_attention(q_chunks, gather(k, global_k), gather(v, global_v), bias, hidden, dropout_p)
     out = out.reshape(b, rows, cols, heads, chunk, d).permute(0, 3, 1, 2, 4, 5)
-    return _from_chunks(out, height, width, w)
+    return from_chunks(out, height, width, w)
