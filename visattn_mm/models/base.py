@@ -27,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
-from .layers import check_arch, check_stage_args, check_stage_lengths, linear_drop_path_rates
+from .layers import check_arch, check_mlp_ratio, check_stage_args, check_stage_lengths, linear_drop_path_rates
 
 
 CPU_FP16_WARNING = (
@@ -120,8 +120,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         """The arch as a dict with every per-stage key: a preset, or a checked custom dict.
 
         Raises:
-            ValueError: For an unknown preset, a custom dict missing required keys, or
-                per-stage entries of the wrong length.
+            ValueError: For an unknown preset, a custom dict missing required keys,
+                per-stage entries of the wrong length, ``embed_dims`` not divisible by
+                ``num_heads``, or ``mlp_ratios`` giving no hidden units.
         """
         name = cls.__name__
         spec = check_arch(arch, cls.arch_zoo, cls.arch_required, name)
@@ -129,16 +130,20 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         for key, default in cls.arch_defaults.items():
             spec.setdefault(key, default if isinstance(default, tuple) else (default,) * num_stages)
         check_stage_lengths(name, num_stages, **{k: spec[k] for k in spec if k != 'depths'})
+        for i, (dim, heads) in enumerate(zip(spec['embed_dims'], spec['num_heads'])):
+            if dim % heads:
+                raise ValueError(f'{name}: embed_dims[{i}]={dim} is not divisible by num_heads[{i}]={heads}')
+        for i, ratio in enumerate(spec.get('mlp_ratios', ())):
+            check_mlp_ratio(ratio, f'mlp_ratios[{i}]', name, spec['embed_dims'][i])
         return spec
 
-    def init_stages(self, depths, embed_dims, strides, out_indices, frozen_stages, drop_path_rate, norm_eval,
-                    with_cp, build_all_stages):
+    def init_stages(self, depths, embed_dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
+                    build_all_stages, strides=None):
         """Validate and store the standard surface; return the stochastic depth of every block.
 
         Args:
             depths (Sequence[int]): Blocks per stage, of the whole arch.
             embed_dims (Sequence[int]): Channels per stage.
-            strides (Sequence[int]): Output stride per stage.
             out_indices (Sequence[int]): Stages (0-based) returned as maps.
             frozen_stages (int): -1 nothing; 0 the first patch embedding; ``i`` stages 1..i.
             drop_path_rate (float): Stochastic depth of the last block (linear from 0).
@@ -146,6 +151,8 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             with_cp (bool): Gradient checkpointing per block.
             build_all_stages (bool): Build every stage (ViL), or only those up to the
                 last of ``out_indices`` (VVT, Pale).
+            strides (Sequence[int], optional): Output stride per stage. Default: the
+                pyramid's 4, 8, 16, 32.
 
         Returns:
             list[float]: Drop-path rate of every block of the whole arch.
@@ -158,6 +165,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.embed_dims = tuple(embed_dims[:self.num_stages])
+        strides = strides or [4 * 2 ** i for i in range(num_stages)]
         self.strides = tuple(strides[:self.num_stages])
         return linear_drop_path_rates(drop_path_rate, depths)
 

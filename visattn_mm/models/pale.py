@@ -35,7 +35,7 @@ from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
-from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, check_mlp_ratio, init_transformer_weights
+from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
@@ -211,16 +211,13 @@ class PaleTransformer(DenseBackbone):
         spec = self.resolve_arch(arch)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         pale_sizes, mlp_ratios = spec['pale_sizes'], spec['mlp_ratios']
-        for i, (d, h, s) in enumerate(zip(dims, heads, pale_sizes)):
+        for i, (h, s) in enumerate(zip(heads, pale_sizes)):
             check_int(s, f'pale_sizes[{i}]', 'PaleTransformer')
-            check_mlp_ratio(mlp_ratios[i], f'mlp_ratios[{i}]', 'PaleTransformer', d)
             if h % 2:
                 raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
                                  f'attend within row groups, half within column groups)')
-            if d % h:
-                raise ValueError(f'PaleTransformer: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
-        drop_paths = self.init_stages(depths, dims, [4 * 2 ** i for i in range(len(depths))], out_indices,
-                                      frozen_stages, drop_path_rate, norm_eval, with_cp, build_all_stages=False)
+        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
+                                      build_all_stages=False)
         self.pale_sizes = tuple(pale_sizes[:self.num_stages])
 
         in_dim = in_channels

@@ -320,9 +320,6 @@ class ViL(DenseBackbone):
         windows = self._per_stage(window_size, num_stages, 'window_size')
         attn_types = self._per_stage(attn_types, num_stages, 'attn_types')
         dp_ranks = self._per_stage(dp_rank, num_stages, 'dp_rank')
-        for i, (d, h) in enumerate(zip(dims, heads)):
-            if d % h:
-                raise ValueError(f'{name}: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}')
         for i, t in enumerate(attn_types):
             if t not in ATTN_TYPES:
                 raise ValueError(f'{name}: attn_types[{i}]={t!r}; allowed: {ATTN_TYPES}')
@@ -341,8 +338,8 @@ class ViL(DenseBackbone):
         except ValueError as err:
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
-        drop_paths = self.init_stages(depths, dims, strides, out_indices, frozen_stages, drop_path_rate, norm_eval,
-                                      with_cp, build_all_stages=True)
+        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
+                                      build_all_stages=True, strides=strides)
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 

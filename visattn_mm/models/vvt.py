@@ -17,7 +17,7 @@ from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
-from .layers import OverlapPatchEmbed, check_int, check_mlp_ratio, init_transformer_weights
+from .layers import OverlapPatchEmbed, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -192,14 +192,13 @@ class VVT(DenseBackbone):
         check_int(fr_ratio, 'fr_ratio', 'VVT')
         check_int(se_ratio, 'se_ratio', 'VVT')
         for i, (d, h) in enumerate(zip(dims, heads)):
-            check_mlp_ratio(mlp_ratios[i], f'mlp_ratios[{i}]', 'VVT', d)
             if d % (h * fr_ratio):
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
                                  f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        drop_paths = self.init_stages(depths, dims, [4 * 2 ** i for i in range(len(depths))], out_indices,
-                                      frozen_stages, drop_path_rate, norm_eval, with_cp, build_all_stages=False)
+        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
+                                      build_all_stages=False)
 
         in_dim = in_channels
         for i in range(self.num_stages):
