@@ -37,7 +37,8 @@ def assert_finite_grads(model):
 
 
 def assert_same_gradients(model_a, model_b, x, seed=None, rtol=1e-5, atol=1e-6):
-    """Parameter gradients of ``sum(mean(out^2))`` agree between two models (e.g. with_cp on/off).
+    """Parameter gradients of ``sum(mean(out^2))`` over the :func:`outputs` agree between two models
+    (e.g. with_cp on/off).
 
     ``seed``: reseed before each model's pass, so random draws (e.g. random shift) match.
     """
@@ -45,10 +46,16 @@ def assert_same_gradients(model_a, model_b, x, seed=None, rtol=1e-5, atol=1e-6):
     for model in (model_a, model_b):
         if seed is not None:
             torch.manual_seed(seed)
-        loss = sum(o.pow(2).mean() for o in model(x))
+        loss = sum(o.pow(2).mean() for o in outputs(model, x))
         grads.append(torch.autograd.grad(loss, list(model.parameters())))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def outputs(model, x):
+    """``model(x)`` as a tuple: a backbone's maps, or a classifier's logits alone."""
+    out = model(x)
+    return (out,) if isinstance(out, torch.Tensor) else out
 
 
 def snapshot(model):
@@ -120,31 +127,6 @@ def add_global_biases(net, attn, heads, num_global, rand):
     net[f'{attn}.attn.g2g_relative_position_bias'] = rand(heads, num_global, num_global)
 
 
-def assert_stages_frozen(model, num_frozen, x):
-    """After ``train()``, stages ``< num_frozen`` stay in eval, have no trainable parameters
-    and get no gradient from a backward pass on ``x``; the other stages train normally."""
-    model.train()
-    num_stages = getattr(model, 'num_stages', None) or len(model.stages)
-    for i in range(num_stages):
-        frozen = i < num_frozen
-        for module in model.stage_modules(i):
-            assert all(p.requires_grad != frozen for p in module.parameters()), i
-            assert all(m.training != frozen for m in module.modules()), i
-    sum(o.sum() for o in model(x)).backward()
-    for i in range(num_stages):
-        for module in model.stage_modules(i):
-            assert all((p.grad is None) == (i < num_frozen) for p in module.parameters()), i
-
-
-def assert_only_stem_frozen(model):
-    """``frozen_stages=0``: the first patch embedding is frozen, every other parameter trains."""
-    model.train()
-    stem = {id(p) for p in model.stage_modules(0)[0].parameters()}
-    assert stem
-    for name, p in model.named_parameters():
-        assert p.requires_grad == (id(p) not in stem), name
-
-
 def assert_trains_at_size(model, size, batch=2):
     """Training-mode forward at ``size``: strides and finiteness, then finite gradients everywhere.
 
@@ -156,8 +138,3 @@ def assert_trains_at_size(model, size, batch=2):
     sum(o.pow(2).mean() for o in outs).backward()
     assert_finite_grads(model)
     return x
-
-
-def drop_path_rates(model):
-    """Stochastic-depth rate of every block, in block order (0 where the block has none)."""
-    return [float(getattr(m.drop_path, 'drop_prob', 0.0)) for m in model.modules() if hasattr(m, 'drop_path')]
