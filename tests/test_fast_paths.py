@@ -184,7 +184,7 @@ def test_pale_fast_path_saves_linear_memory():
 
 def test_impl_selection_api(monkeypatch):
     initial = get_attention_impl()
-    assert ATTENTION_IMPLS == ('auto', 'fast', 'math') and initial in ATTENTION_IMPLS
+    assert ATTENTION_IMPLS == ('auto', 'fast', 'math', 'triton') and initial in ATTENTION_IMPLS
     with pytest.raises(ValueError, match=r"'auto', 'fast', 'math'"):
         set_attention_impl('flash')
     with pytest.raises(RuntimeError), attention_impl('math'):

@@ -80,7 +80,7 @@ def attention_paths(device_type):
             if has_bias is None:
                 parts.append(f'{op} (one path)')
                 continue
-            train, infer = chosen_path(device_type, has_bias), chosen_path(device_type, False)
+            train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
             parts.append(f'{op} {train}' if train == infer
                          else f'{op} {train} (training) / {infer} (inference)')
         lines[backbone] = ', '.join(parts)

@@ -199,7 +199,7 @@ def parse_args(argv=None):
     parser.add_argument('--heads', type=int, default=4, help='even (pale splits the heads)')
     parser.add_argument('--head-dim', type=int, default=32)
     parser.add_argument('--dtypes', default='fp32', help='fp32, bf16, fp16 (autocast)')
-    parser.add_argument('--impls', default='math,fast', help='for ours: math, fast, auto')
+    parser.add_argument('--impls', default='math,fast', help='for ours: math, fast, auto, triton (CUDA)')
     parser.add_argument('--modes', default=','.join(common.MODES))
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)

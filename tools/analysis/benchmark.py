@@ -176,7 +176,7 @@ def parse_args(argv=None):
     parser.add_argument('--dtypes', default='fp32,bf16',
                         help='fp32, bf16, fp16 (the last two under autocast)')
     parser.add_argument('--impls', default='math,fast',
-                        help='attention implementations of our backbones: math, fast, auto')
+                        help='attention implementations of our backbones: math, fast, auto, triton (CUDA)')
     parser.add_argument('--modes', default=','.join(common.MODES))
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)

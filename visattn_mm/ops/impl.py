@@ -11,6 +11,11 @@ function:
 * ``'auto'`` (default): whichever of the two measured faster for the
   inputs' device and whether a bias needs a gradient (see ``FUSED_DEVICES``
   and :func:`use_fast_path`).
+* ``'triton'`` (opt-in, never picked by 'auto': not measured on a GPU yet):
+  fused Triton kernels that store neither gathered neighbours nor logits, for
+  the ops in ``TRITON_OPS`` on CUDA tensors
+  (:mod:`visattn_mm.ops.triton_sliding_chunk`); other ops and devices take
+  the path 'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction; it has a single path and ignores the choice.
@@ -26,7 +31,9 @@ import os
 
 import torch
 
-ATTENTION_IMPLS = ('auto', 'fast', 'math')
+ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
+# Ops with Triton kernels ('triton'), by name.
+TRITON_OPS = ('sliding_chunk', )
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 
 # Device types on which 'auto' picks the fused path. Measured on CPU (torch
@@ -50,7 +57,7 @@ _selected = _checked(os.environ.get(ENV_VAR, 'auto'))
 
 
 def get_attention_impl():
-    """Returns the selected implementation name ('auto', 'fast' or 'math')."""
+    """Returns the selected implementation name (one of :data:`ATTENTION_IMPLS`)."""
     return _selected
 
 
@@ -58,7 +65,7 @@ def set_attention_impl(name):
     """Selects the implementation for all ops, process-wide.
 
     Args:
-        name (str): 'auto', 'fast' or 'math'.
+        name (str): One of :data:`ATTENTION_IMPLS`.
 
     Raises:
         ValueError: for any other name.
@@ -72,7 +79,7 @@ def attention_impl(name):
     """Context manager forcing an implementation, restoring the previous one.
 
     Args:
-        name (str): 'auto', 'fast' or 'math'.
+        name (str): One of :data:`ATTENTION_IMPLS`.
     """
     previous = get_attention_impl()
     set_attention_impl(name)
@@ -95,8 +102,15 @@ def resolve_impl(impl='auto'):
     return impl if _selected == 'auto' else _selected
 
 
-def chosen_path(device_type, bias_needs_grad=False, impl='auto'):
-    """The path ('fast' or 'math') an op asked to use ``impl`` takes.
+def triton_device_types():
+    """Device types whose tensors the Triton kernels take: CUDA, and the CPU under Triton's
+    interpreter (``TRITON_INTERPRET=1`` in the environment when the kernels are imported; tests)."""
+    interpreted = os.environ.get('TRITON_INTERPRET', '').lower() in ('1', 'true', 'on', 'yes')
+    return ('cuda', 'cpu') if interpreted else ('cuda', )
+
+
+def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
+    """The path ('fast', 'math' or 'triton') an op asked to use ``impl`` takes.
 
     Args:
         device_type (str): The inputs' device type ('cpu', 'cuda', ...).
@@ -106,8 +120,14 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto'):
             padded tensors instead: no faster than the explicit path and more
             saved for backward; 'auto' keeps the explicit path then.
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
+        op (str, optional): The op's name; 'triton' is taken by the ops in
+            :data:`TRITON_OPS` on :func:`triton_device_types`, elsewhere it means 'auto'.
     """
     choice = resolve_impl(impl)
+    if choice == 'triton':
+        if op in TRITON_OPS and device_type in triton_device_types():
+            return 'triton'
+        choice = 'auto'
     if choice != 'auto':
         return choice
     fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)

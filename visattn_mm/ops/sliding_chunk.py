@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
-from .impl import use_fast_path
+from .impl import chosen_path, use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
 MASKING_MODES = (0, -1, 1)
@@ -171,11 +171,16 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         masking_mode (int): 0, -1 or 1, see the module docstring.
         shift_mode (int): 0, -1 or 1..8, see the module docstring.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if chosen_path(q.device.type, impl=impl, op='sliding_chunk') == 'triton':
+        from .triton_sliding_chunk import triton_sliding_chunk_attention
+        return triton_sliding_chunk_attention(q, k, v, height, width, window, global_k=global_k, global_v=global_v,
+                                              local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode,
+                                              shift_mode=shift_mode, dropout_p=dropout_p)
     if use_fast_path(q, local_bias, l2g_bias, impl=impl):
         return _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias,
                                               l2g_bias, masking_mode, shift_mode, dropout_p)
