@@ -45,6 +45,7 @@ except ImportError as error:
                       "Install the triton version that matches your PyTorch (`pip install triton`; Linux CUDA "
                       "builds of PyTorch bring it), or choose impl 'fast' or 'math'.") from error
 
+from .common import chunk_grid
 from .sliding_chunk import check_modes, neighbour_blocks
 
 # Launches per kernel name since import (tests use it to prove this path ran).
@@ -400,7 +401,7 @@ class _SlidingChunkAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, global_k, global_v, local_bias, l2g_bias, geometry):
         height, width, window, masking_mode, shift_mode = geometry
         batch, heads, _, head_dim = q.shape
-        rows, cols = -(-height // window), -(-width // window)
+        rows, cols = chunk_grid(height, width, window)
         blocks = neighbour_blocks(shift_mode)
         num_global = 0 if global_k is None else global_k.shape[2]
         acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
