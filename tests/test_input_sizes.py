@@ -211,7 +211,7 @@ def test_global_parts_move_by_a_bounded_amount_in_a_padded_batch(pad_h, pad_w):
     by the padded H, W and the SE gate averages all tokens, so every output moves. Pale: the
     interlaced groups have stride ceil(H / s) of the padded H, so every output moves."""
     from visattn_mm.models.pale import PaleAttention
-    from visattn_mm.models.vil import LongShortAttention, SlidingChunkAttention
+    from visattn_mm.models.vil_attention import LongShortAttention, SlidingChunkAttention
     from visattn_mm.models.vvt import VicinityAttention
 
     height, width, window = 10, 11, 3

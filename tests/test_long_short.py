@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from visattn_mm.models.vil import LongShortAttention
+from visattn_mm.models.vil_attention import LongShortAttention
 from visattn_mm.ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
                                        long_short_rpb_table_size, segment_pad, window_key_mask)
 from visattn_mm.ops.common import dense_attention

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from visattn_mm.models import Classifier, ViL, set_random_shift
-from visattn_mm.models.vil import FullAttention, SlidingChunkAttention
+from visattn_mm.models.vil_attention import FullAttention, SlidingChunkAttention
 from visattn_mm.ops.common import dense_attention
-from visattn_mm.ops.rel_pos import resize_rpb_grid
+from visattn_mm.ops.rel_pos import cached_full_attention_rpb_index, full_attention_rpb_index, resize_rpb_grid
 from visattn_mm.ops.reference import sliding_chunk_attention_dense
 
 from helpers import VIL_TINY_ARCH as TINY_ARCH
@@ -130,3 +130,14 @@ def test_absolute_position_embedding_variant_runs_at_any_size():
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 45, 70))
     assert outs[0].shape == (1, 16, 12, 18)
+
+
+def test_full_attention_index_of_another_size_is_built_once_per_size():
+    cached_full_attention_rpb_index.cache_clear()
+    attn = FullAttention(16, 2, rpb_size=(4, 4), num_global=1).eval()
+    x = torch.randn(1, 1 + 5 * 6, 16)
+    first, second = attn(x, (5, 6)), attn(x, (5, 6))
+    assert torch.equal(first, second)
+    info = cached_full_attention_rpb_index.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    assert torch.equal(cached_full_attention_rpb_index(5, 6, torch.device('cpu')), full_attention_rpb_index(5, 6))

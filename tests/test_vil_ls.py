@@ -12,7 +12,7 @@ from mmengine.config import Config
 import visattn_mm  # noqa: F401
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, ViLLS
-from visattn_mm.models.vil import LongShortAttention, SlidingChunkAttention
+from visattn_mm.models.vil_attention import LongShortAttention, SlidingChunkAttention
 
 from helpers import VIL_TINY_ARCH as TINY_ARCH
 from helpers import official_vil_layout_checkpoint

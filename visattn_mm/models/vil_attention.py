@@ -11,7 +11,8 @@ from timm.layers import trunc_normal_
 from ..ops.common import dense_attention
 from ..ops.long_short import (dynamic_projection, long_short_attention, long_short_rpb_index,
                               long_short_rpb_table_size)
-from ..ops.rel_pos import full_attention_rpb_index, resize_rpb_grid, sliding_chunk_rpb_index
+from ..ops.rel_pos import (cached_full_attention_rpb_index, full_attention_rpb_index, resize_rpb_grid,
+                           sliding_chunk_rpb_index)
 from ..ops.sliding_chunk import check_modes, sliding_chunk_attention
 
 DUAL_LN_EPS = 1e-5  # Transformer-LS' DualLN keeps torch's default
@@ -181,7 +182,7 @@ class FullAttention(RelativePositionBias):
             rh, rw = self.rpb_size
             table = resize_rpb_grid(self.local_relative_position_bias_table, (2 * rh - 1, 2 * rw - 1),
                                     (2 * hw[0] - 1, 2 * hw[1] - 1))
-            index = full_attention_rpb_index(*hw).to(table.device)
+            index = cached_full_attention_rpb_index(*hw, table.device)
         return table[index].permute(2, 0, 1)
 
     def forward(self, x, hw):

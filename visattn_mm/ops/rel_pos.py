@@ -3,6 +3,7 @@
 The index functions return a LongTensor of row indices into a ``(num_entries, heads)``
 table; ``table[index]`` then gives the bias of each (query, key) pair.
 """
+import functools
 import math
 
 import torch
@@ -47,6 +48,17 @@ def full_attention_rpb_index(height, width):
     ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
     ys, xs = ys.reshape(-1), xs.reshape(-1)
     return _offset_index(ys[:, None] - ys[None], xs[:, None] - xs[None], height - 1, width - 1)
+
+
+@functools.lru_cache(maxsize=32)
+def cached_full_attention_rpb_index(height, width, device):
+    """:func:`full_attention_rpb_index` on ``device``, built once per map size and device.
+
+    For maps of a size other than the one a module's index buffer was built for, so
+    that a forward pass neither rebuilds the index nor copies it to the device.
+    The result is shared: do not modify it.
+    """
+    return full_attention_rpb_index(height, width).to(device)
 
 
 def resize_rpb_table(table, num_rows):
