@@ -138,3 +138,22 @@ def assert_trains_at_size(model, size, batch=2):
     sum(o.pow(2).mean() for o in outs).backward()
     assert_finite_grads(model)
     return x
+
+
+def build_config_model_on_meta(config_name):
+    """``configs/<config_name>``'s model built on the meta device (no memory), its config and parameters (M).
+
+    Built in the config's own registry scope (mmdet or mmseg), ImageNet init_cfg kept (nothing is loaded
+    on the meta device).
+    """
+    import importlib
+    from pathlib import Path
+
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    cfg = Config.fromfile(Path(__file__).resolve().parents[1] / 'configs' / config_name)
+    init_default_scope(cfg.default_scope)
+    with torch.device('meta'):
+        model = importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)
+    return cfg, model, sum(p.numel() for p in model.parameters()) / 1e6

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mmengine.config import Config
 from torch.utils.flop_counter import FlopCounterMode
 
 import visattn_mm  # noqa: F401  (registration)
@@ -17,6 +16,7 @@ from visattn_mm.models.pale import PaleAttention
 from visattn_mm.ops.reference import pale_attention_dense
 
 from helpers import PALE_TINY_ARCH as TINY_ARCH
+from helpers import build_config_model_on_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,29 +61,18 @@ def test_classification_flops_at_224(arch, paper_g):
 
 def test_detection_and_segmentation_config_parameter_counts():
     """Paper Tables 3-4: Mask R-CNN Pale-T 41M, UperNet Pale-T 52M."""
-    from mmdet.registry import MODELS as DET_MODELS
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS as SEG_MODELS
-
     for name in ('maskrcnn_pale_t_1x.py', 'upernet_pale_t_160k_ade20k.py'):
         assert 'default_scope' not in (ROOT / 'configs' / name).read_text()
-    cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_pale_t_1x.py')
+    cfg, detector, count = build_config_model_on_meta('maskrcnn_pale_t_1x.py')
+    assert cfg.default_scope == 'mmdet'
     assert cfg.optim_wrapper.optimizer.weight_decay == 0.001 and cfg.model.backbone.drop_path_rate == 0.2
-    init_default_scope('mmdet')
-    with torch.device('meta'):
-        detector = DET_MODELS.build(cfg.model)
     assert isinstance(detector.backbone, PaleTransformer) and detector.backbone.embed_dims == (64, 128, 256, 512)
-    count = sum(p.numel() for p in detector.parameters()) / 1e6
     assert abs(count - 41) / 41 < 0.02, count
 
-    cfg = Config.fromfile(ROOT / 'configs' / 'upernet_pale_t_160k_ade20k.py')
+    cfg, segmentor, count = build_config_model_on_meta('upernet_pale_t_160k_ade20k.py')
     assert cfg.model.backbone.drop_path_rate == 0.3 and cfg.model.auxiliary_head.in_channels == 256
     assert cfg.default_scope == 'mmseg'
-    init_default_scope('mmseg')
-    with torch.device('meta'):
-        segmentor = SEG_MODELS.build(cfg.model)
     assert isinstance(segmentor.backbone, PaleTransformer)
-    count = sum(p.numel() for p in segmentor.parameters()) / 1e6
     assert abs(count - 52) / 52 < 0.02, count
 
 

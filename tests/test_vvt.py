@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mmengine.config import Config
 
 import visattn_mm  # noqa: F401  (registration)
 from visattn_mm.checkpoint import load_pretrained
@@ -18,6 +17,7 @@ from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import signed_clamp
 
 from helpers import VVT_TINY_ARCH as TINY_ARCH
+from helpers import build_config_model_on_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
@@ -38,28 +38,18 @@ def test_classification_parameter_counts(arch, expected_m):
 
 def test_upernet_config_parameter_count_and_maskrcnn_config_build():
     """Paper (Table 5): UperNet VVT-S 55.5M; the Mask R-CNN config builds with a VVT-S backbone."""
-    from mmdet.registry import MODELS as DET_MODELS
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS as SEG_MODELS
-
-    cfg = Config.fromfile(ROOT / 'configs' / 'upernet_vvt_s_160k_ade20k.py')
+    for name in ('_base_/upernet_160k_ade20k.py', 'upernet_vvt_s_160k_ade20k.py', 'maskrcnn_vvt_s_1x.py'):
+        assert 'default_scope' not in (ROOT / 'configs' / name).read_text()
+    cfg, segmentor, count = build_config_model_on_meta('upernet_vvt_s_160k_ade20k.py')
     assert cfg.model.backbone.type == 'VVT' and 'norm_cfg' not in cfg.model.backbone
     assert cfg.model.decode_head.norm_cfg.type == 'BN' and cfg.model.auxiliary_head.norm_cfg.type == 'BN'
     assert cfg.model.data_preprocessor.test_cfg == dict(size_divisor=32)
     assert cfg.default_scope == 'mmseg'   # from mmseg's runtime base; our configs never set it
-    for name in ('_base_/upernet_160k_ade20k.py', 'upernet_vvt_s_160k_ade20k.py', 'maskrcnn_vvt_s_1x.py'):
-        assert 'default_scope' not in (ROOT / 'configs' / name).read_text()
-    init_default_scope('mmseg')
-    with torch.device('meta'):
-        segmentor = SEG_MODELS.build(cfg.model)
     assert isinstance(segmentor.backbone, VVT)
-    count = sum(p.numel() for p in segmentor.parameters()) / 1e6
     assert abs(count - 55.5) / 55.5 < 0.02, count
 
-    cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_vvt_s_1x.py')
-    init_default_scope('mmdet')
-    with torch.device('meta'):
-        detector = DET_MODELS.build(cfg.model)
+    cfg, detector, _ = build_config_model_on_meta('maskrcnn_vvt_s_1x.py')
+    assert cfg.default_scope == 'mmdet'
     assert isinstance(detector.backbone, VVT) and detector.backbone.embed_dims == (96, 160, 320, 512)
     assert [c.conv.in_channels for c in detector.neck.lateral_convs] == [96, 160, 320, 512]
 
