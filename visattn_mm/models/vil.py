@@ -289,8 +289,9 @@ class ViL(DenseBackbone):
         with_cp (bool): Gradient checkpointing per block, saving memory.
         attn_impl (str): Implementation of the sliding-chunk and long-short attention:
             'fast' (fused ``scaled_dot_product_attention``), 'math' (explicit softmax,
-            the reference) or 'auto' (per device, as measured; see
-            :mod:`visattn_mm.ops.impl`). Full attention has one path. Default: 'auto'.
+            the reference), 'auto' (per device, as measured) or 'triton' (fused Triton
+            kernels on CUDA, opt-in; see :mod:`visattn_mm.ops.impl`). Full attention has
+            one path. Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
     """

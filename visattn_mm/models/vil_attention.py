@@ -72,7 +72,7 @@ class SlidingChunkAttention(RelativePositionBias):
             every forward pass. Toggled by :class:`RandomShiftHook`.
         attn_drop (float): Dropout on attention probabilities.
         proj_drop (float): Dropout after ``proj``.
-        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
+        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
     """
 
     def __init__(self, dim, num_heads, window=7, num_global=1, qkv_bias=True, use_rpb=True,
@@ -236,7 +236,7 @@ class LongShortAttention(RelativePositionBias):
             ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
         attn_drop (float): Dropout on the local queries' attention probabilities.
         proj_drop (float): Dropout after ``proj``.
-        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`).
+        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
     """
 
     def __init__(self, dim, num_heads, window=7, dp_rank=8, num_global=1, qkv_bias=True,

@@ -14,8 +14,9 @@ function:
 * ``'triton'`` (opt-in, never picked by 'auto': not measured on a GPU yet):
   fused Triton kernels that store neither gathered neighbours nor logits, for
   the ops in ``TRITON_OPS`` on CUDA tensors
-  (:mod:`visattn_mm.ops.triton_sliding_chunk`); other ops and devices take
-  the path 'auto' picks.
+  (:mod:`visattn_mm.ops.triton_sliding_chunk`,
+  :mod:`visattn_mm.ops.triton_long_short`); other ops and devices take the
+  path 'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction; it has a single path and ignores the choice.
@@ -33,7 +34,7 @@ import torch
 
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
-TRITON_OPS = ('sliding_chunk', )
+TRITON_OPS = ('sliding_chunk', 'long_short')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 
 # Device types on which 'auto' picks the fused path. Measured on CPU (torch

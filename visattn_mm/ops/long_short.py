@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
-from .impl import use_fast_path
+from .impl import chosen_path, use_fast_path
 
 
 def segment_pad(window):
@@ -179,11 +179,16 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
             ``table[long_short_rpb_index(w)]`` with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if chosen_path(q.device.type, impl=impl, op='long_short') == 'triton':
+        from .triton_long_short import triton_long_short_attention
+        return triton_long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar,
+                                           global_k=global_k, global_v=global_v, local_bias=local_bias,
+                                           dropout_p=dropout_p)
     if use_fast_path(q, local_bias, impl=impl):
         return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v,
                                            local_bias, dropout_p)

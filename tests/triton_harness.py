@@ -1,0 +1,220 @@
+"""Shared by the tests of the Triton kernels (``impl='triton'``): the interpreter subprocess and the checks.
+
+Triton decides whether a ``@triton.jit`` kernel is compiled or interpreted when
+the kernel is defined, from ``TRITON_INTERPRET``. A test file's CPU comparisons
+therefore run in one subprocess that starts with ``TRITON_INTERPRET=1`` and runs
+the file as a script (:func:`interpreter_results`, :func:`main`); the pytest
+process keeps the kernels compiled for the compile check and the GPU tests.
+Every comparison counts the launches of each kernel to prove which path ran.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = 'visattn_mm.ops.triton_common'
+
+
+# Relative error ||x - ref|| / ||ref|| of the output and of each gradient allowed in fp32 / 16 bits
+# (:func:`low_precision_errors`). fp32 products are full fp32 ('highest' matmul precision); 16-bit runs
+# round the inputs, the probabilities and the logit gradients. Measured in the interpreter (sliding
+# chunk, fp16, 8x10 map, w 3): at most 1.4e-3 (the l2g gradient, a sum with cancellation); bf16 has 3
+# mantissa bits fewer. A wrong mask or layout is off by order 1.
+TOLERANCES = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-2}
+
+
+def interpreter_results(test_file):
+    """Runs ``test_file`` as a script with Triton's interpreter on: the ``{name: result}`` it prints."""
+    pytest.importorskip('triton')
+    env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
+        [str(ROOT), str(ROOT / 'tests'), os.environ.get('PYTHONPATH', '')]))
+    proc = subprocess.run([sys.executable, str(test_file)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def interpreted_fixture():
+    """The module-scoped fixture ``interpreted`` of a test file (``interpreted = interpreted_fixture()``):
+    the results of its comparisons, run in the interpreter subprocess (:func:`interpreter_results`)."""
+
+    @pytest.fixture(scope='module', name='interpreted')
+    def fixture(request):
+        return interpreter_results(request.module.__file__)
+
+    return fixture
+
+
+def main(case_inputs, cases, **comparisons):
+    """The script side of :func:`interpreter_results`: every case of ``cases`` (``case_inputs(name, dtype)``
+    gives its ``(leaves, op)``, compared by :func:`compare_paths` in float64) and the other ``comparisons``,
+    each caught separately, as one JSON line ``{name: result or {'error': text}}`` on stdout."""
+    comparisons = {**{name: lambda name=name: compare_paths(*case_inputs(name, torch.float64)) for name in cases},
+                   **comparisons}
+    results = {}
+    for name, compare in comparisons.items():
+        try:
+            results[name] = compare()
+        except Exception:   # reported per case by the parent
+            results[name] = dict(error=traceback.format_exc())
+    print(json.dumps(results))
+
+
+def launches_since(before):
+    """Launches per kernel name since the ``before`` snapshot of the counter."""
+    from visattn_mm.ops.triton_common import KERNEL_LAUNCHES
+    return {name: count - before.get(name, 0) for name, count in KERNEL_LAUNCHES.items()
+            if count != before.get(name, 0)}
+
+
+def launch_snapshot():
+    from visattn_mm.ops.triton_common import KERNEL_LAUNCHES
+    return dict(KERNEL_LAUNCHES)
+
+
+def mismatches(actual, expected, rtol, atol):
+    """``'label: error'`` for each tensor of ``actual`` that differs from ``expected`` (dicts by label)."""
+    found = []
+    for label, tensor in actual.items():
+        try:
+            torch.testing.assert_close(tensor, expected[label], rtol=rtol, atol=atol)
+        except AssertionError as error:
+            found.append(f'{label}: {error}')
+    return found
+
+
+def forward_backward(leaves, op, impl):
+    """Output and leaf gradients of a fixed weighted sum of ``op(impl)``, by label; kernel launches made."""
+    before = launch_snapshot()
+    out = op(impl)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights.to(out)).sum(), leaves)
+    tensors = dict(output=out, **{f'grad {i} {tuple(g.shape)}': g for i, g in enumerate(grads)})
+    return tensors, launches_since(before)
+
+
+def compare_paths(leaves, op):
+    """Runs ``op`` on the math and the Triton path in float64 (interpreter subprocess).
+
+    Returns:
+        dict: the kernel launches of each path and the output / gradient mismatches.
+    """
+    from visattn_mm.ops.triton_common import INTERPRETED
+    assert INTERPRETED, 'the kernels must run in the interpreter here'
+    expected, math_launches = forward_backward(leaves, op, 'math')
+    actual, launches = forward_backward(leaves, op, 'triton')
+    return dict(math_launches=math_launches, launches=launches,
+                mismatches=mismatches(actual, expected, rtol=1e-10, atol=1e-10))
+
+
+def assert_kernels_matched(result, launches):
+    """A :func:`compare_paths` or :func:`compare_backbone` result: the math path launched no kernel, the
+    Triton path ``launches`` (``{kernel name: count}``), and every tensor agreed."""
+    assert 'error' not in result, result.get('error')
+    assert result['math_launches'] == {}
+    assert result['launches'] == launches
+    assert not result['mismatches'], '\n'.join(result['mismatches'])
+
+
+def compare_backbone(cls):
+    """A tiny ``cls`` backbone with attn_impl='triton' against the same weights with 'math' (interpreter
+    subprocess): outputs and parameter gradients, and the kernel launches of each."""
+    from helpers import build_tiny
+    image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    results = {}
+    for attn_impl in ('math', 'triton'):
+        torch.manual_seed(0)
+        model = build_tiny(cls, attn_impl=attn_impl, drop_path_rate=0.0).double().eval()
+        before = launch_snapshot()
+        outs = model(image)
+        grads = torch.autograd.grad(sum(o.pow(2).mean() for o in outs), list(model.parameters()))
+        tensors = {f'output {i}': o for i, o in enumerate(outs)}
+        tensors.update((name, g) for (name, _), g in zip(model.named_parameters(), grads))
+        results[attn_impl] = tensors, launches_since(before)
+    return dict(math_launches=results['math'][1], launches=results['triton'][1],
+                mismatches=mismatches(results['triton'][0], results['math'][0], rtol=1e-9, atol=1e-10))
+
+
+def compiling_launches(monkeypatch, tmp_path):
+    """Makes the kernel launches compile the kernel for sm_90 (Triton's bundled compiler and ptxas, no
+    GPU needed) instead of running it, and lets CPU tensors through the device check.
+
+    Returns:
+        list: ``(kernel name, cubin bytes)`` per launch, filled as they happen.
+    """
+    common = pytest.importorskip(COMMON)
+    if common.INTERPRETED:
+        pytest.skip('TRITON_INTERPRET is on in this process: the kernels are not compilable objects')
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    compiled = []
+
+    def compile_instead(kernel, grid, num_warps, *args, **constexprs):
+        signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
+        signature.update(dict.fromkeys(constexprs, 'constexpr'))
+        binary = triton_compile(ASTSource(kernel, signature, constexprs=constexprs),
+                                target=GPUTarget('cuda', 90, 32), options=dict(num_warps=num_warps))
+        compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
+
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))   # compile for real, not from a cache
+    monkeypatch.setattr(common, 'launch', compile_instead)
+    monkeypatch.setattr(common, 'INTERPRETED', True)        # CPU tensors pass the device check
+    return compiled
+
+
+def skip_unless_compiled():
+    """Skips a GPU test in a process where the kernels are interpreted."""
+    common = pytest.importorskip(COMMON)
+    if common.INTERPRETED:
+        pytest.skip('TRITON_INTERPRET is on in this process')
+
+
+def low_precision_errors(op, tokens, biases, device, dtype):
+    """Relative errors ``||x - ref|| / ||ref||`` of the Triton path on ``device`` with tokens in ``dtype``
+    and fp32 biases (what the backbones pass under autocast) against the math path in float64 on the
+    same rounded values.
+
+    Args:
+        op (callable): ``op(*tokens, *biases, impl=...)``, the op's output.
+        tokens (list[Tensor]): float64 inputs that the Triton run gets in ``dtype``.
+        biases (list[Tensor]): float64 inputs that the Triton run gets in fp32.
+
+    Returns:
+        tuple: The errors of the output and of each input's gradient, in order, and the kernel
+        launches of the Triton run.
+    """
+    tokens = [t.to(dtype).double() for t in tokens]
+
+    def run(inputs, impl):
+        inputs = [t.detach().requires_grad_() for t in inputs]
+        before = launch_snapshot()
+        out = op(*inputs, impl=impl)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        grads = torch.autograd.grad((out.double() * weights.to(out.device)).sum(), inputs)
+        return [t.double().cpu() for t in (out, *grads)], sum(launches_since(before).values())
+
+    reference, _ = run(tokens + biases, 'math')
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision('highest')
+    try:
+        results, launches = run([t.to(device, dtype) for t in tokens]
+                                + [b.to(device, torch.float32) for b in biases], 'triton')
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return [((r - ref).norm() / ref.norm()).item() for r, ref in zip(results, reference)], launches
+
+
+def assert_fp16_within_tolerance(result, launches=3):
+    """An interpreter fp16 result (``dict(launches=..., errors={label: error})``) within the tolerance."""
+    assert 'error' not in result, result.get('error')
+    assert result['launches'] == launches
+    assert max(result['errors'].values()) < TOLERANCES[torch.float16], result['errors']

@@ -1,0 +1,315 @@
+"""Transformer-LS long-short attention as fused Triton kernels (``impl='triton'``), forward and backward.
+
+The same function as :func:`visattn_mm.ops.long_short.long_short_attention` (see
+there and :func:`visattn_mm.ops.reference.long_short_attention_dense`), computed
+without gathering patches or storing logits. One program handles one ``w x w``
+segment of one (batch, head) pair; segment slot ``s`` is the token
+``(s // w, s % w)`` of the segment, so the zero padding of the map is never
+materialised: padded slots are masked loads.
+
+* Forward: online softmax (FlashAttention style) over the ``r`` projected keys,
+  the segment's ``(w + 2p)^2`` key patch (``p = segment_pad(w)``) in tiles of as
+  many keys as the query tile has slots, and the global keys. Patch keys outside
+  the image are masked from their coordinates; the window RPB is added to the
+  patch logits only. Saves one log-sum-exp per query.
+* Backward (FlashAttention-2 style, probabilities recomputed from the
+  log-sum-exp): a query-centric kernel writes the gradient of the queries,
+  per-segment partial gradients of the projected and global keys and values
+  (summed afterwards) and adds the gradient of the window RPB with atomics; a
+  key-centric kernel then loops over the 3 x 3 segments around its key chunk
+  (``p <= w``: no patch reaches farther) and writes the gradients of the local
+  keys and values.
+
+Numerics, dtypes and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
+The gradient of the window RPB is summed with atomics over all segments and
+the batch, so its last bits may vary from run to run.
+
+Cost: the patch tiles hold ``ceil((w + 2p)^2 / B)`` tiles of ``B = next_pow2(w*w)``
+keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles of
+``B x B`` logits per key chunk, of which the patches use ``((w + 2p) / 3w)^2``
+(38% for ``w = 7``) -- the first suspect once GPU timings exist.
+
+Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
+``impl='fast'`` or ``'math'`` for attention dropout).
+"""
+import torch
+
+from . import triton_common as tc
+from .common import chunk_grid
+from .long_short import segment_pad
+from .triton_common import tl, triton
+
+__all__ = ['triton_long_short_attention']
+
+
+@triton.jit
+def _window_logits(scores, query_slots, patch_slots, visible, bias_base, bias_stride_q, bias_stride_k,
+                   HAS_LOCAL_BIAS: tl.constexpr, WINDOW: tl.constexpr):
+    """Adds the window RPB to the dot products of a segment's queries and patch keys, and sets
+    hidden logits to ``-inf``.
+
+    Works on either orientation: ``query_slots``, ``patch_slots`` and ``visible``
+    are broadcast along the tile's query and key axes (``[:, None]`` and
+    ``[None, :]`` for ``(queries, keys)`` tiles, the reverse for transposed ones).
+    A visible key lies in the patch, so its patch slot indexes the RPB.
+    """
+    if HAS_LOCAL_BIAS:
+        pointers = bias_base + query_slots * bias_stride_q + patch_slots * bias_stride_k
+        scores += tl.load(pointers, mask=visible & (query_slots < WINDOW * WINDOW), other=0.0).to(scores.dtype)
+    return tl.where(visible, scores, float('-inf'))
+
+
+@triton.jit
+def _patch_tile(queries, segment_row, segment_col, start, k_base, v_base, k_sn, k_sd, v_sn, v_sd, bias_base,
+                bias_sq, bias_sk, height, width, head_dim, WINDOW: tl.constexpr, PAD: tl.constexpr,
+                HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries.
+
+    Returns:
+        The patch slots, whether each is a pixel of the image (hidden otherwise),
+        the keys and values, and the ``(queries, keys)`` tile of logits.
+    """
+    span = WINDOW + 2 * PAD
+    patch_slots = start + tl.arange(0, BLOCK)
+    y = segment_row * WINDOW - PAD + patch_slots // span
+    x = segment_col * WINDOW - PAD + patch_slots % span
+    key_valid = (patch_slots < span * span) & (y >= 0) & (y < height) & (x >= 0) & (x < width)
+    keys, values, scores = tc.key_tile(queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd,
+                                       head_dim, BLOCK_D, DOT_PRECISION)
+    scores = _window_logits(scores, tl.arange(0, BLOCK)[:, None], patch_slots[None, :], key_valid[None, :],
+                            bias_base, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
+    return patch_slots, key_valid, keys, values, scores
+
+
+@triton.jit
+def _long_short_forward(
+        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
+        kb_sb, kb_sh, kb_sn, kb_sd, vb_sb, vb_sh, vb_sn, vb_sd,
+        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
+        bias_sh, bias_sq, bias_sk,
+        heads, height, width, cols, head_dim,
+        WINDOW: tl.constexpr, PAD: tl.constexpr, NUM_BAR: tl.constexpr, NUM_GLOBAL: tl.constexpr,
+        HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``."""
+    segment, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
+    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries = tc.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+
+    row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
+    if NUM_BAR > 0:
+        row_max, row_sum, acc = tc.shared_keys_forward(
+            row_max, row_sum, acc, queries, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
+            v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, head_dim,
+            NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
+
+    for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
+        _, _, _, values, scores = _patch_tile(
+            queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
+            v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
+            HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+        row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+
+    if NUM_GLOBAL > 0:
+        row_max, row_sum, acc = tc.shared_keys_forward(
+            row_max, row_sum, acc, queries, global_k + batch * gk_sb + head * gk_sh, gk_sn, gk_sd,
+            global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, head_dim,
+            NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
+
+    tc.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
+                      o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
+
+
+@triton.jit
+def _long_short_backward_queries(
+        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, grad_out, lse, delta,
+        grad_q, grad_local_bias, grad_k_bar, grad_v_bar, grad_global_k, grad_global_v,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
+        kb_sb, kb_sh, kb_sn, kb_sd, vb_sb, vb_sh, vb_sn, vb_sd,
+        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
+        do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
+        bias_sh, bias_sq, bias_sk,
+        heads, height, width, cols, head_dim,
+        WINDOW: tl.constexpr, PAD: tl.constexpr, NUM_BAR: tl.constexpr, NUM_GLOBAL: tl.constexpr,
+        HAS_LOCAL_BIAS: tl.constexpr, LOCAL_BIAS_GRAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Gradients seen from one segment's queries; grid ``(rows * cols, batch * heads)``.
+
+    Writes ``delta = rowsum(dO * O)`` of the segment's queries (read by
+    :func:`_long_short_backward_keys`), their gradient, this segment's partial
+    sums of the gradients of the projected and global keys and values
+    (``(batch * heads * rows * cols, r or G, head_dim)``), and adds its patch
+    logit gradients to ``grad_local_bias`` (``(heads, w*w, (w + 2p)^2)``, contiguous).
+    """
+    segment, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
+    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries, grad_rows, row_lse, row_delta = tc.backward_rows(
+        q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
+        lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
+        q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
+    grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
+    part = batch_head * tl.num_programs(0) + segment
+
+    if NUM_BAR > 0:
+        grad_queries += tc.shared_keys_backward(
+            queries, grad_rows, query_valid, row_lse, row_delta, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
+            v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, grad_k_bar, grad_v_bar, lse, part,
+            head_dim, NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
+    if NUM_GLOBAL > 0:
+        grad_queries += tc.shared_keys_backward(
+            queries, grad_rows, query_valid, row_lse, row_delta, global_k + batch * gk_sb + head * gk_sh, gk_sn,
+            gk_sd, global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, grad_global_k, grad_global_v,
+            lse, part, head_dim, NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
+
+    for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
+        patch_slots, key_valid, keys, values, scores = _patch_tile(
+            queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
+            v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
+            HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+        _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
+        if LOCAL_BIAS_GRAD:
+            tc.add_bias_grad(grad_local_bias, head, tl.arange(0, BLOCK), patch_slots, grad_scores,
+                             query_valid[:, None] & key_valid[None, :], WINDOW * WINDOW,
+                             (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD))
+
+    tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
+                  grad_queries, BLOCK_D)
+
+
+@triton.jit
+def _long_short_backward_keys(
+        q, k, v, local_bias, grad_out, lse, delta, grad_k, grad_v,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
+        do_sb, do_sh, do_sn, do_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
+        bias_sh, bias_sq, bias_sk,
+        heads, height, width, cols, head_dim,
+        WINDOW: tl.constexpr, PAD: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+        BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Gradients of one ``w x w`` chunk of local keys and values; grid ``(rows * cols, batch * heads)``.
+
+    Patches reach ``p <= w`` pixels beyond their segment, so only the 3 x 3
+    segments around the key chunk see its keys; a key at slot ``(sy, sx)`` of the
+    chunk is patch slot ``(sy - dy * w + p, sx - dx * w + p)`` of the segment
+    ``(dy, dx)`` chunks away, visible where that lies in the patch.
+    """
+    chunk, batch_head, batch, head, key_row, key_col = tc.program_chunk(heads, cols)
+    key_tokens, key_valid = tc.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
+    keys, values = tc.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
+                                     key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    grad_keys, grad_values = tc.accumulator(lse, BLOCK, BLOCK_D), tc.accumulator(lse, BLOCK, BLOCK_D)
+
+    span = WINDOW + 2 * PAD
+    slots = tl.arange(0, BLOCK)
+    for step in range(9):
+        row_offset, col_offset = step // 3 - 1, step % 3 - 1
+        row, col = key_row + row_offset, key_col + col_offset
+        tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+        # chunk_tokens already hides segments below or right of the grid (their pixels lie outside the map).
+        query_valid = query_valid & (row >= 0) & (col >= 0)
+        queries, grad_rows, row_lse, row_delta, scores = tc.query_tile(
+            keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh,
+            lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
+            q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
+        patch_y = slots // WINDOW - row_offset * WINDOW + PAD
+        patch_x = slots % WINDOW - col_offset * WINDOW + PAD
+        visible = key_valid & (patch_y >= 0) & (patch_y < span) & (patch_x >= 0) & (patch_x < span)
+        scores = _window_logits(scores, slots[None, :], (patch_y * span + patch_x)[:, None], visible[:, None],
+                                local_bias + head * bias_sh, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
+        grad_keys, grad_values = tc.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
+                                                   row_lse, row_delta, query_valid, DOT_PRECISION)
+
+    tc.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
+                       key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
+
+
+class _LongShortAttention(torch.autograd.Function):
+    """Autograd node of :func:`triton_long_short_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, k_bar, v_bar, global_k, global_v, local_bias, geometry):
+        height, width, window = geometry
+        batch, heads, _, head_dim = q.shape
+        rows, cols = chunk_grid(height, width, window)
+        num_bar = 0 if k_bar is None else k_bar.shape[2]
+        num_global = 0 if global_k is None else global_k.shape[2]
+        constexprs = dict(
+            WINDOW=window, PAD=segment_pad(window), HAS_LOCAL_BIAS=local_bias is not None,
+            BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+        shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=tc.tile(num_bar),
+                                 BLOCK_G=tc.tile(num_global))
+        shape = (heads, height, width, cols, head_dim)
+        grid = (rows * cols, batch * heads)
+
+        out = tc.like_heads_last(q)
+        lse = torch.empty(batch * heads, height * width, dtype=tc.acc_dtype(q.dtype), device=q.device)
+        tc.launch(_long_short_forward, grid, tc.warps(q.dtype),
+                  q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
+                  tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, lse,
+                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
+                  *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *tc.strides(local_bias, 3),
+                  *shape, **constexprs, **shared_constexprs)
+        ctx.save_for_backward(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse)
+        ctx.launch = (grid, shape, constexprs, shared_constexprs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse = ctx.saved_tensors
+        grid, shape, constexprs, shared_constexprs = ctx.launch
+        local_bias_grad = local_bias is not None and ctx.needs_input_grad[7]
+        grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+            q, k, v, grad_out, lse, local_bias, local_bias_grad)
+        parts = grid[0] * grid[1]
+        grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
+        grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
+
+        tc.launch(_long_short_backward_queries, grid, tc.warps(q.dtype),
+                  q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
+                  tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
+                  tc.stand_in(grad_local_bias, lse), tc.stand_in(grad_k_bar, lse), tc.stand_in(grad_v_bar, lse),
+                  tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse),
+                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
+                  *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
+                  *grad_q.stride(), *tc.strides(local_bias, 3), *shape,
+                  LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
+        tc.launch(_long_short_backward_keys, grid, tc.warps(q.dtype),
+                  q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
+                  *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
+                  *tc.strides(local_bias, 3), *shape, **constexprs)
+
+        return (grad_q, grad_k, grad_v, tc.summed_parts(grad_k_bar, k_bar), tc.summed_parts(grad_v_bar, v_bar),
+                tc.summed_parts(grad_global_k, global_k), tc.summed_parts(grad_global_v, global_v),
+                tc.cast_like(grad_local_bias, local_bias), None)
+
+
+def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None, global_k=None,
+                                global_v=None, local_bias=None, dropout_p=0.0):
+    """:func:`~visattn_mm.ops.long_short.long_short_attention` through the Triton kernels.
+
+    Arguments as there. Inputs may be strided views; the output and the
+    gradients of ``q, k, v`` are ``(B, heads, H*W, d)`` views of
+    ``(B, H*W, heads, d)`` storage, so merging the heads afterwards is free.
+    The other inputs are cast to ``q``'s dtype; the window RPB keeps its own.
+
+    Raises:
+        ValueError: For ``dropout_p > 0`` (not supported here; use impl 'fast'
+            or 'math'), a token count other than ``height * width``, a window RPB
+            of another shape than ``(heads, w*w, (w + 2p)**2)``, or projected
+            (global) keys without their values or the reverse.
+        RuntimeError: For tensors that are not on a CUDA device, unless Triton's
+            interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
+    """
+    tc.check_supported(q, height * width, dropout_p)
+    span = window + 2 * segment_pad(window)
+    if local_bias is not None and tuple(local_bias.shape) != (q.shape[1], window * window, span * span):
+        raise ValueError(f'local_bias has shape {tuple(local_bias.shape)}, not (heads, w*w, (w + 2p)**2) = '
+                         f'{(q.shape[1], window * window, span * span)}')
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    k_bar, v_bar = tc.shared_keys(k_bar, v_bar, q.dtype, ('k_bar', 'v_bar'))
+    global_k, global_v = tc.shared_keys(global_k, global_v, q.dtype, ('global_k', 'global_v'))
+    tc.check_device(q)
+    return _LongShortAttention.apply(q, k, v, k_bar, v_bar, global_k, global_v, local_bias,
+                                     (height, width, window))
