@@ -232,3 +232,18 @@ def test_plot_writes_a_png(curves, work_dir, tmp_path):
     assert width > 100 and height > 200  # two panels stacked
     with pytest.raises(SystemExit, match='no vis_data/scalars.json'):
         curves.main([str(tmp_path / 'nowhere'), '--out', str(out)])
+
+
+def test_model_fingerprint_comparison_reports_every_kind_of_change():
+    fingerprint = _load('model_fingerprint')
+    entry = dict(keys=[('a.weight', (2, 3))], params='6 parameters', outputs=[torch.ones(2, 3)])
+    before = {'config/x': entry, 'config/gone': entry}
+    assert fingerprint.compare(before, {'config/x': entry, 'config/gone': entry}) == []
+    changed = {
+        'config/x': dict(keys=[('a.weight', (3, 2))], params='7 parameters', outputs=[torch.ones(2, 3) + 1e-7]),
+        'config/new': entry,
+    }
+    problems = '\n'.join(fingerprint.compare(before, changed))
+    for expected in ('config/gone: only in before', 'config/new: only in after', 'keys or shapes differ',
+                     'parameter count / load report differs', 'output 0 differs'):
+        assert expected in problems
