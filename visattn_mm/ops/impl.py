@@ -15,8 +15,8 @@ function:
   fused Triton kernels that store neither gathered neighbours nor logits, for
   the ops in ``TRITON_OPS`` on CUDA tensors
   (:mod:`visattn_mm.ops.triton_sliding_chunk`,
-  :mod:`visattn_mm.ops.triton_long_short`); other ops and devices take the
-  path 'auto' picks.
+  :mod:`visattn_mm.ops.triton_long_short`, :mod:`visattn_mm.ops.triton_pale`);
+  other ops and devices take the path 'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction; it has a single path and ignores the choice.
@@ -34,7 +34,7 @@ import torch
 
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
-TRITON_OPS = ('sliding_chunk', 'long_short')
+TRITON_OPS = ('sliding_chunk', 'long_short', 'pale')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 
 # Device types on which 'auto' picks the fused path. Measured on CPU (torch

@@ -33,12 +33,24 @@ import torch
 import torch.nn.functional as F
 
 from .common import dense_attention, fused_attention
-from .impl import use_fast_path
+from .impl import chosen_path, use_fast_path
 
 
 def pale_size_pair(pale_size):
     """``(s_r, s_c)`` from a pale size given as ``s`` or ``(s_r, s_c)``."""
     return tuple(pale_size) if isinstance(pale_size, (tuple, list)) else (pale_size, pale_size)
+
+
+def half_heads(q):
+    """Heads of each branch (row, column) of ``(B, heads, N, d)`` queries.
+
+    Raises:
+        ValueError: For an odd number of heads.
+    """
+    heads = q.shape[1]
+    if heads % 2:
+        raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
+    return heads // 2
 
 
 def interlace_stride(side, pale_size):
@@ -136,16 +148,16 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
         width (int): Map width ``W``.
         pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
     """
-    heads = q.shape[1]
-    if heads % 2:
-        raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
+    if chosen_path(q.device.type, impl=impl, op='pale') == 'triton':
+        from .triton_pale import triton_pale_attention
+        return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
+    half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
-    half = heads // 2
     row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
     col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)
     return torch.cat([row, col], dim=1)

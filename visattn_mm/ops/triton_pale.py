@@ -1,0 +1,229 @@
+"""Pale-shaped attention as fused Triton kernels (``impl='triton'``), forward and backward.
+
+The same function as :func:`visattn_mm.ops.pale.pale_attention` (see there and
+:func:`visattn_mm.ops.reference.pale_attention_dense`), computed without
+gathering, padding or permuting the groups and without storing logits. The
+kernels read each group's tokens straight from the ``(B, heads, H*W, d)``
+tensors: slot ``t`` of group ``g`` is line ``g + (t // L) * stride`` of the
+grouping axis and position ``t % L`` along the other one (``L`` its length);
+slots on lines beyond the map (the padding of :func:`~visattn_mm.ops.pale.interlace_stride`)
+are masked loads. The row branch (first half of the heads) groups rows, the
+column branch (second half) columns: one launch per branch and kernel, one
+program per (group, tile of its tokens, batch * head of the branch).
+
+* Forward: online softmax (FlashAttention style) over the group's keys in tiles;
+  saves one log-sum-exp per query.
+* Backward (FlashAttention-2 style, probabilities recomputed from the
+  log-sum-exp): a query-centric kernel writes ``delta = rowsum(dO * O)`` and the
+  gradient of the queries; a key-centric kernel then loops over the group's
+  queries and writes the gradients of the keys and values.
+
+A row group holds ``s_r * W`` tokens, a column group ``s_c * H``: tiles of at
+most :data:`MAX_BLOCK` slots (fewer for small groups). No bias; numerics, dtypes
+and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
+
+Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
+``impl='fast'`` or ``'math'`` for attention dropout).
+"""
+import torch
+
+from . import triton_common as tc
+from .pale import half_heads, interlace_stride, pale_size_pair
+from .triton_common import tl, triton
+
+__all__ = ['triton_pale_attention']
+
+# Largest tile side (query and key tiles alike); tests lower it to run the tile loops at tiny sizes.
+MAX_BLOCK = 64
+
+
+@triton.jit
+def _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK: tl.constexpr):
+    """Token index (row-major) of slots ``start .. start + BLOCK`` of an interlaced group, and whether
+    each slot is a token of the map (not beyond the group or on a padding line)."""
+    slots = start + tl.arange(0, BLOCK)
+    line = group + (slots // length) * stride
+    valid = (slots < group_size) & (line < side)
+    return line * line_step + (slots % length) * other_step, valid
+
+
+@triton.jit
+def _program_tile(half, head_start, tiles):
+    """This program's ``(group, tile, batch, head)`` on a ``(groups * tiles, batch * half)`` grid of a
+    branch whose heads start at ``head_start``."""
+    tile = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    return tile // tiles, tile % tiles, batch_head // half, head_start + batch_head % half
+
+
+@triton.jit
+def _pale_forward(
+        q, k, v, out, lse,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, o_sb, o_sh, o_sn, o_sd,
+        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
+        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Output and log-sum-exp of one tile of a group's queries; grid ``(groups * tiles, batch * half)``."""
+    group, tile, batch, head = _program_tile(half, head_start, tiles)
+    tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
+                                       other_step, BLOCK)
+    queries = tc.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+
+    row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
+    for start in range(0, group_size, BLOCK):
+        key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step,
+                                             other_step, BLOCK)
+        _, values, scores = tc.key_tile(queries, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
+                                        key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D,
+                                        DOT_PRECISION)
+        scores = tl.where(key_valid[None, :], scores, float('-inf'))
+        row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+
+    tc.finish_forward(out + batch * o_sb + head * o_sh, lse + (batch * heads + head) * tokens_per_map, tokens,
+                      query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
+
+
+@triton.jit
+def _pale_backward_queries(
+        q, k, v, out, grad_out, lse, delta, grad_q,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, o_sb, o_sh, o_sn, o_sd,
+        do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
+        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
+        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``delta`` (read by :func:`_pale_backward_keys`) and the gradient of one tile of a group's queries;
+    grid ``(groups * tiles, batch * half)``."""
+    group, tile, batch, head = _program_tile(half, head_start, tiles)
+    tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
+                                       other_step, BLOCK)
+    row = (batch * heads + head) * tokens_per_map
+    queries, grad_rows, row_lse, row_delta = tc.backward_rows(
+        q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
+        lse + row, delta + row, tokens, query_valid, q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
+
+    grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
+    for start in range(0, group_size, BLOCK):
+        key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step,
+                                             other_step, BLOCK)
+        keys, values, scores = tc.key_tile(queries, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
+                                           key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D,
+                                           DOT_PRECISION)
+        scores = tl.where(key_valid[None, :], scores, float('-inf'))
+        _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
+
+    tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
+                  grad_queries, BLOCK_D)
+
+
+@triton.jit
+def _pale_backward_keys(
+        q, k, v, grad_out, lse, delta, grad_k, grad_v,
+        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
+        do_sb, do_sh, do_sn, do_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
+        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
+        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Gradients of one tile of a group's keys and values; grid ``(groups * tiles, batch * half)``.
+
+    The padding key slots are not masked here: their rows of the gradients are
+    never stored, and the products never mix rows.
+    """
+    group, tile, batch, head = _program_tile(half, head_start, tiles)
+    key_tokens, key_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
+                                         other_step, BLOCK)
+    keys, values = tc.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
+                                     key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    grad_keys, grad_values = tc.accumulator(lse, BLOCK, BLOCK_D), tc.accumulator(lse, BLOCK, BLOCK_D)
+    row = (batch * heads + head) * tokens_per_map
+    for start in range(0, group_size, BLOCK):
+        tokens, query_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
+                                           BLOCK)
+        queries, grad_rows, row_lse, row_delta, scores = tc.query_tile(
+            keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, lse + row, delta + row,
+            tokens, query_valid, q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
+        grad_keys, grad_values = tc.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
+                                                   row_lse, row_delta, query_valid, DOT_PRECISION)
+
+    tc.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
+                       key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
+
+
+def _branches(batch, heads, height, width, pale_size):
+    """Launch geometry of the row and the column branch.
+
+    Returns:
+        list[tuple]: Per branch, its grid ``(groups * tiles, batch * half)``, the
+        kernels' geometry arguments from ``heads`` to ``other_step`` and its tile side.
+    """
+    half = heads // 2
+    s_r, s_c = pale_size_pair(pale_size)
+    branches = []
+    # (side, length, line step, other step, heads from): rows step by W tokens, columns by 1.
+    for side, length, line_step, other_step, size_asked, head_start in ((height, width, width, 1, s_r, 0),
+                                                                          (width, height, 1, width, s_c, half)):
+        size, stride, _ = interlace_stride(side, size_asked)
+        group_size = size * length
+        block = min(tc.tile(group_size), MAX_BLOCK)
+        tiles = triton.cdiv(group_size, block)
+        geometry = (heads, height * width, half, head_start, tiles, side, length, stride, group_size, line_step,
+                    other_step)
+        branches.append(((stride * tiles, batch * half), geometry, block))
+    return branches
+
+
+class _PaleAttention(torch.autograd.Function):
+    """Autograd node of :func:`triton_pale_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, geometry):
+        height, width, pale_size = geometry
+        batch, heads, _, head_dim = q.shape
+        branches = _branches(batch, heads, height, width, pale_size)
+        constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+
+        out = tc.like_heads_last(q)
+        lse = torch.empty(batch * heads, height * width, dtype=tc.acc_dtype(q.dtype), device=q.device)
+        for grid, branch, block in branches:
+            tc.launch(_pale_forward, grid, tc.warps(q.dtype), q, k, v, out, lse,
+                      *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
+                      **constexprs)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.launch = (branches, constexprs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        branches, constexprs = ctx.launch
+        head_dim = q.shape[-1]
+        grad_out, grad_q, grad_k, grad_v, delta, _ = tc.backward_buffers(q, k, v, grad_out, lse, None, False)
+        for grid, branch, block in branches:
+            tc.launch(_pale_backward_queries, grid, tc.warps(q.dtype), q, k, v, out, grad_out, lse, delta, grad_q,
+                      *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
+                      *branch, head_dim, BLOCK=block, **constexprs)
+            tc.launch(_pale_backward_keys, grid, tc.warps(q.dtype), q, k, v, grad_out, lse, delta, grad_k, grad_v,
+                      *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
+                      *branch, head_dim, BLOCK=block, **constexprs)
+        return grad_q, grad_k, grad_v, None
+
+
+def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+    """:func:`~visattn_mm.ops.pale.pale_attention` through the Triton kernels.
+
+    Arguments as there. Inputs may be strided views; the output and the
+    gradients of ``q, k, v`` are ``(B, heads, H*W, d)`` views of
+    ``(B, H*W, heads, d)`` storage, so merging the heads afterwards is free.
+    ``k`` and ``v`` are cast to ``q``'s dtype.
+
+    Raises:
+        ValueError: For ``dropout_p > 0`` (not supported here; use impl 'fast'
+            or 'math'), a token count other than ``height * width``, an odd
+            number of heads, or a pale size that is not a positive int.
+        RuntimeError: For tensors that are not on a CUDA device, unless Triton's
+            interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
+    """
+    tc.check_supported(q, height * width, dropout_p)
+    half_heads(q)
+    for side, size in zip((height, width), pale_size_pair(pale_size)):
+        interlace_stride(side, size)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    tc.check_device(q)
+    return _PaleAttention.apply(q, k, v, (height, width, pale_size))
