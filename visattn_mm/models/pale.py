@@ -79,7 +79,7 @@ class PaleAttention(nn.Module):
         qkv_bias (bool): Bias of the pointwise q/k/v convs. Default: True.
         attn_drop (float): Dropout on the attention probabilities. Default: 0.
         proj_drop (float): Dropout after ``proj``. Default: 0.
-        attn_impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
     def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0,
@@ -189,9 +189,9 @@ class PaleTransformer(DenseBackbone):
             with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
         attn_impl (str): Attention implementation: 'fast' (fused
-            ``scaled_dot_product_attention``), 'math' (explicit softmax, the reference)
-            or 'auto' (per device, as measured; see :mod:`visattn_mm.ops.impl`).
-            Default: 'auto'.
+            ``scaled_dot_product_attention``), 'math' (explicit softmax, the reference),
+            'auto' (per device, as measured) or 'triton' (fused Triton kernels on CUDA,
+            opt-in; see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg
