@@ -9,9 +9,8 @@ import sys
 
 import pytest
 import torch
-from triton_harness import (COMMON, TOLERANCES, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors,
-                            main, skip_unless_compiled)
+from triton_harness import (COMMON, assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
+                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
 
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL
@@ -219,10 +218,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (-1, 0), (1, 0), (0, 4), (-1, 7), (0, -1)])
 def test_cuda_kernels_match_float64_math(masking_mode, shift_mode, dtype):
-    skip_unless_compiled()
-    errors, launches = sliding_chunk_errors('cuda', dtype, masking_mode, shift_mode, GPU_SHAPE)
-    assert launches == 3
-    assert max(errors.values()) < TOLERANCES[dtype], errors
+    assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, shift_mode, GPU_SHAPE)
 
 
 if __name__ == '__main__':

@@ -8,8 +8,8 @@ window RPB) with the math path, and counts the launches of each kernel.
 """
 import pytest
 import torch
-from triton_harness import (TOLERANCES, assert_fp16_within_tolerance, assert_kernels_matched, compare_backbone,
-                            compiling_launches, interpreted_fixture, low_precision_errors, main, skip_unless_compiled)
+from triton_harness import (assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
+                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
 
 from visattn_mm.models import ViLLS
 from visattn_mm.ops.long_short import long_short_attention, long_short_rpb_index, long_short_rpb_table_size, segment_pad
@@ -164,10 +164,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('shape', GPU_SHAPES, ids=lambda s: 'x'.join(map(str, s)))
 def test_cuda_kernels_match_float64_math(shape, dtype):
-    skip_unless_compiled()
-    errors, launches = long_short_errors('cuda', dtype, *shape)
-    assert launches == 3
-    assert max(errors.values()) < TOLERANCES[dtype], errors
+    assert_cuda_within_tolerance(long_short_errors, dtype, 3, *shape)
 
 
 if __name__ == '__main__':

@@ -10,9 +10,8 @@ import contextlib
 
 import pytest
 import torch
-from triton_harness import (COMMON, TOLERANCES, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main,
-                            skip_unless_compiled)
+from triton_harness import (COMMON, assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
+                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
 
 from visattn_mm.models import PaleTransformer
 from visattn_mm.ops.pale import pale_attention
@@ -85,19 +84,25 @@ def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
     assert_kernels_matched(interpreted['backbone'], dict.fromkeys(KERNELS, 8))
 
 
-def test_refusals_name_the_alternative(monkeypatch):
-    """What the pale kernels refuse, dropout and CPU tensors naming what to do instead."""
+def _odd_heads(attention, q):
+    return attention(*(torch.zeros(1, 3, 9, 4) for _ in range(3)), 3, 3, 2)
+
+
+@pytest.mark.parametrize('call,match', [
+    (lambda attention, q: attention(q, q, q, 3, 3, 2, dropout_p=0.1), "dropout.*'fast' or 'math'"),
+    (lambda attention, q: attention(q, q, q, 2, 3, 2), '9 tokens, not height'),
+    (_odd_heads, '3 heads cannot be split'),
+    (lambda attention, q: attention(q, q, q, 3, 3, (2, 0)), 'pale_size must be a positive int'),
+], ids=['dropout', 'tokens', 'odd-heads', 'pale-size'])
+def test_malformed_calls_are_refused(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(pytest.importorskip(MODULE).triton_pale_attention, torch.zeros(1, 2, 9, 4))
+
+
+def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
     attention = pytest.importorskip(MODULE).triton_pale_attention
-    q = torch.zeros(1, 2, 9, 4)
-    with pytest.raises(ValueError, match="dropout.*'fast' or 'math'"):
-        attention(q, q, q, 3, 3, 2, dropout_p=0.1)
-    with pytest.raises(ValueError, match='9 tokens, not height'):
-        attention(q, q, q, 2, 3, 2)
-    with pytest.raises(ValueError, match='3 heads cannot be split'):
-        attention(*(torch.zeros(1, 3, 9, 4) for _ in range(3)), 3, 3, 2)
-    with pytest.raises(ValueError, match='pale_size must be a positive int'):
-        attention(q, q, q, 3, 3, (2, 0))
     monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', False)
+    q = torch.zeros(1, 2, 9, 4)
     with pytest.raises(RuntimeError, match="CUDA tensors.*'fast' or 'math'"):
         attention(q, q, q, 3, 3, 2)
 
@@ -152,10 +157,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('shape', GPU_SHAPES, ids=str)
 def test_cuda_kernels_match_float64_math(shape, dtype):
-    skip_unless_compiled()
-    errors, launches = pale_errors('cuda', dtype, *shape)
-    assert launches == 6
-    assert max(errors.values()) < TOLERANCES[dtype], errors
+    assert_cuda_within_tolerance(pale_errors, dtype, 6, *shape)
 
 
 if __name__ == '__main__':

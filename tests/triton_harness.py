@@ -213,6 +213,16 @@ def low_precision_errors(op, tokens, biases, device, dtype):
     return [((r - ref).norm() / ref.norm()).item() for r, ref in zip(results, reference)], launches
 
 
+def assert_cuda_within_tolerance(errors_on, dtype, launches, *args):
+    """The body of a CUDA test: ``errors_on('cuda', dtype, *args)`` (``({label: error}, kernel launches)``,
+    see :func:`low_precision_errors`) made ``launches`` launches, every error within the dtype's
+    tolerance. Skips where the kernels are interpreted."""
+    skip_unless_compiled()
+    errors, made = errors_on('cuda', dtype, *args)
+    assert made == launches
+    assert max(errors.values()) < TOLERANCES[dtype], errors
+
+
 def assert_fp16_within_tolerance(result, launches=3):
     """An interpreter fp16 result (``dict(launches=..., errors={label: error})``) within the tolerance."""
     assert 'error' not in result, result.get('error')

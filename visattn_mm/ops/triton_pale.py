@@ -48,6 +48,19 @@ def _group_slots(group, start, side, length, stride, group_size, line_step, othe
 
 
 @triton.jit
+def _group_key_tile(queries, group, start, k_base, v_base, k_sn, k_sd, v_sn, v_sd, side, length, stride, group_size,
+                    line_step, other_step, head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Keys and values of slots ``start .. start + BLOCK`` of a group and their ``(queries, keys)`` tile of
+    logits, ``-inf`` at the slots that are no token of the map."""
+    key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
+                                         BLOCK)
+    keys, values, scores = tc.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
+                                       head_dim, BLOCK_D, DOT_PRECISION)
+    return keys, values, tl.where(key_valid[None, :], scores, float('-inf'))
+
+
+@triton.jit
 def _program_tile(half, head_start, tiles):
     """This program's ``(group, tile, batch, head)`` on a ``(groups * tiles, batch * half)`` grid of a
     branch whose heads start at ``head_start``."""
@@ -70,12 +83,10 @@ def _pale_forward(
 
     row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
-        key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step,
-                                             other_step, BLOCK)
-        _, values, scores = tc.key_tile(queries, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
-                                        key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D,
-                                        DOT_PRECISION)
-        scores = tl.where(key_valid[None, :], scores, float('-inf'))
+        _, values, scores = _group_key_tile(
+            queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
+            v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
+            DOT_PRECISION)
         row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
     tc.finish_forward(out + batch * o_sb + head * o_sh, lse + (batch * heads + head) * tokens_per_map, tokens,
@@ -101,12 +112,10 @@ def _pale_backward_queries(
 
     grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
-        key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step,
-                                             other_step, BLOCK)
-        keys, values, scores = tc.key_tile(queries, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
-                                           key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D,
-                                           DOT_PRECISION)
-        scores = tl.where(key_valid[None, :], scores, float('-inf'))
+        keys, values, scores = _group_key_tile(
+            queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
+            v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
+            DOT_PRECISION)
         _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
 
