@@ -177,7 +177,6 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
     return report
 
 
-
 def check_finite(state_dict, source, max_keys=5):
     """Raise a CheckpointError naming ``source`` and the tensors that hold NaN or inf values."""
     bad = [key for key, value in state_dict.items()

@@ -171,9 +171,8 @@ class Classifier(CheckpointProtocol, nn.Module):
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable=True):
-        for module in self.modules():
-            if hasattr(module, 'with_cp'):
-                module.with_cp = enable
+        # The backbone's stage loop is the one place that checkpoints blocks.
+        self.backbone.with_cp = enable
 
     def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
                               intermediates_only=False):
