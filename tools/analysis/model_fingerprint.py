@@ -36,7 +36,7 @@ def config_models():
         cfg = Config.fromfile(str(path))
         model_cfg = copy.deepcopy(cfg.model)
         model_cfg.backbone.init_cfg = None
-        key = repr(model_cfg.to_dict()) if hasattr(model_cfg, 'to_dict') else repr(model_cfg)
+        key = repr(model_cfg.to_dict())
         if key not in seen:
             seen[key] = path.stem
             out.append((path.stem, cfg.default_scope, model_cfg))
@@ -119,7 +119,6 @@ def main(argv=None):
     action.add_argument('--save', metavar='FILE', help='write the fingerprint of the current code')
     action.add_argument('--compare', metavar='FILE', help='compare the current code with a saved fingerprint')
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     entry = {}
     fingerprint_classifiers(entry)
     fingerprint_configs(entry)
