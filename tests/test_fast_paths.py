@@ -239,3 +239,48 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
         torch.testing.assert_close(fast, math, rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match=r"attn_impl='flash'.*'auto', 'fast', 'math'"):
         cls(arch='tiny', attn_impl='flash')
+
+
+def test_vvt_attn_impl_sets_the_precision_of_its_products(monkeypatch):
+    """VVT's attn_impl reaches every vicinity attention: under bf16 autocast 'fast' runs their
+    matrix products on bf16 operands, every other value in fp32 (forward and the recomputing
+    backward); the outputs agree to bf16 precision."""
+    import visattn_mm.ops.vicinity as vicinity
+    from visattn_mm.models import VVT
+    from visattn_mm.models.vvt import VicinityAttention
+    operands = []
+    run = vicinity._vicinity_attention
+
+    def spy(*args):
+        operands.append(args[-1])
+        return run(*args)
+
+    monkeypatch.setattr(vicinity, '_vicinity_attention', spy)
+    images = torch.randn(1, 3, 45, 61)
+    outputs = {}
+    for attn_impl in ATTENTION_IMPLS:
+        torch.manual_seed(0)
+        model = VVT(arch='tiny', attn_impl=attn_impl, drop_path_rate=0.0)
+        operands.clear()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            outputs[attn_impl] = model(images)
+        sum(out.float().sum() for out in outputs[attn_impl]).backward()
+        blocks = sum(isinstance(m, VicinityAttention) for m in model.modules())
+        assert set(operands) == {torch.bfloat16 if attn_impl == 'fast' else torch.float32}, (attn_impl, operands)
+        assert len(operands) == 2 * blocks    # forward, and recomputed in backward
+    for fast, auto in zip(outputs['fast'], outputs['auto']):
+        torch.testing.assert_close(fast.float(), auto.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize('backbone', ['ViL', 'ViLLS', 'PaleTransformer', 'VVT'])
+def test_backbone_logs_its_attention_implementation_once_at_build(backbone, monkeypatch):
+    import visattn_mm.models as models
+    import visattn_mm.models.layers as layers
+    lines = []
+    monkeypatch.setattr(layers, 'print_log', lambda msg, logger=None: lines.append(msg))
+    getattr(models, backbone)(arch='tiny', attn_impl='math')
+    assert lines == [f"{backbone}: attn_impl='math': {impl_module.IMPL_SUMMARIES['math']}"]
+    lines.clear()
+    with attention_impl('fast'):
+        getattr(models, backbone)(arch='tiny', attn_impl='math')
+    assert len(lines) == 1 and "overridden process-wide by 'fast'" in lines[0], lines

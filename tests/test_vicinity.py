@@ -5,7 +5,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from visattn_mm.ops.reference import vicinity_attention_dense
-from visattn_mm.ops.vicinity import signed_clamp, vicinity_attention, vicinity_positions
+from visattn_mm.ops import attention_impl
+from visattn_mm.ops.vicinity import signed_clamp, vicinity_attention, vicinity_positions, vicinity_weights
 
 SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
 
@@ -190,3 +191,61 @@ def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradient
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
     for a, b in zip(results[True][1], results[False][1]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_weights_are_the_cosines_and_sines_of_the_positions_built_once():
+    weights = vicinity_weights(3, 4, dtype=torch.float64)
+    a, b = vicinity_positions(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(weights, torch.stack([a.cos(), a.sin(), b.cos(), b.sin()], dim=-1), rtol=0, atol=0)
+    assert vicinity_weights(3, 4, dtype=torch.float64) is weights            # cached, not rebuilt
+    assert vicinity_weights(3, 4, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def _bf16_forward_backward(q, k, v, height, width, impl):
+    """Output and input gradients (float64) of bf16 ``q, k, v``, and the dtypes of the matrix products."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    recorder = OpRecorder()
+    with recorder:
+        out = vicinity_attention(q, k, v, height, width, impl=impl)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
+        grads = torch.autograd.grad((out.double() * weights).sum(), (q, k, v))
+    products = {dtypes[0] for name, dtypes, _ in recorder.calls if name in ('mm', 'bmm')}
+    return [out.double()] + [g.double() for g in grads], products
+
+
+def test_bf16_products_are_opt_in_with_impl_fast():
+    """bf16 inputs: 'auto' (and 'math') compute every product in fp32; 'fast' runs them all, forward
+    and backward, on bf16 operands (tensor cores). Both against the float64 result of the same
+    bf16-rounded inputs: 'fast' costs little in the output and up to 15x in the gradients (the
+    gradient of q is a small difference of two products), the figures the module docstring gives."""
+    g = torch.Generator().manual_seed(0)
+    h, w = 24, 32
+    q, k, v = (torch.randn(2, 2, h * w, 32, generator=g).bfloat16() for _ in range(3))
+    exact, _ = _bf16_forward_backward(q.double(), k.double(), v.double(), h, w, 'math')
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    errors = {}
+    for impl in ('auto', 'math', 'fast'):
+        results, products = _bf16_forward_backward(q, k, v, h, w, impl)
+        assert results[0].isfinite().all()
+        assert products == ({torch.bfloat16} if impl == 'fast' else {torch.float32}), (impl, products)
+        errors[impl] = [rel(a, b) for a, b in zip(results, exact)]
+    assert errors['auto'] == errors['math']
+    assert max(errors['auto']) < 3e-3, errors            # the bf16 rounding of the result
+    assert errors['fast'][0] < 5e-3, errors               # output
+    assert max(errors['fast'][1:]) < 5e-2, errors         # gradients
+    # The process-wide selection overrides the argument, as for the softmax attentions.
+    with attention_impl('fast'):
+        assert _bf16_forward_backward(q, k, v, h, w, 'auto')[1] == {torch.bfloat16}
+
+
+
+def test_an_evaluation_under_inference_mode_leaves_training_working():
+    """The weights are cached at the first call, which may come from ``torch.inference_mode()`` (an
+    evaluation before training); autograd must still be able to save them afterwards."""
+    vicinity_weights.cache_clear()
+    q, k, v = inputs(3, 5, seed=5)
+    with torch.inference_mode():
+        vicinity_attention(q, k, v, 3, 5)
+    q.requires_grad_()
+    vicinity_attention(q, k, v, 3, 5).sum().backward()
+    assert q.grad is not None and vicinity_weights(3, 5, q.device, q.dtype) is vicinity_weights(3, 5, q.device, q.dtype)

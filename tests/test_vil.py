@@ -141,3 +141,15 @@ def test_full_attention_index_of_another_size_is_built_once_per_size():
     info = cached_full_attention_rpb_index.cache_info()
     assert (info.misses, info.hits) == (1, 1)
     assert torch.equal(cached_full_attention_rpb_index(5, 6, torch.device('cpu')), full_attention_rpb_index(5, 6))
+
+
+def test_full_attention_of_another_size_trains_after_an_inference_mode_evaluation():
+    """The index is cached at the first call, which may come from ``torch.inference_mode()``;
+    autograd must still be able to save it when training follows."""
+    cached_full_attention_rpb_index.cache_clear()
+    attn = FullAttention(16, 2, rpb_size=(4, 4), num_global=1)
+    x = torch.randn(1, 1 + 5 * 6, 16)
+    with torch.inference_mode():
+        attn(x, (5, 6))
+    attn(x, (5, 6)).sum().backward()
+    assert attn.local_relative_position_bias_table.grad.abs().sum() > 0

@@ -9,4 +9,7 @@ vvt_backbone = dict(
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,
     norm_eval=False,
-    with_cp=False)
+    with_cp=False,
+    # 'auto' / 'math': the attention's matrix products in fp32 (also under bf16 AMP); 'fast': bf16
+    # products under bf16 AMP (tensor cores, coarser gradients; see visattn_mm.ops.vicinity)
+    attn_impl='auto')

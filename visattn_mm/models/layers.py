@@ -4,9 +4,10 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import print_log
 from timm.layers import trunc_normal_
 
-from ..ops.impl import ATTENTION_IMPLS
+from ..ops.impl import ATTENTION_IMPLS, describe_impl
 
 
 class Mlp(nn.Module):
@@ -59,7 +60,7 @@ def _is_int(value):
 
 
 def check_attn_impl(attn_impl, name):
-    """Validate a backbone's ``attn_impl``.
+    """Validate a backbone's ``attn_impl`` and log what it computes (once, when the backbone is built).
 
     Raises:
         ValueError: If ``attn_impl`` is not one of ``ATTENTION_IMPLS``.
@@ -67,6 +68,7 @@ def check_attn_impl(attn_impl, name):
     if attn_impl not in ATTENTION_IMPLS:
         raise ValueError(f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
                          "(see visattn_mm.ops.impl; 'auto' picks per device)")
+    print_log(f'{name}: {describe_impl(attn_impl)}', logger='current')
     return attn_impl
 
 

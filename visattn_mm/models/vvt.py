@@ -17,7 +17,7 @@ from timm.layers import DropPath
 
 from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
-from .layers import OverlapPatchEmbed, check_int, init_transformer_weights
+from .layers import OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
@@ -62,11 +62,16 @@ class VicinityAttention(nn.Module):
         se_ratio (int): Hidden-width reduction of the gate's ``se_fc`` MLP
             (official models: 1, i.e. ``Linear(C, C)`` twice, without bias). Default: 1.
         proj_drop (float): Dropout on the output. Default: 0.
+        attn_impl (str): Precision of the attention's matrix products for bf16 inputs:
+            'fast' for bf16 products, any other value of
+            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS` for fp32 ones (see
+            :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
     """
 
-    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0):
+    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto'):
         super().__init__()
         self.num_heads = num_heads
+        self.attn_impl = attn_impl
         reduced = dim // fr_ratio
         self.q_proj = nn.Linear(dim, reduced)
         self.k_proj = nn.Linear(dim, reduced)
@@ -83,7 +88,7 @@ class VicinityAttention(nn.Module):
         gate = self.se_fc(x.mean(dim=1))
         q, k, v = (proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        out = vicinity_attention(q, k, v, *hw)
+        out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl)
         out = signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
         return self.proj_drop(preserve_features(out, gate))
 
@@ -120,10 +125,11 @@ class ConvMlp(nn.Module):
 class VVTBlock(nn.Module):
     """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6."""
 
-    def __init__(self, dim, num_heads, mlp_ratio, fr_ratio=2, se_ratio=1, drop=0.0, drop_path=0.0):
+    def __init__(self, dim, num_heads, mlp_ratio, fr_ratio=2, se_ratio=1, drop=0.0, drop_path=0.0,
+                 attn_impl='auto'):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop)
+        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl)
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -173,6 +179,11 @@ class VVT(DenseBackbone):
             has only LayerNorms, so this only affects BatchNorms added by
             subclasses). Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see
+            :mod:`visattn_mm.ops.impl`). Vicinity attention has no softmax: 'fast'
+            runs its matrix products on bf16 operands when the inputs are bf16
+            (bf16 autocast; tensor cores, coarser gradients, opt-in), the other
+            values in fp32 (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             official VVT checkpoints (``model`` container or bare) load as they are.
@@ -185,8 +196,9 @@ class VVT(DenseBackbone):
 
     def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                 with_cp=False, pretrained=None, init_cfg=None):
+                 with_cp=False, attn_impl='auto', pretrained=None, init_cfg=None):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        check_attn_impl(attn_impl, 'VVT')
         spec = self.resolve_arch(arch)
         depths, dims, heads, mlp_ratios = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['mlp_ratios']
         check_int(fr_ratio, 'fr_ratio', 'VVT')
@@ -204,7 +216,7 @@ class VVT(DenseBackbone):
         for i in range(self.num_stages):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
-                               drop_paths[sum(depths[:i]) + j]) for j in range(depths[i])]
+                               drop_paths[sum(depths[:i]) + j], attn_impl) for j in range(depths[i])]
             self.add_module(f'patch_embed{i + 1}',
                             OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS))
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))

@@ -1,6 +1,24 @@
 """Numerics and chunk layout shared by the attention ops."""
+import functools
+
 import torch
 import torch.nn.functional as F
+
+
+def device_cache(build):
+    """Caches ``build``'s constant tensors (indices, weights) per argument tuple (size, device, ...).
+
+    So that a forward pass neither rebuilds them nor copies them to the device. They
+    are built outside inference mode, so that autograd can save them later, also when
+    the first call came from under :func:`torch.inference_mode`. The results are
+    shared: do not modify them.
+    """
+    @functools.lru_cache(maxsize=32)
+    @functools.wraps(build)
+    def cached(*args, **kwargs):
+        with torch.inference_mode(False):
+            return build(*args, **kwargs)
+    return cached
 
 
 def softmax_fp32(logits, dim=-1):

@@ -19,7 +19,10 @@ function:
   other ops and devices take the path 'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
-linear by construction; it has a single path and ignores the choice.
+linear by construction. Its one choice is the precision of its matrix products:
+'fast' gives bf16 inputs bf16 products (tensor cores; opt-in, never picked by
+'auto', since its gradients are coarser: see there); every other value computes in
+at least fp32.
 
 The choice is made per model: the backbones' ``attn_impl`` argument, passed to
 every op as ``impl``. A process-wide selection overrides it when it is not
@@ -45,6 +48,17 @@ ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 # stored scores into linear memory. On CUDA the fused kernels are the flash /
 # memory-efficient ones.
 FUSED_DEVICES = ('cpu', 'cuda')
+
+
+# One line per choice, for the log line a backbone writes at build (describe_impl).
+IMPL_SUMMARIES = dict(
+    auto="per device: the fused softmax kernels ('fast') on CPU and CUDA, the explicit softmax on the CPU "
+         'when a bias needs its gradient; vicinity attention in fp32',
+    fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention with bf16 matrix '
+         'products for bf16 inputs',
+    math='the explicit softmax (the reference); vicinity attention in fp32',
+    triton="fused Triton kernels for sliding-chunk, long-short and pale attention on CUDA, 'auto' elsewhere",
+)
 
 
 def _checked(name):
@@ -101,6 +115,14 @@ def resolve_impl(impl='auto'):
     """
     _checked(impl)
     return impl if _selected == 'auto' else _selected
+
+
+def describe_impl(impl):
+    """One line saying what ``impl`` computes, and which process-wide selection overrides it, if any."""
+    line = f'attn_impl={_checked(impl)!r}: {IMPL_SUMMARIES[impl]}'
+    if _selected not in ('auto', impl):
+        line += f'; overridden process-wide by {_selected!r}: {IMPL_SUMMARIES[_selected]}'
+    return line
 
 
 def triton_device_types():

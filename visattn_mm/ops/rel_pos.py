@@ -3,10 +3,11 @@
 The index functions return a LongTensor of row indices into a ``(num_entries, heads)``
 table; ``table[index]`` then gives the bias of each (query, key) pair.
 """
-import functools
 import math
 
 import torch
+
+from .common import device_cache
 
 # Neighbour chunks in the order the official ViL code concatenates them
 # (row offset, column offset); index 4 is the query's own chunk.
@@ -50,14 +51,11 @@ def full_attention_rpb_index(height, width):
     return _offset_index(ys[:, None] - ys[None], xs[:, None] - xs[None], height - 1, width - 1)
 
 
-@functools.lru_cache(maxsize=32)
+@device_cache
 def cached_full_attention_rpb_index(height, width, device):
-    """:func:`full_attention_rpb_index` on ``device``, built once per map size and device.
-
-    For maps of a size other than the one a module's index buffer was built for, so
-    that a forward pass neither rebuilds the index nor copies it to the device.
-    The result is shared: do not modify it.
-    """
+    """:func:`full_attention_rpb_index` on ``device``, built once per map size and device
+    (:func:`~visattn_mm.ops.common.device_cache`), for maps of a size other than the one a
+    module's index buffer was built for."""
     return full_attention_rpb_index(height, width).to(device)
 
 

@@ -19,17 +19,33 @@ zeros stay zero) is applied after KV, after Z, after ``q' KV`` and after the
 multiplication by Z; the attention layer adds it after ``out_proj`` and after the
 feature-preserving gate (:func:`preserve_features`).
 
-KV, Z and the products are computed in at least fp32 with autocast disabled:
-under fp16/bf16 autocast the sums over all tokens of a detection-sized map
-would otherwise overflow or lose precision. Nothing of size ``N x N`` is built:
-the largest intermediates are the ``(B, heads, N, 4d)`` features, and in training
-only ``q``, ``k`` and ``v`` are kept for backward (the rest is recomputed there).
+Precision (autocast is switched off inside; the input dtype and ``impl`` decide):
+
+* fp32 / fp64 inputs: everything in that dtype.
+* fp16 and bf16 inputs: upcast to fp32 throughout (default). The sums over a
+  detection-sized map (and their gradients under a loss scale) overflow fp16.
+* bf16 inputs with ``impl='fast'`` (opt-in): the three matrix products take bf16
+  operands, so they can run on tensor cores. The GEMMs accumulate in fp32 and bf16
+  has fp32's range; the sum of the key features, the normaliser, the clamps and the
+  scaling by Z stay in fp32. The forward loses little (relative error 2.8e-3
+  against 1.7e-3 for fp32 products of the same bf16 inputs, both rounded to bf16),
+  but the gradient of ``q`` is a small difference of the numerator's and the
+  normaliser's terms, each rounded to bf16: the gradients' relative error grows to
+  2-3e-2 (1.7e-3 with fp32 products; ``tests/test_vicinity.py`` measures both).
+  Not the default until a GPU benchmark shows what the speed is worth.
+
+Nothing of size ``N x N`` is built: the largest intermediates are the
+``(B, heads, N, 4d)`` features, and in training only ``q``, ``k`` and ``v`` are
+kept for backward (the rest is recomputed there).
 """
 import math
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from .common import device_cache
+from .impl import resolve_impl
 
 CLAMP_MIN = 1e-4
 CLAMP_MAX = 1e4
@@ -63,17 +79,28 @@ def vicinity_positions(height, width, device=None, dtype=torch.float32):
     return a.to(dtype), b.to(dtype)
 
 
-def vicinity_features(x, a, b):
+@device_cache
+def vicinity_weights(height, width, device=None, dtype=torch.float32):
+    """``(N, 4)`` weights ``[cos a, sin a, cos b, sin b]`` of each token, built once per map size,
+    device and dtype (:func:`~visattn_mm.ops.common.device_cache`).
+
+    The angles and their cosines and sines are computed in at least fp32, then cast to ``dtype``.
+    """
+    compute = torch.promote_types(dtype, torch.float32)
+    a, b = vicinity_positions(height, width, device, compute)
+    return torch.stack([torch.cos(a), torch.sin(a), torch.cos(b), torch.sin(b)], dim=-1).to(dtype)
+
+
+def vicinity_features(x, weights):
     """Re-weight kernel features ``x`` (``(..., N, d)``) into ``(..., N, 4d)``.
 
-    Order of the four blocks (as in the official code): ``x cos a``, ``x sin a``,
-    ``x cos b``, ``x sin b``.
+    ``weights`` is :func:`vicinity_weights`' ``(N, 4)``. Order of the four blocks (as in the
+    official code): ``x cos a``, ``x sin a``, ``x cos b``, ``x sin b``.
     """
-    a, b = a[:, None], b[:, None]
-    return torch.cat([x * torch.cos(a), x * torch.sin(a), x * torch.cos(b), x * torch.sin(b)], dim=-1)
+    return (x[..., None, :] * weights[:, :, None]).flatten(-2)
 
 
-def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True):
+def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True, impl='auto'):
     """Linear vicinity attention of one map.
 
     Args:
@@ -86,10 +113,14 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
         clamp (bool): Apply the official signed clamps (after KV, Z, ``q' KV`` and
             the multiplication by Z). Default: True.
         recompute (bool): When a gradient is needed, keep only ``q``, ``k``, ``v``
-            for backward and recompute the fp32 ``4d``-wide features there, instead
-            of storing about a dozen ``(B, heads, N, 4d)`` fp32 intermediates
+            for backward and recompute the ``4d``-wide features there, instead
+            of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
             Default: True.
+        impl (str): 'fast' gives bf16 inputs bf16 matrix products (see the module
+            docstring); any other value of :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`
+            computes in at least fp32. The process-wide selection overrides it
+            (:func:`~visattn_mm.ops.impl.resolve_impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, N, d)`` in the dtype of ``q``.
@@ -97,25 +128,33 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     n = q.shape[-2]
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
+    operands = matmul_dtype(q.dtype, resolve_impl(impl))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute and needs_grad:
-        return checkpoint(_vicinity_attention, q, k, v, height, width, eps, clamp, use_reentrant=False)
-    return _vicinity_attention(q, k, v, height, width, eps, clamp)
+        return checkpoint(_vicinity_attention, q, k, v, height, width, eps, clamp, operands, use_reentrant=False)
+    return _vicinity_attention(q, k, v, height, width, eps, clamp, operands)
 
 
-def _vicinity_attention(q, k, v, height, width, eps, clamp):
+def matmul_dtype(dtype, impl='auto'):
+    """Operand dtype of vicinity attention's matrix products for inputs of ``dtype`` under the
+    resolved ``impl`` (see the module docstring): bf16 for bf16 inputs and 'fast', else at least fp32."""
+    if dtype == torch.bfloat16 and impl == 'fast':
+        return torch.bfloat16
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
     out_dtype = q.dtype
     compute = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = q.to(compute), k.to(compute), v.to(compute)
-        a, b = vicinity_positions(height, width, q.device, compute)
-        qf = vicinity_features(F.relu(q), a, b)                     # (B, h, N, 4d)
-        kf = vicinity_features(F.relu(k), a, b)
-        kv = _maybe_clamp(kf.transpose(-1, -2) @ v, clamp)          # (B, h, 4d, d)
-        k_sum = kf.sum(dim=-2)                                      # (B, h, 4d)
-        z = 1.0 / ((qf @ k_sum[..., None]).squeeze(-1) + eps)       # (B, h, N)
+        weights = vicinity_weights(height, width, q.device, operands)
+        qf = vicinity_features(F.relu(q.to(operands)), weights)                    # (B, h, N, 4d)
+        kf = vicinity_features(F.relu(k.to(operands)), weights)
+        kv = _maybe_clamp((kf.transpose(-1, -2) @ v.to(operands)).to(compute), clamp)   # (B, h, 4d, d)
+        k_sum = kf.sum(dim=-2, dtype=compute)                                      # (B, h, 4d)
+        z = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
         z = _maybe_clamp(z, clamp)
-        out = _maybe_clamp(qf @ kv, clamp)                          # (B, h, N, d)
+        out = _maybe_clamp((qf @ kv.to(operands)).to(compute), clamp)              # (B, h, N, d)
         out = _maybe_clamp(out * z[..., None], clamp)
     return out.to(out_dtype)
 
