@@ -167,6 +167,28 @@ def test_benchmark_end_to_end(tmp_path):
     _assert_png(tmp_path / 'benchmark.png')
 
 
+def test_interrupted_benchmark_writes_the_models_measured(tmp_path, monkeypatch, capsys):
+    """A time limit (SIGINT) during the second model keeps the first model's rows and exits with
+    an error; without matplotlib the PNG is left out with a line saying so."""
+    measure = benchmark.run_model
+
+    def interrupted_at_vil_t(name, *args):
+        if name == 'vil-t':
+            raise KeyboardInterrupt
+        return measure(name, *args)
+    monkeypatch.setattr(benchmark, 'run_model', interrupted_at_vil_t)
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)   # import raises ImportError
+    with pytest.raises(SystemExit, match='interrupted before all models were measured'):
+        benchmark.main(['--models', 'vvt-t', '--baseline', 'vil-t', '--sizes', '64x64',
+                        '--batches', '1', '--dtypes', 'fp32', '--impls', 'math', '--modes', 'fwd',
+                        '--warmup', '0', '--repeats', '1', '--out-dir', str(tmp_path)])
+    _, rows = _read_csv(tmp_path / 'benchmark.csv')
+    assert [(r['model'], r['status'], r['time_ms_vs_vil-t']) for r in rows] == [('vvt-t', 'ok', '')]
+    assert not (tmp_path / 'benchmark.png').exists()
+    out = capsys.readouterr().out
+    assert 'interrupted: reporting the 1 rows' in out and 'matplotlib cannot be imported' in out
+
+
 def test_attention_benchmark_end_to_end(tmp_path, capsys):
     # The dense limit lets 49 tokens through (7.2e-5 GiB of scores) and skips 196 (1.1e-3 GiB);
     # sdpa needs no N x N memory and is capped by the token count instead.

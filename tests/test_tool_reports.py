@@ -76,7 +76,7 @@ def test_collect_env_tool_prints_the_report(capsys):
     _load_tool('collect_env').main()
     lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines() if ': ' in line)
     for key in ('Python', 'PyTorch', 'PyTorch CUDA build', 'CUDA devices', 'MMCV', 'MMCV ops',
-                'MMEngine', 'MMDetection', 'MMSegmentation', 'timm', 'visattn_mm',
+                'MMEngine', 'MMDetection', 'MMSegmentation', 'timm', 'Triton', 'visattn_mm',
                 'attention implementation'):
         assert lines.get(key), key
     assert lines['MMCV ops'].startswith('import; built with')

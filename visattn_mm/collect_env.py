@@ -3,8 +3,8 @@
 :func:`collect_env` is mmcv's report (the system, PyTorch, compilers, mmengine,
 mmcv and the compiler / CUDA version its ops were built with) plus
 :func:`plugin_env`: the CUDA build of torch, the GPUs, whether mmcv's compiled
-ops import and run on the GPU, the versions of the OpenMMLab libraries and
-timm, and the attention path each backbone takes (see
+ops import and run on the GPU, the versions of the OpenMMLab libraries, timm
+and Triton (``attn_impl='triton'``), and the attention path each backbone takes (see
 :mod:`visattn_mm.ops.impl`). ``tools/train.py`` logs :func:`plugin_env` after
 the Runner has logged the system part.
 """
@@ -28,7 +28,7 @@ BACKBONE_ATTENTIONS = {
 }
 
 LIBRARIES = (('MMDetection', 'mmdet'), ('MMSegmentation', 'mmseg'), ('timm', 'timm'),
-             ('visattn_mm', 'visattn_mm'))
+             ('Triton', 'triton'), ('visattn_mm', 'visattn_mm'))
 
 
 def _version(module_name):

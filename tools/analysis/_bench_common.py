@@ -320,8 +320,16 @@ def plot_growth(series, x_label, path, title):
         x_label (str): Axis label of the size.
         path (str): PNG to write.
         title (str): Figure title.
+
+    Returns:
+        bool: Whether the PNG was written: not where matplotlib is missing (a bare GPU host),
+        which is said on stdout instead of ending a run whose numbers are already measured.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as error:
+        print(f'[plot] matplotlib cannot be imported ({error}); {path} not written', flush=True)
+        return False
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
@@ -367,3 +375,4 @@ def plot_growth(series, x_label, path, title):
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
+    return True

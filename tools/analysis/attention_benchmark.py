@@ -169,14 +169,15 @@ def growth_rows(rows):
 
 
 def plot_rows(rows, path, title):
-    """One colour per (attention, impl), one line style per (mode, dtype), over tokens."""
+    """One colour per (attention, impl), one line style per (mode, dtype), over tokens; returns
+    whether the PNG was written (``_bench_common.plot_growth``)."""
     series = {}
     for row in rows:
         if row['status'] == 'ok':
             label = (f"{row['attention']} {row['impl']}", f"{row['mode']} {row['dtype']}")
             series.setdefault(label, []).append((row['tokens'], row['time_ms'],
                                                  row['peak_mem_mib']))
-    common.plot_growth(series, 'tokens N', path, title)
+    return common.plot_growth(series, 'tokens N', path, title)
 
 
 def default_dense_limit_gib(device):
@@ -247,7 +248,8 @@ def main(argv=None):
              ('attention_benchmark.csv', 'attention_growth.csv', 'attention_benchmark.png')]
     common.write_csv(rows, COLUMNS, paths[0])
     common.write_csv(growth, GROWTH_COLUMNS, paths[1])
-    plot_rows(rows, paths[2], f'attention benchmark ({device.type}): {machine}')
+    if not plot_rows(rows, paths[2], f'attention benchmark ({device.type}): {machine}'):
+        paths.pop()
     print(f'\nwrote {", ".join(paths)}')
     return rows, growth
 

@@ -13,7 +13,9 @@ Our backbones run once per attention implementation (``--impls``, see
 ``visattn_mm.ops.impl``); the baselines do not use them (``impl`` is ``-``).
 
 Writes ``<out-dir>/benchmark.csv`` and ``<out-dir>/benchmark.png`` (time and
-memory against input pixels, log-log, with linear and quadratic guides).
+memory against input pixels, log-log, with linear and quadratic guides; left out
+where matplotlib is missing). Interrupted (Ctrl-C, ``timeout -s INT``), it still
+prints and writes the models measured until then, and exits with status 1.
 
 Example (short CPU run)::
 
@@ -151,7 +153,8 @@ def run_model(name, args, device, meter, log):
 
 
 def plot_rows(rows, path, title):
-    """One colour per (model, impl), one line style per (mode, dtype, batch), over megapixels."""
+    """One colour per (model, impl), one line style per (mode, dtype, batch), over megapixels;
+    returns whether the PNG was written (``_bench_common.plot_growth``)."""
     series = {}
     for row in rows:
         if row['status'] == 'ok':
@@ -159,7 +162,7 @@ def plot_rows(rows, path, title):
                      f"{row['mode']} {row['dtype']} b{row['batch']}")
             series.setdefault(label, []).append((row['megapixels'], row['time_ms'],
                                                  row['peak_mem_mib']))
-    common.plot_growth(series, 'input megapixels', path, title)
+    return common.plot_growth(series, 'input megapixels', path, title)
 
 
 def columns_for(baseline):
@@ -207,8 +210,14 @@ def main(argv=None):
               f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
 
     rows = []
-    for name in args.models:
-        rows += run_model(name, args, device, meter, log)
+    interrupted = False
+    try:
+        for name in args.models:
+            rows += run_model(name, args, device, meter, log)
+    except KeyboardInterrupt:   # a time limit (timeout -s INT) keeps what was measured
+        interrupted = True
+        print(f'\n[benchmark] interrupted: reporting the {len(rows)} rows of the models measured '
+              'until then', flush=True)
     common.add_ratio_columns(rows, args.baseline, ('mode', 'dtype', 'batch', 'height', 'width'),
                              ('time_ms', 'peak_mem_mib'))
     columns = columns_for(args.baseline)
@@ -217,8 +226,10 @@ def main(argv=None):
     csv_path = osp.join(args.out_dir, 'benchmark.csv')
     png_path = osp.join(args.out_dir, 'benchmark.png')
     common.write_csv(rows, columns, csv_path)
-    plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
-    print(f'\nwrote {csv_path} and {png_path}')
+    plotted = plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
+    print(f'\nwrote {csv_path}' + (f' and {png_path}' if plotted else ''))
+    if interrupted:
+        raise SystemExit('[benchmark] interrupted before all models were measured')
     return rows
 
 
