@@ -18,7 +18,8 @@ from .ops.impl import chosen_path, get_attention_impl
 
 # The attention ops of each backbone's default stages, and whether the op has a
 # learned logit bias (RPB) that trains with the model: that decides 'auto' on
-# the CPU (visattn_mm.ops.impl.chosen_path). None: the op has one path.
+# the CPU (visattn_mm.ops.impl.chosen_path). None: no softmax (vicinity attention), the
+# choice sets the precision of its products.
 # tests/test_tool_reports.py checks this table against the paths the backbones take.
 BACKBONE_ATTENTIONS = {
     'ViL': (('sliding_chunk', True),),
@@ -78,7 +79,11 @@ def attention_paths(device_type):
         parts = []
         for op, has_bias in ops:
             if has_bias is None:
-                parts.append(f'{op} (one path)')
+                if chosen_path(device_type, op=op) == 'triton':
+                    parts.append(f'{op} triton')
+                else:
+                    bf16 = get_attention_impl() == 'fast'
+                    parts.append(f'{op} ' + ('bf16 products for bf16 inputs' if bf16 else 'fp32 products'))
                 continue
             train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
             parts.append(f'{op} {train}' if train == infer
