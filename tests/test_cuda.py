@@ -39,9 +39,10 @@ AUTOCAST_DTYPES = dict(fp32=None, bf16=torch.bfloat16, fp16=torch.float16)
 # are ill-conditioned (VVT's q projection: a 1e-3 change of the input changes its gradient by
 # ~100% in float64; a bias right before a BatchNorm has a gradient of rounding noise).
 TOLERANCES = dict(fp32=5e-3, bf16=6e-2, fp16=5e-2)
-# Every path a backbone has: the softmax attentions have two; vicinity attention has one.
+# Every path a backbone has: the softmax attentions have two; vicinity attention's two are the
+# precisions of its products under bf16 autocast (fp32, or bf16 with 'fast').
 IMPLS = {ViL: ('math', 'fast'), ViLLS: ('math', 'fast'), PaleTransformer: ('math', 'fast'),
-         VVT: ('auto',)}
+         VVT: ('auto', 'fast')}
 CASES = [(cls, impl) for cls, impls in IMPLS.items() for impl in impls]
 SIZES = ((64, 64), (45, 71))   # square, and odd and non-square (padded in every stage)
 CPU_SIZE = (33, 47)            # odd and non-square too, cheaper
@@ -131,6 +132,35 @@ def test_backbone_matches_float64_reference(device, cls, impl, dtype, size, exac
     failed = {key: error for key, (error, factor) in relative_errors(results, expected).items()
               if not error <= factor * tolerance}
     assert not failed, (tolerance, failed)
+
+
+@CUDA
+@pytest.mark.parametrize('impl', ['fast', 'math', 'triton'])
+@pytest.mark.parametrize('cls', [ViL, ViLLS, PaleTransformer, VVT], ids=lambda cls: cls.__name__)
+def test_training_step_never_waits_for_the_gpu(cls, impl):
+    """A bf16 training step (ViL's random shift on) and an evaluation run under PyTorch's sync debug
+    mode 'error' once a first step has cached the per-size constants: no op makes the host wait for
+    the GPU (tests/test_models.py checks the same ops on the CPU)."""
+    shift = dict(random_shift=True) if issubclass(cls, ViL) else {}
+    model = cls(arch='tiny', attn_impl=impl, **shift).cuda()
+    image = torch.randn(2, 3, 93, 141, device='cuda')
+
+    def train_and_evaluate():
+        model.train()
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            loss = sum(out.float().sum() for out in model(image))
+        loss.backward()
+        model.eval()
+        with torch.no_grad():
+            model(image)
+
+    train_and_evaluate()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        train_and_evaluate()
+    finally:
+        torch.cuda.set_sync_debug_mode('default')
 
 
 # --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import timm
 import torch
 from timm.layers import DropPath
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import visattn_mm  # noqa: F401  (registers the backbones and the timm names)
 from visattn_mm.checkpoint import load_pretrained
@@ -314,6 +315,55 @@ def test_gradient_checkpointing_saves_memory_and_gives_the_same_gradients(family
     x = torch.randn(2, 3, *SIZE, requires_grad=True)
     assert count_saved_tensors(checkpointed, x) < count_saved_tensors(plain, x)
     assert_same_gradients(plain, checkpointed, x)
+
+
+# ---- no host synchronisation ----
+
+# ATen ops that make the host wait for a CUDA device: reading a value back, or sizing an output
+# by the data.
+SYNCING_OPS = frozenset({'_local_scalar_dense', 'item', 'is_nonzero', 'equal', 'nonzero', 'nonzero_static',
+                         'masked_select', 'unique', '_unique', '_unique2', 'unique_consecutive', 'unique_dim',
+                         'bincount', 'histc', 'to_list'})
+
+
+class SyncingOpRecorder(TorchDispatchMode):
+    """Records the ops of :data:`SYNCING_OPS` that run (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in SYNCING_OPS:
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _train_and_evaluate(model, image):
+    model.train()
+    sum(out.sum() for out in outputs(model, image)).backward()
+    model.eval()
+    with torch.no_grad():
+        model(image)
+
+
+@pytest.mark.parametrize('impl', ['fast', 'math'])
+@pytest.mark.parametrize('family,kind', BACKBONES)
+def test_forward_and_backward_never_wait_for_the_device(family, kind, impl):
+    """No op that would make the host wait for a GPU runs in a training step (forward and backward)
+    or an evaluation, once the first call has cached the per-size constants. ViL's random shift
+    draws on the CPU generator, so it is off here; the CUDA test in tests/test_cuda.py runs all of it
+    under PyTorch's sync debug mode."""
+    model = build(family, kind, attn_impl=impl)
+    image = torch.randn(2, 3, 45, 61)
+    _train_and_evaluate(model, image)
+    with SyncingOpRecorder() as recorder:
+        _train_and_evaluate(model, image)
+    assert recorder.ops == []
+    with SyncingOpRecorder() as recorder:      # the recorder sees such ops (the check can fail)
+        torch.ones(3).sum().item()
+        torch.ones(3).nonzero()
+    assert recorder.ops == ['_local_scalar_dense', 'nonzero']
 
 
 # ---- drop path ----
