@@ -46,7 +46,6 @@ class Family:
         norm_key (str): Name prefix of a stage's output LayerNorm.
         norm_in_every_stage (bool): VVT: ``norm{n}`` is part of every built stage (the next
             stage reads its output). ViL and Pale build the norm only for ``out_indices``.
-        builds_up_to_last_output (bool): Stages after the last of ``out_indices`` are not built.
         num_batchnorms (int): BatchNorms in the tiny arch (Pale: q, k and v of every block).
         classifier_layout (str): ``load_pretrained``'s ``layout`` for a classifier checkpoint.
         kwargs (dict): Constructor arguments of every model of the row.
@@ -59,7 +58,6 @@ class Family:
     stage_keys: tuple
     norm_key: str
     norm_in_every_stage: bool
-    builds_up_to_last_output: bool
     num_batchnorms: int
     classifier_layout: str
     kwargs: dict = field(default_factory=dict)
@@ -77,17 +75,17 @@ class Family:
 
 
 _VIL_NAMES = dict(stem='stages.0.patch_embed.', stage_keys=('stages.{i}.',), norm_key='norm{i}.',
-                  norm_in_every_stage=False, builds_up_to_last_output=False, num_batchnorms=0,
+                  norm_in_every_stage=False, num_batchnorms=0,
                   classifier_layout='ours')
 _NUMBERED_NAMES = dict(stem='patch_embed1.', stage_keys=('patch_embed{n}.', 'block{n}.'), norm_key='norm{n}.')
 FAMILIES = {
     'ViL': Family(ViL, 'vil_small', 12, **_VIL_NAMES),
     # Two global tokens in stage 2: the family's contract covers a non-default count too.
     'ViLLS': Family(ViLLS, 'vil_ls_medium', 22, **_VIL_NAMES, kwargs=dict(num_global_tokens=(1, 2, 1, 0))),
-    'VVT': Family(VVT, 'vvt_small', 18, **_NUMBERED_NAMES, norm_in_every_stage=True, builds_up_to_last_output=True,
-                  num_batchnorms=0, classifier_layout='vvt'),
+    'VVT': Family(VVT, 'vvt_small', 18, **_NUMBERED_NAMES, norm_in_every_stage=True, num_batchnorms=0,
+                  classifier_layout='vvt'),
     'PaleTransformer': Family(PaleTransformer, 'pale_tiny', 22, **_NUMBERED_NAMES, norm_in_every_stage=False,
-                              builds_up_to_last_output=True, num_batchnorms=3 * 4, classifier_layout='pale'),
+                              num_batchnorms=3 * 4, classifier_layout='pale'),
 }
 NUM_CLASSES = 5
 SIZE = (64, 96)   # (H, W): not square, not a multiple of 32; Pale's stage 4 has 2x3 values per channel
@@ -119,12 +117,6 @@ def names_under(model, prefixes):
     """Names of ``model``'s parameters under any of the backbone-relative ``prefixes``."""
     prefixes = tuple(key_prefix(model) + p for p in prefixes)
     return {name for name, _ in model.named_parameters() if name.startswith(prefixes)}
-
-
-def unused_after_last_output(model, family):
-    """Parameters of stages built after the last output (ViL builds them): no gradient reaches them."""
-    last = max(backbone_of(model).out_indices)
-    return set().union(*(names_under(model, family.stage_prefixes(i)) for i in range(last + 1, 4)))
 
 
 # ---- Outputs, shapes, strides, channels ----
@@ -180,14 +172,13 @@ def test_input_that_is_not_an_image_batch_is_a_clear_error(family, kind):
 @pytest.mark.parametrize('out_indices', [(1, 2), (0, 3), (2,), (0,)])
 @pytest.mark.parametrize('family,kind', BACKBONES)
 def test_out_indices_select_outputs_and_build_only_what_they_need(family, kind, out_indices):
-    """Outputs of exactly ``out_indices``; the stages and output norms the table says are built,
-    ``stage_modules(i)`` holding exactly stage i's parameters; after a backward pass every built
-    parameter has a gradient (DDP without find_unused_parameters), except where a backbone builds
-    stages after the last output (ViL), whose parameters then get none."""
+    """Outputs of exactly ``out_indices``; the stages up to the last output and the output norms
+    the table says are built, ``stage_modules(i)`` holding exactly stage i's parameters; after a
+    backward pass every parameter has a gradient (DDP without find_unused_parameters)."""
     torch.manual_seed(0)
     model = build(family, kind, out_indices=out_indices).train()
     last = max(out_indices)
-    num_built = last + 1 if family.builds_up_to_last_output else 4
+    num_built = last + 1
     assert model.out_indices == out_indices and model.num_stages == num_built
     assert model.embed_dims == family.embed_dims[:num_built] and model.strides == STRIDES[:num_built]
 
@@ -208,9 +199,7 @@ def test_out_indices_select_outputs_and_build_only_what_they_need(family, kind, 
     strides = [STRIDES[i] for i in out_indices]
     assert_dense_outputs(outs, 2, SIZE, [family.embed_dims[i] for i in out_indices], strides)
     sum(o.pow(2).mean() for o in outs).backward()
-    unused = unused_after_last_output(model, family)
-    assert bool(unused) == (num_built > last + 1)
-    assert {name for name, p in model.named_parameters() if p.grad is None} == unused
+    assert all(p.grad is not None for p in model.parameters())
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
@@ -228,8 +217,7 @@ FROZEN_CASES = [  # (frozen_stages, out_indices); a classifier's one output is t
 def test_frozen_stages(family, kind, frozen_stages, out_indices):
     """-1 freezes nothing; 0 the first patch embedding; i stages 1..i with their output norms.
     Frozen already at build (DDP sees them as frozen), kept in eval by ``train()``, no gradient;
-    every other parameter trains and gets one (but those of stages after the last output, see
-    the out_indices test), every other module trains."""
+    every other parameter trains and gets one, every other module trains."""
     kwargs = dict(frozen_stages=frozen_stages, drop_path_rate=0.5)
     if out_indices is not None:
         kwargs['out_indices'] = out_indices
@@ -252,8 +240,7 @@ def test_frozen_stages(family, kind, frozen_stages, out_indices):
 
     x = torch.randn(2, 3, *SIZE, requires_grad=True)    # a graph even when everything is frozen
     sum(o.pow(2).mean() for o in outputs(model, x)).backward()
-    assert {name for name, p in model.named_parameters() if p.grad is None} == frozen | unused_after_last_output(
-        model, family)
+    assert {name for name, p in model.named_parameters() if p.grad is None} == frozen
 
 
 # ---- norm_eval ----
@@ -411,3 +398,24 @@ def test_classifier_checkpoint_initialises_the_backbone_through_init_cfg(family,
         family.norm_prefix(i) + p for i in range(3) for p in ('weight', 'bias')}
     assert set(report.fresh) == fresh
     assert set(own) == set(expected) | fresh
+
+
+@pytest.mark.parametrize('family,kind', BACKBONES)
+def test_classifier_checkpoint_loads_into_a_backbone_with_fewer_stages(family, kind, tmp_path):
+    """``out_indices=(0, 1)`` builds two stages: a four-stage classifier checkpoint loads with nothing
+    missing or unexpected; the tensors of stages 3-4 are dropped, saying why, with the head."""
+    torch.manual_seed(0)
+    classifier = Classifier(backbone_type=family.cls.__name__, arch=TINY_ARCHS[family.cls], num_classes=10,
+                            **family.kwargs)
+    path = tmp_path / 'classifier.pth'
+    torch.save({'state_dict': classifier.state_dict()}, path)
+    dense = build(family, kind, out_indices=(0, 1))
+    report = load_pretrained(dense, str(path))
+    assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
+    unbuilt = {key for key in classifier.backbone.state_dict() if any(
+        key.startswith(prefix) for i in (2, 3) for prefix in family.stage_prefixes(i))}
+    assert unbuilt and set(report.dropped) - {'head.weight', 'head.bias'} == unbuilt
+    assert {report.dropped[key] for key in unbuilt} == {'stage not built (after the last out_indices)'}
+    expected = classifier.backbone.state_dict()
+    for key, value in dense.state_dict().items():
+        assert key in report.fresh or torch.equal(value, expected[key]), key

@@ -138,7 +138,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         return spec
 
     def init_stages(self, depths, embed_dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
-                    build_all_stages, strides=None):
+                    strides=None):
         """Validate and store the standard surface; return the stochastic depth of every block.
 
         Args:
@@ -149,8 +149,6 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             drop_path_rate (float): Stochastic depth of the last block (linear from 0).
             norm_eval (bool): Keep BatchNorms in eval mode while training.
             with_cp (bool): Gradient checkpointing per block.
-            build_all_stages (bool): Build every stage (ViL), or only those up to the
-                last of ``out_indices`` (VVT, Pale).
             strides (Sequence[int], optional): Output stride per stage. Default: the
                 pyramid's 4, 8, 16, 32.
 
@@ -159,8 +157,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         """
         num_stages = len(depths)
         self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages,
-                                            drop_path_rate, builds_up_to_last_output=not build_all_stages)
-        self.num_stages = num_stages if build_all_stages else max(self.out_indices) + 1   # built stages
+                                            drop_path_rate)
+        # Stages after the last output would receive no gradient: they are not built.
+        self.num_stages = max(self.out_indices) + 1
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
@@ -315,25 +314,28 @@ def tokens_to_map(tokens, hw):
 _NUMBERED_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
 
 
-def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None):
-    """The common part of the checkpoint filters of backbones named ``patch_embed{n}``/``block{n}``/``norm{n}``.
+def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None, stage_key=_NUMBERED_STAGE_KEY):
+    """The common part of the backbones' checkpoint filters.
 
     Drops, with the reason in ``report``, the classification ``head`` and the tensors of
     stages the model does not build (stages after the last ``out_indices``).
 
     Args:
-        state_dict (dict): Checkpoint tensors.
+        state_dict (dict): Checkpoint tensors, under the model's names.
         target_keys (set[str]): The model's keys.
         report (LoadReport): Where the drops are noted.
         other_reason (callable, optional): ``key -> reason or None``: further tensors to drop.
+        stage_key (re.Pattern): Matches the start of a stage's tensor names, its group 1
+            being the stage number. Default: ``patch_embed{n}.``, ``block{n}.`` and
+            ``norm{n}.`` (VVT, Pale).
 
     Returns:
         dict: The tensors kept.
     """
-    built = {int(m.group(1)) for m in map(_NUMBERED_STAGE_KEY.match, target_keys) if m}
+    built = {int(m.group(1)) for m in map(stage_key.match, target_keys) if m}
     out = {}
     for key, value in state_dict.items():
-        match = _NUMBERED_STAGE_KEY.match(key)
+        match = stage_key.match(key)
         if key.startswith('head.'):
             report.dropped[key] = 'classification head'
         elif match and int(match.group(1)) not in built:

@@ -130,8 +130,7 @@ def check_stage_lengths(name, num_stages, **per_stage):
             raise ValueError(f'{name}: {arg} needs {num_stages} entries (one per stage), got {values!r}')
 
 
-def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rate,
-                     builds_up_to_last_output=False):
+def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rate):
     """Validate the arguments every backbone takes, at build time.
 
     Args:
@@ -139,10 +138,9 @@ def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rat
         num_stages (int): Stages of the arch.
         out_indices (Sequence[int]): Must be a non-empty set of distinct stage
             indices in ``[0, num_stages)``.
-        frozen_stages (int): Must be an int in ``[-1, built stages]``.
+        frozen_stages (int): Must be an int in ``[-1, built stages]``; the backbones
+            build the stages up to ``max(out_indices)``.
         drop_path_rate (float): Must be a number in ``[0, 1)``.
-        builds_up_to_last_output (bool): The backbone builds only the stages up
-            to ``max(out_indices)`` (VVT, Pale) rather than all of them (ViL).
 
     Returns:
         tuple[int]: ``out_indices`` as a tuple.
@@ -156,7 +154,7 @@ def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rat
             or any(not _is_int(i) or not 0 <= i < num_stages for i in out_indices)):
         raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of {allowed} '
                          f'without repeats')
-    limit = max(out_indices) + 1 if builds_up_to_last_output else num_stages
+    limit = max(out_indices) + 1
     if not _is_int(frozen_stages) or not -1 <= frozen_stages <= limit:
         built = '' if limit == num_stages else f' ({limit} stages are built for out_indices={out_indices})'
         raise ValueError(f'{name}: frozen_stages={frozen_stages!r} must be an int in [-1, {limit}]{built}')

@@ -23,7 +23,7 @@ from timm.layers import DropPath, trunc_normal_
 from ..ops.long_short import long_short_rpb_table_size
 from ..ops.rel_pos import resize_1d_table, resize_rpb_table
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes
-from .base import DenseBackbone, StageLayout, with_aliases
+from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
 from .layers import (Mlp, check_attn_impl, check_int, check_mlp_ratio, check_stage_lengths, init_transformer_weights,
                      pad_to_multiple)
 from .vil_attention import FullAttention, LongShortAttention, SlidingChunkAttention
@@ -81,6 +81,7 @@ def adapt_position_tensor(name, value, target_shape):
 
 
 _OFFICIAL_KEY = re.compile(r'layer(\d+)\.(\d+)\.(.+)')
+_STAGE_KEY = re.compile(r'(?:stages\.|norm)(\d+)\.')   # our stage tensors: stages.{i}.*, norm{i}.*
 
 
 def vil_checkpoint_filter(state_dict, target_keys, report):
@@ -90,15 +91,17 @@ def vil_checkpoint_filter(state_dict, target_keys, report):
     attention block j, ``2j+2`` = MLP block j). Full-attention ``qkv`` is split into
     ``query`` (first C rows) and ``kv`` where our stage uses sliding-chunk attention;
     the ``*_global`` copies of shared weights are dropped after checking they equal
-    their originals; index buffers and the classification head are dropped; the
-    final ``norm`` becomes the last stage's output norm when there is one. Our own
+    their originals; index buffers, the classification head and the tensors of
+    stages the model does not build are dropped; the final ``norm`` becomes the last
+    stage's output norm when there is one. Our own
     layouts (dense, or the classifier's ``backbone.`` keys) keep their names; in all
     layouts a full-attention ``qkv`` is split where the target stage is sliding-chunk.
     Position tables of another size are resized later by the load pre-hook.
     """
     if 'layer1.0.proj.weight' in state_dict:
         state_dict = _convert_official_vil(state_dict, target_keys, report)
-    out = _split_full_qkv(state_dict, target_keys, report)
+    out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report, stage_key=_STAGE_KEY),
+                          target_keys, report)
     for key in target_keys:
         if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
             report.fresh[key] = 'output norm; classification checkpoints have only the final one'
@@ -281,7 +284,8 @@ class ViL(DenseBackbone):
         drop_path_rate (float): Stochastic depth, linear from 0 over all blocks.
             Default: 0.1.
         out_indices (Sequence[int]): Stages (0-3) whose local tokens are returned as
-            NCHW maps, each after its own LayerNorm ``norm{i}``. Default: (0, 1, 2, 3).
+            NCHW maps, each after its own LayerNorm ``norm{i}``. Stages after the last
+            index are not built (they would receive no gradient). Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
             embedding; ``i >= 1`` freezes stages 1..i (and their output norms).
         norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
@@ -340,13 +344,13 @@ class ViL(DenseBackbone):
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
         drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
-                                      build_all_stages=True, strides=strides)
+                                      strides=strides)
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 
         self.stages = nn.ModuleList()
         in_dim, stride = in_channels, 1
-        for i in range(num_stages):
+        for i in range(self.num_stages):
             stride *= patch_sizes[i]
             table_size = (math.ceil(img_h / stride), math.ceil(img_w / stride))
             blocks = []
