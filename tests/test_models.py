@@ -3,11 +3,10 @@
 As timm's tests/test_models.py does it: one table of model factories, then tests parametrized
 over it. Every model is built from its tiny custom arch (``helpers.TINY_ARCHS``: one block per
 stage, a few channels) and run at small, odd inputs. Where the backbones differ on purpose
-(which output norms exist and how they are numbered, whether stages after the last output are
-built, BatchNorms), the table says so and the tests read it; the tests use only the public
-surface (constructor arguments, forward, train/eval, named parameters and modules, parameter
-names, ``out_indices``, ``frozen_stages``, ``embed_dims``, ``strides``, ``num_stages`` and
-``stage_modules``).
+(which output norms exist and how they are numbered, BatchNorms), the table says so and the
+tests read it; the tests use only the public surface (constructor arguments, forward,
+train/eval, named parameters and modules, parameter names, ``out_indices``, ``frozen_stages``,
+``embed_dims``, ``strides``, ``num_stages`` and ``stage_modules``).
 
 What stays in the per-model files is what only one model has: official checkpoints,
 parameter counts and FLOPs against the papers, attention against the dense references,
