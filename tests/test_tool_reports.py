@@ -66,7 +66,7 @@ def test_attention_lines_name_each_backbone_and_follow_the_selection():
         auto = plugin_env('cpu')
         assert auto['attention ViL'] == 'sliding_chunk math (training) / fast (inference)'
         assert auto['attention PaleTransformer'] == 'pale fast'
-        assert auto['attention VVT'] == 'vicinity (one path)'
+        assert auto['attention VVT'] == 'vicinity torch'
         assert attention_paths('cuda')['ViLLS'] == 'long_short fast, sliding_chunk fast'
     with attention_impl('math'):
         assert plugin_env('cpu')['attention ViL'] == 'sliding_chunk math'

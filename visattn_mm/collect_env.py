@@ -18,7 +18,8 @@ from .ops.impl import chosen_path, get_attention_impl
 
 # The attention ops of each backbone's default stages, and whether the op has a
 # learned logit bias (RPB) that trains with the model: that decides 'auto' on
-# the CPU (visattn_mm.ops.impl.chosen_path). None: the op has one path.
+# the CPU (visattn_mm.ops.impl.chosen_path). None: the op has no softmax; it runs either its
+# Triton kernels or its chain of torch ops.
 # tests/test_tool_reports.py checks this table against the paths the backbones take.
 BACKBONE_ATTENTIONS = {
     'ViL': (('sliding_chunk', True),),
@@ -78,7 +79,7 @@ def attention_paths(device_type):
         parts = []
         for op, has_bias in ops:
             if has_bias is None:
-                parts.append(f'{op} (one path)')
+                parts.append(f"{op} {'triton' if chosen_path(device_type, op=op) == 'triton' else 'torch'}")
                 continue
             train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
             parts.append(f'{op} {train}' if train == infer
