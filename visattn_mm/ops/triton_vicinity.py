@@ -12,28 +12,28 @@ signed clamp (the identity for ``clamp=False``):
     KV = C(sum_j kf_j^T v_j)  (4d x d),   S = sum_j kf_j  (4d)
     z_i = C(1 / (qf_i . S + eps)),   out_i = C(C(qf_i KV) z_i)
 
-A program expands its tile of ``BLOCK_N`` tokens into their features in
-registers, a ``(BLOCK_N, 4 * BLOCK_D)`` tile whose column ``c * BLOCK_D + e`` is
-``w_c r(x_e)``, so each product is one ``tl.dot`` of depth or width
-``4 * BLOCK_D``; the ``4d``-wide gradients fold back to ``d`` columns by a
-weighted sum over the four blocks. Four kernels, each with one program axis
-over the ``B * heads`` pairs:
+Every kernel runs on a ``(splits, B * heads)`` grid: a program handles one
+(batch, head) pair and a range of consecutive tiles of ``BLOCK_N`` tokens, the
+splits chosen so that all pairs together make about :data:`PROGRAMS` programs.
+A long map (VVT's first stage at detection size: 66800 tokens, with 8 pairs) is
+thus cut into ranges of a few dozen tiles, so the sums over ``N`` run on the
+whole GPU instead of one block per pair, and every program loads its pair's
+``4d x d`` matrices once for all its tiles. A program expands each token tile
+into its features in registers, a ``(BLOCK_N, 4 * BLOCK_D)`` tile whose column
+``c * BLOCK_D + e`` is ``w_c r(x_e)``, so each product is one ``tl.dot`` of
+depth or width ``4 * BLOCK_D``; the ``4d``-wide gradients fold back to ``d``
+columns by a weighted sum over the four blocks.
 
-* :func:`_vicinity_sums`, grid ``(splits, B * heads)``: each program sums
-  ``kf^T v`` and ``kf`` over its range of token tiles; the partial sums go to a
-  ``(B * heads, splits, ...)`` buffer that torch sums (deterministic, no
-  atomics). ``splits`` is chosen so that all pairs together make about
-  :data:`PROGRAMS` programs: a long map (VVT's first stage at detection size:
-  66800 tokens, with 8 pairs) is cut into ranges of several tiles, so the
-  reduction over ``N`` runs on the whole GPU instead of one block per pair.
-* :func:`_vicinity_forward`, grid ``(tiles, B * heads)``: the output rows of
-  one token tile, from ``KV`` (clamped in the kernel) and ``S``.
-* :func:`_vicinity_backward_queries`, grid ``(splits, B * heads)``: per tile,
-  recomputes the numerator, normaliser and clamps, writes the gradient of the
-  queries and sums partial gradients of ``KV`` and ``S`` (summed by torch).
-* :func:`_vicinity_backward_keys`, grid ``(tiles, B * heads)``: the gradients of
-  the keys and values, from those sums (the clamp's mask on ``KV`` applied in the
-  kernel).
+* :func:`_vicinity_sums`: partial sums of ``kf^T v`` and ``kf`` over the
+  program's tiles, written to a ``(B * heads, splits, ...)`` buffer that torch
+  sums (deterministic, no atomics).
+* :func:`_vicinity_forward`: the output rows, from ``KV`` (clamped in the
+  kernel) and ``S``.
+* :func:`_vicinity_backward_queries`: recomputes the numerators, normalisers
+  and clamps, writes the gradient of the queries and partial sums of the
+  gradients of ``KV`` and ``S`` (summed by torch).
+* :func:`_vicinity_backward_keys`: the gradients of the keys and values, from
+  those sums (the clamp's mask on ``KV`` applied in the kernel).
 
 Saved for backward: ``q``, ``k``, ``v`` (as given: strided views stay views)
 and the unclamped sums ``(B * heads, 4, d, d)`` and ``(B * heads, 4, d)``;
@@ -86,8 +86,8 @@ def _clamp_passes(t, CLAMP: tl.constexpr):
     """Where :func:`_signed_clamp` passes gradients: ``1e-4 <= |t| <= 1e4`` (everywhere without ``CLAMP``)."""
     if CLAMP:
         magnitude = tl.abs(t)
-        return (magnitude >= tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype)) & \
-            (magnitude <= tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype))
+        return ((magnitude >= tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype))
+                & (magnitude <= tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype)))
     return tl.full(t.shape, True, tl.int1)
 
 
@@ -98,10 +98,10 @@ def _token_rows(base, rows, valid, stride_n, stride_d, head_dim, acc_dtype, BLOC
 
 
 @triton.jit
-def _tile(start, tokens, weights, BLOCK_N: tl.constexpr):
-    """Tokens ``start .. start + BLOCK_N``, whether each is a token of the map, and their ``(BLOCK_N, 4)``
-    position weights (zero beyond the map, so those rows add nothing to any sum)."""
-    rows = start + tl.arange(0, BLOCK_N)
+def _tile(index, tokens, weights, BLOCK_N: tl.constexpr):
+    """The tokens of tile ``index``, whether each is a token of the map, and their ``(BLOCK_N, 4)`` position
+    weights (zero beyond the map, so those rows add nothing to any sum)."""
+    rows = index * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = rows < tokens
     row_weights = tl.load(weights + rows[:, None] * 4 + tl.arange(0, 4)[None, :], mask=valid[:, None], other=0.0)
     return rows, valid, row_weights
@@ -170,8 +170,8 @@ def _query_terms(queries, row_weights, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
-def _program_pair(heads):
-    """This program's ``(index along axis 0, batch * heads pair, batch, head)``."""
+def _program_split(heads):
+    """This program's ``(split, batch * heads pair, batch, head)`` on a ``(splits, batch * heads)`` grid."""
     batch_head = tl.program_id(1)
     return tl.program_id(0), batch_head, batch_head // heads, batch_head % heads
 
@@ -182,14 +182,14 @@ def _vicinity_sums(
         k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
         heads, tokens, head_dim, tiles_per_split,
         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over one range of ``tiles_per_split`` token tiles;
-    grid ``(splits, batch * heads)``, part ``batch_head * splits + split`` of the buffers."""
-    split, batch_head, batch, head = _program_pair(heads)
+    """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over the split's token tiles, stored as part
+    ``batch_head * splits + split`` of the buffers."""
+    split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
     k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile((split * tiles_per_split + step) * BLOCK_N, tokens, weights, BLOCK_N)
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
         keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
         values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
                              BLOCK_D)
@@ -203,19 +203,22 @@ def _vicinity_sums(
 def _vicinity_forward(
         q, weights, kv_raw, k_sum, out,
         q_sb, q_sh, q_sn, q_sd, o_sb, o_sh, o_sn, o_sd,
-        heads, tokens, head_dim,
+        heads, tokens, head_dim, tiles_per_split,
         CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_PRECISION: tl.constexpr):
-    """Output rows of one token tile; grid ``(tiles, batch * heads)``."""
-    tile, batch_head, batch, head = _program_pair(heads)
-    rows, valid, row_weights = _tile(tile * BLOCK_N, tokens, weights, BLOCK_N)
-    queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim,
-                          weights.dtype.element_ty, BLOCK_D)
+    """Output rows of the split's token tiles."""
+    split, batch_head, batch, head = _program_split(heads)
     kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
-    _, numerators, normalisers = _query_terms(queries, row_weights, kv, _load_vector(k_sum, batch_head, head_dim,
-                                              BLOCK_D), EPS, BLOCK_N, BLOCK_D, DOT_PRECISION)
-    rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None], CLAMP)
-    tc.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
+    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim,
+                              weights.dtype.element_ty, BLOCK_D)
+        _, numerators, normalisers = _query_terms(queries, row_weights, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D,
+                                                  DOT_PRECISION)
+        rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None],
+                                 CLAMP)
+        tc.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
 
 
 @triton.jit
@@ -225,16 +228,16 @@ def _vicinity_backward_queries(
         heads, tokens, head_dim, tiles_per_split,
         CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_PRECISION: tl.constexpr):
-    """Gradient of the queries of one range of ``tiles_per_split`` token tiles, and their partial sums of the
-    gradients of ``KV`` and ``S``; grid ``(splits, batch * heads)``, part ``batch_head * splits + split``."""
-    split, batch_head, batch, head = _program_pair(heads)
+    """Gradient of the queries of the split's token tiles, and their partial sums of the gradients of ``KV``
+    and ``S``, stored as part ``batch_head * splits + split`` of the buffers."""
+    split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
     pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
     grad_kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
     grad_k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile((split * tiles_per_split + step) * BLOCK_N, tokens, weights, BLOCK_N)
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
         queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, acc_dtype,
                               BLOCK_D)
         grad_rows = _token_rows(grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim,
@@ -263,33 +266,37 @@ def _vicinity_backward_queries(
 def _vicinity_backward_keys(
         k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, grad_v,
         k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
-        heads, tokens, head_dim,
+        heads, tokens, head_dim, tiles_per_split,
         CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Gradients of the keys and values of one token tile from the summed gradients of ``KV`` (before its
-    clamp's mask) and ``S``; grid ``(tiles, batch * heads)``."""
-    tile, batch_head, batch, head = _program_pair(heads)
+    """Gradients of the keys and values of the split's token tiles from the summed gradients of ``KV`` (before
+    its clamp's mask) and ``S``."""
+    split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
-    rows, valid, row_weights = _tile(tile * BLOCK_N, tokens, weights, BLOCK_N)
-    keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
-    values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype, BLOCK_D)
     pair_grad_kv = tl.where(_clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP),
                             _load_matrix(grad_kv, batch_head, head_dim, BLOCK_D), 0.0)
     pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, BLOCK_D)
-
-    grad_features = (tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION)
-                     + pair_grad_k_sum[None, :])
-    tc.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
-                  _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
-    grad_values = tl.dot(_features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv, input_precision=DOT_PRECISION)
-    tc.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values, BLOCK_D)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
+        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
+                             BLOCK_D)
+        grad_features = (tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION)
+                         + pair_grad_k_sum[None, :])
+        tc.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
+                      _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
+        grad_values = tl.dot(_features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv,
+                             input_precision=DOT_PRECISION)
+        tc.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values,
+                      BLOCK_D)
 
 
 def _layout(batch_heads, tokens):
-    """Token tile side, tiles, and the reduction kernels' splits and tiles per split (see the module docstring)."""
+    """Token tile side, splits and tiles per split of the kernels' ``(splits, batch * heads)`` grids: about
+    :data:`PROGRAMS` programs in all, each over a range of consecutive tiles."""
     block = min(MAX_BLOCK_N, tc.tile(tokens))
     tiles = triton.cdiv(tokens, block)
     tiles_per_split = triton.cdiv(tiles * batch_heads, PROGRAMS)
-    return block, tiles, triton.cdiv(tiles, tiles_per_split), tiles_per_split
+    return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
 
 class _VicinityAttention(torch.autograd.Function):
@@ -302,35 +309,35 @@ class _VicinityAttention(torch.autograd.Function):
         pairs = batch * heads
         acc_dtype = tc.acc_dtype(q.dtype)
         weights = vicinity_weights(height, width, q.device, acc_dtype)
-        block, tiles, splits, tiles_per_split = _layout(pairs, tokens)
+        block, splits, tiles_per_split = _layout(pairs, tokens)
+        grid, num_warps = (splits, pairs), tc.warps(acc_dtype)
         constexprs = dict(BLOCK_N=block, BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(acc_dtype))
-        shape = (heads, tokens, head_dim)
+        shape = (heads, tokens, head_dim, tiles_per_split)
 
         kv_parts = weights.new_empty(pairs, splits, 4, head_dim, head_dim)
         k_sum_parts = weights.new_empty(pairs, splits, 4, head_dim)
-        tc.launch(_vicinity_sums, (splits, pairs), tc.warps(acc_dtype), k, v, weights, kv_parts, k_sum_parts,
-                  *k.stride(), *v.stride(), *shape, tiles_per_split, **constexprs)
+        tc.launch(_vicinity_sums, grid, num_warps, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
+                  *shape, **constexprs)
         kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
         out = tc.like_heads_last(q)
-        tc.launch(_vicinity_forward, (tiles, pairs), tc.warps(acc_dtype), q, weights, kv_raw, k_sum, out,
-                  *q.stride(), *out.stride(), *shape, CLAMP=clamp, EPS=eps, **constexprs)
+        tc.launch(_vicinity_forward, grid, num_warps, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
+                  *shape, CLAMP=clamp, EPS=eps, **constexprs)
         ctx.save_for_backward(q, k, v, kv_raw, k_sum)
-        ctx.launch = (weights, tiles, splits, tiles_per_split, shape, eps, dict(CLAMP=clamp, **constexprs))
+        ctx.launch = (weights, grid, num_warps, shape, eps, dict(CLAMP=clamp, **constexprs))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, kv_raw, k_sum = ctx.saved_tensors
-        weights, tiles, splits, tiles_per_split, shape, eps, constexprs = ctx.launch
-        pairs, num_warps = kv_raw.shape[0], tc.warps(kv_raw.dtype)
+        weights, grid, num_warps, shape, eps, constexprs = ctx.launch
         grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
-        grad_kv_parts = kv_raw.new_empty(pairs, splits, *kv_raw.shape[1:])
-        grad_k_sum_parts = k_sum.new_empty(pairs, splits, *k_sum.shape[1:])
-        tc.launch(_vicinity_backward_queries, (splits, pairs), num_warps, q, grad_out, weights, kv_raw, k_sum,
-                  grad_q, grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(),
-                  *shape, tiles_per_split, EPS=eps, **constexprs)
-        tc.launch(_vicinity_backward_keys, (tiles, pairs), num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
+        grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
+        grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
+        tc.launch(_vicinity_backward_queries, grid, num_warps, q, grad_out, weights, kv_raw, k_sum, grad_q,
+                  grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
+                  EPS=eps, **constexprs)
+        tc.launch(_vicinity_backward_keys, grid, num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
                   grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
                   *grad_v.stride(), *shape, **constexprs)
         return grad_q, grad_k, grad_v, None
