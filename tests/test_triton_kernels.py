@@ -22,6 +22,7 @@ from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 MODULE = 'visattn_mm.ops.triton_sliding_chunk'
 LONG_SHORT_MODULE = 'visattn_mm.ops.triton_long_short'
 PALE_MODULE = 'visattn_mm.ops.triton_pale'
+VICINITY_MODULE = 'visattn_mm.ops.triton_vicinity'
 KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
 interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
@@ -110,16 +111,17 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
     with attention_impl('auto'):
         assert chosen_path('cuda', True, op='sliding_chunk') == 'fast'            # 'auto' never picks it
         assert chosen_path('cuda', True, op='long_short') == 'fast'
-        for op in ('sliding_chunk', 'long_short', 'pale'):
+        for op in ('sliding_chunk', 'long_short', 'pale', 'vicinity'):
             assert chosen_path('cuda', True, impl='triton', op=op) == 'triton'
-        assert chosen_path('cuda', True, impl='triton', op='vicinity') == 'fast'  # no kernel: as 'auto'
+        assert chosen_path('cuda', True, impl='triton') == 'fast'        # an op without kernels: as 'auto'
         assert chosen_path('cpu', True, impl='triton', op='sliding_chunk') == 'math'
         assert chosen_path('cpu', False, impl='triton', op='long_short') == 'fast'
     with attention_impl('triton'):
         assert chosen_path('cuda', op='sliding_chunk') == 'triton'
         assert attention_paths('cuda')['ViLLS'] == 'long_short triton, sliding_chunk triton'   # the env report
         assert attention_paths('cuda')['PaleTransformer'] == 'pale triton'
-        assert attention_paths('cuda')['VVT'] == 'vicinity (one path)'
+        assert attention_paths('cuda')['VVT'] == 'vicinity triton'
+        assert attention_paths('cpu')['VVT'] == 'vicinity fp32 products'
         assert attention_paths('cpu')['ViL'] == 'sliding_chunk math (training) / fast (inference)'
         monkeypatch.setenv('TRITON_INTERPRET', '1')
         assert chosen_path('cpu', op='sliding_chunk') == 'triton'
@@ -149,7 +151,7 @@ def test_unsupported_mode_is_refused():
         ts.triton_sliding_chunk_attention(q, q, q, 3, 3, 3, masking_mode=1, shift_mode=2)
 
 
-@pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE])
+@pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE])
 def test_missing_triton_names_the_fix(monkeypatch, module):
     monkeypatch.setitem(sys.modules, 'triton', None)      # makes `import triton` fail
     for name in (module, COMMON):

@@ -18,8 +18,8 @@ from .ops.impl import chosen_path, get_attention_impl
 
 # The attention ops of each backbone's default stages, and whether the op has a
 # learned logit bias (RPB) that trains with the model: that decides 'auto' on
-# the CPU (visattn_mm.ops.impl.chosen_path). None: no softmax (vicinity attention), the
-# choice sets the precision of its products.
+# the CPU (visattn_mm.ops.impl.chosen_path). None: no softmax (vicinity attention): it runs its
+# Triton kernels, or torch ops whose products' precision the choice sets.
 # tests/test_tool_reports.py checks this table against the paths the backbones take.
 BACKBONE_ATTENTIONS = {
     'ViL': (('sliding_chunk', True),),

@@ -11,5 +11,6 @@ vvt_backbone = dict(
     norm_eval=False,
     with_cp=False,
     # 'auto' / 'math': the attention's matrix products in fp32 (also under bf16 AMP); 'fast': bf16
-    # products under bf16 AMP (tensor cores, coarser gradients; see visattn_mm.ops.vicinity)
+    # products under bf16 AMP (tensor cores, coarser gradients; see visattn_mm.ops.vicinity);
+    # 'triton': fused Triton kernels in fp32 on CUDA (opt-in, not yet measured on a GPU)
     attn_impl='auto')

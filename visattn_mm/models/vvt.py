@@ -62,8 +62,9 @@ class VicinityAttention(nn.Module):
         se_ratio (int): Hidden-width reduction of the gate's ``se_fc`` MLP
             (official models: 1, i.e. ``Linear(C, C)`` twice, without bias). Default: 1.
         proj_drop (float): Dropout on the output. Default: 0.
-        attn_impl (str): Precision of the attention's matrix products for bf16 inputs:
-            'fast' for bf16 products, any other value of
+        attn_impl (str): How the attention runs: 'triton' through fused Triton
+            kernels on CUDA tensors; otherwise the precision of its matrix
+            products for bf16 inputs: 'fast' for bf16 products, any other value of
             :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS` for fp32 ones (see
             :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
     """
@@ -182,8 +183,10 @@ class VVT(DenseBackbone):
         attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see
             :mod:`visattn_mm.ops.impl`). Vicinity attention has no softmax: 'fast'
             runs its matrix products on bf16 operands when the inputs are bf16
-            (bf16 autocast; tensor cores, coarser gradients, opt-in), the other
-            values in fp32 (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+            (bf16 autocast; tensor cores, coarser gradients, opt-in), 'triton'
+            runs it through fused Triton kernels in fp32 on CUDA tensors (opt-in,
+            :mod:`visattn_mm.ops.triton_vicinity`), the other values in fp32
+            through torch ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             official VVT checkpoints (``model`` container or bare) load as they are.

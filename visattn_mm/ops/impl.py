@@ -15,14 +15,16 @@ function:
   fused Triton kernels that store neither gathered neighbours nor logits, for
   the ops in ``TRITON_OPS`` on CUDA tensors
   (:mod:`visattn_mm.ops.triton_sliding_chunk`,
-  :mod:`visattn_mm.ops.triton_long_short`, :mod:`visattn_mm.ops.triton_pale`);
-  other ops and devices take the path 'auto' picks.
+  :mod:`visattn_mm.ops.triton_long_short`, :mod:`visattn_mm.ops.triton_pale`,
+  :mod:`visattn_mm.ops.triton_vicinity`); other ops and devices take the path
+  'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
-linear by construction. Its one choice is the precision of its matrix products:
-'fast' gives bf16 inputs bf16 products (tensor cores; opt-in, never picked by
-'auto', since its gradients are coarser: see there); every other value computes in
-at least fp32.
+linear by construction. Its torch path has one choice, the precision of its
+matrix products: 'fast' gives bf16 inputs bf16 products (tensor cores; opt-in,
+never picked by 'auto', since its gradients are coarser: see there); 'auto' and
+'math' compute in at least fp32. 'triton' runs its fused kernels (in at least
+fp32) on CUDA tensors, and computes like 'auto' elsewhere.
 
 The choice is made per model: the backbones' ``attn_impl`` argument, passed to
 every op as ``impl``. A process-wide selection overrides it when it is not
@@ -37,7 +39,7 @@ import torch
 
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
-TRITON_OPS = ('sliding_chunk', 'long_short', 'pale')
+TRITON_OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 
 # Device types on which 'auto' picks the fused path. Measured on CPU (torch
@@ -57,7 +59,8 @@ IMPL_SUMMARIES = dict(
     fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention with bf16 matrix '
          'products for bf16 inputs',
     math='the explicit softmax (the reference); vicinity attention in fp32',
-    triton="fused Triton kernels for sliding-chunk, long-short and pale attention on CUDA, 'auto' elsewhere",
+    triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' "
+           'elsewhere',
 )
 
 

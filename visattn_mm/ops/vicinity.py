@@ -37,6 +37,11 @@ Precision (autocast is switched off inside; the input dtype and ``impl`` decide)
 Nothing of size ``N x N`` is built: the largest intermediates are the
 ``(B, heads, N, 4d)`` features, and in training only ``q``, ``k`` and ``v`` are
 kept for backward (the rest is recomputed there).
+
+``impl='triton'`` (opt-in) runs the same function, in at least fp32, as fused
+Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton_vicinity`): no
+``(B, heads, N, 4d)`` tensor at all, and the sums over the tokens spread over
+the whole GPU; on other devices it computes like 'auto'.
 """
 import math
 
@@ -45,7 +50,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .common import device_cache
-from .impl import resolve_impl
+from .impl import chosen_path, resolve_impl
 
 CLAMP_MIN = 1e-4
 CLAMP_MAX = 1e4
@@ -116,9 +121,11 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             for backward and recompute the ``4d``-wide features there, instead
             of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
-            Default: True.
+            The Triton path always keeps only those and the small sums. Default: True.
         impl (str): 'fast' gives bf16 inputs bf16 matrix products (see the module
-            docstring); any other value of :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`
+            docstring); 'triton' runs the Triton kernels on CUDA tensors
+            (:func:`~visattn_mm.ops.impl.chosen_path`); any other value of
+            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere,
             computes in at least fp32. The process-wide selection overrides it
             (:func:`~visattn_mm.ops.impl.resolve_impl`). Default: 'auto'.
 
@@ -128,6 +135,9 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     n = q.shape[-2]
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
+    if chosen_path(q.device.type, impl=impl, op='vicinity') == 'triton':
+        from .triton_vicinity import triton_vicinity_attention
+        return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
     operands = matmul_dtype(q.dtype, resolve_impl(impl))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute and needs_grad:

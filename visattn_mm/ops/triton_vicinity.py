@@ -1,0 +1,368 @@
+"""Vicinity attention (VVT) as fused Triton kernels (``impl='triton'``), forward and backward.
+
+The same function as :func:`visattn_mm.ops.vicinity.vicinity_attention` (see
+there), computed without the ``(B, heads, N, 4d)`` feature tensors and their
+elementwise chains. Per (batch, head), with tokens ``i, j``, ``r`` the ReLU,
+``w(j)`` the four position weights ``[cos a, sin a, cos b, sin b]`` of token
+``j`` (:func:`~visattn_mm.ops.vicinity.vicinity_weights`, read in the
+accumulation dtype, so the numbers are those of the torch path) and ``C`` the
+signed clamp (the identity for ``clamp=False``):
+
+    kf_j = w(j) (x) r(k_j)  (4d; qf_i likewise)
+    KV = C(sum_j kf_j^T v_j)  (4d x d),   S = sum_j kf_j  (4d)
+    z_i = C(1 / (qf_i . S + eps)),   out_i = C(C(qf_i KV) z_i)
+
+Every kernel runs on a ``(splits, B * heads)`` grid: a program handles one
+(batch, head) pair and a range of consecutive tiles of ``BLOCK_N`` tokens, the
+splits chosen so that all pairs together make about :data:`PROGRAMS` programs.
+A long map (VVT's first stage at detection size: 66800 tokens, with 8 pairs) is
+thus cut into ranges of a few dozen tiles, so the sums over ``N`` run on the
+whole GPU instead of one block per pair, and every program loads its pair's
+``4d x d`` matrices once for all its tiles. A program expands each token tile
+into its features in registers, a ``(BLOCK_N, 4 * BLOCK_D)`` tile whose column
+``c * BLOCK_D + e`` is ``w_c r(x_e)``, so each product is one ``tl.dot`` of
+depth or width ``4 * BLOCK_D``; the ``4d``-wide gradients fold back to ``d``
+columns by a weighted sum over the four blocks.
+
+* :func:`_vicinity_sums`: partial sums of ``kf^T v`` and ``kf`` over the
+  program's tiles, written to a ``(B * heads, splits, ...)`` buffer that torch
+  sums (deterministic, no atomics).
+* :func:`_vicinity_forward`: the output rows, from ``KV`` (clamped in the
+  kernel) and ``S``.
+* :func:`_vicinity_backward_queries`: recomputes the numerators, normalisers
+  and clamps, writes the gradient of the queries and partial sums of the
+  gradients of ``KV`` and ``S`` (summed by torch).
+* :func:`_vicinity_backward_keys`: the gradients of the keys and values, from
+  those sums (the clamp's mask on ``KV`` applied in the kernel).
+
+Saved for backward: ``q``, ``k``, ``v`` (as given: strided views stay views)
+and the unclamped sums ``(B * heads, 4, d, d)`` and ``(B * heads, 4, d)``;
+nothing else per token. The output and the gradients of ``q, k, v`` are
+``(B, heads, N, d)`` views of ``(B, N, heads, d)`` storage, so merging the heads
+afterwards is free.
+
+Precision: every input is converted to the accumulation dtype when loaded
+(fp32; fp64 for fp64 inputs) and all products and sums run in it, also for fp16
+and bf16 inputs: the gradient of ``q`` is a small difference of the numerator's
+and the normaliser's terms, which 16-bit operands would cost ~15x in precision
+(see :mod:`visattn_mm.ops.vicinity`). fp32 products use TF32 only where
+``torch.get_float32_matmul_precision()`` is not 'highest'. Outputs and
+gradients are stored in the inputs' dtype. The interpreter: see
+:mod:`visattn_mm.ops.triton_common`.
+"""
+import torch
+
+from . import triton_common as tc
+from .triton_common import tl, triton
+from .vicinity import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
+
+__all__ = ['triton_vicinity_attention']
+
+# Largest token tile; tests lower it to run the tile loops at tiny sizes. With fp32 products (CUDA cores) and
+# head dim 32, tiles of 64 tokens spill registers on sm_90 (ptxas -v), 32 do not.
+MAX_BLOCK_N = 32
+# Programs the two reduction kernels aim at in all (about 4 per SM of an H100); tests lower it to get
+# several splits at tiny sizes.
+PROGRAMS = 512
+# The signed clamp's bounds, as constants the kernels can read.
+CLAMP_MIN_BOUND = tl.constexpr(CLAMP_MIN)
+CLAMP_MAX_BOUND = tl.constexpr(CLAMP_MAX)
+
+
+@triton.jit
+def _signed_clamp(t, CLAMP: tl.constexpr):
+    """``sign(t) * clamp(|t|, 1e-4, 1e4)`` where ``CLAMP`` (exact zeros stay zero), else ``t``."""
+    if CLAMP:
+        # Bounds built in t's dtype: a bare float constant would be rounded to fp32 first.
+        low = tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype)
+        high = tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype)
+        magnitude = tl.minimum(tl.maximum(tl.abs(t), low), high)
+        t = tl.where(t > 0, magnitude, tl.where(t < 0, -magnitude, t))
+    return t
+
+
+@triton.jit
+def _clamp_passes(t, CLAMP: tl.constexpr):
+    """Where :func:`_signed_clamp` passes gradients: ``1e-4 <= |t| <= 1e4`` (everywhere without ``CLAMP``)."""
+    if CLAMP:
+        magnitude = tl.abs(t)
+        return ((magnitude >= tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype))
+                & (magnitude <= tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype)))
+    return tl.full(t.shape, True, tl.int1)
+
+
+@triton.jit
+def _token_rows(base, rows, valid, stride_n, stride_d, head_dim, acc_dtype, BLOCK_D: tl.constexpr):
+    """A ``(BLOCK_N, BLOCK_D)`` tile of a ``(..., N, d)`` tensor in the accumulation dtype, zero where not valid."""
+    return tc.load_rows(base, rows, valid, stride_n, stride_d, head_dim, BLOCK_D).to(acc_dtype)
+
+
+@triton.jit
+def _tile(index, tokens, weights, BLOCK_N: tl.constexpr):
+    """The tokens of tile ``index``, whether each is a token of the map, and their ``(BLOCK_N, 4)`` position
+    weights (zero beyond the map, so those rows add nothing to any sum)."""
+    rows = index * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = rows < tokens
+    row_weights = tl.load(weights + rows[:, None] * 4 + tl.arange(0, 4)[None, :], mask=valid[:, None], other=0.0)
+    return rows, valid, row_weights
+
+
+@triton.jit
+def _features(x, row_weights, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The ``(BLOCK_N, 4 * BLOCK_D)`` features ``w_c(i) r(x_i)`` of a tile, block ``c`` in columns
+    ``c * BLOCK_D ..``."""
+    relu = tl.where(x > 0, x, 0.0)
+    return tl.reshape(row_weights[:, :, None] * relu[:, None, :], (BLOCK_N, 4 * BLOCK_D))
+
+
+@triton.jit
+def _fold_features(grad_features, x, row_weights, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Gradient of ``x`` from that of its :func:`_features`: ``r'(x) * sum_c w_c * block c``."""
+    folded = tl.sum(tl.reshape(grad_features, (BLOCK_N, 4, BLOCK_D)) * row_weights[:, :, None], axis=1)
+    return tl.where(x > 0, folded, 0.0)
+
+
+@triton.jit
+def _summary_offsets(head_dim, BLOCK_D: tl.constexpr):
+    """Where the rows of a ``(4 * BLOCK_D, BLOCK_D)`` tile of a contiguous ``(4, d, d)`` matrix lie, and those of
+    a ``(4 * BLOCK_D,)`` tile of a contiguous ``(4, d)`` vector: ``(matrix offsets, matrix mask, vector
+    offsets, vector mask)``; row ``c * BLOCK_D + e`` is row ``e`` of block ``c``."""
+    feature = tl.arange(0, 4 * BLOCK_D)
+    dim = feature % BLOCK_D
+    vector = (feature // BLOCK_D) * head_dim + dim
+    vector_mask = dim < head_dim
+    cols = tl.arange(0, BLOCK_D)
+    matrix = vector[:, None] * head_dim + cols[None, :]
+    return matrix, vector_mask[:, None] & (cols < head_dim)[None, :], vector, vector_mask
+
+
+@triton.jit
+def _load_matrix(matrices, batch_head, head_dim, BLOCK_D: tl.constexpr):
+    """One pair's ``(4 * BLOCK_D, BLOCK_D)`` tile of a ``(B * heads, 4, d, d)`` tensor, zero in the padding."""
+    matrix, matrix_mask, _, _ = _summary_offsets(head_dim, BLOCK_D)
+    return tl.load(matrices + batch_head * 4 * head_dim * head_dim + matrix, mask=matrix_mask, other=0.0)
+
+
+@triton.jit
+def _load_vector(vectors, batch_head, head_dim, BLOCK_D: tl.constexpr):
+    """One pair's ``(4 * BLOCK_D,)`` tile of a ``(B * heads, 4, d)`` tensor, zero in the padding."""
+    _, _, vector, vector_mask = _summary_offsets(head_dim, BLOCK_D)
+    return tl.load(vectors + batch_head * 4 * head_dim + vector, mask=vector_mask, other=0.0)
+
+
+@triton.jit
+def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim, BLOCK_D: tl.constexpr):
+    """Stores row ``part`` of a ``(parts, 4, d, d)`` and a ``(parts, 4, d)`` buffer (the layout of
+    :func:`_load_matrix` and :func:`_load_vector`)."""
+    matrix, matrix_mask, vector, vector_mask = _summary_offsets(head_dim, BLOCK_D)
+    tl.store(matrices + part * 4 * head_dim * head_dim + matrix, matrix_tile, mask=matrix_mask)
+    tl.store(vectors + part * 4 * head_dim + vector, vector_tile, mask=vector_mask)
+
+
+@triton.jit
+def _query_terms(queries, row_weights, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
+    features = _features(queries, row_weights, BLOCK_N, BLOCK_D)
+    numerators = tl.dot(features, kv, input_precision=DOT_PRECISION)
+    denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([BLOCK_N], EPS, features.dtype)
+    return features, numerators, 1.0 / denominators
+
+
+@triton.jit
+def _program_split(heads):
+    """This program's ``(split, batch * heads pair, batch, head)`` on a ``(splits, batch * heads)`` grid."""
+    batch_head = tl.program_id(1)
+    return tl.program_id(0), batch_head, batch_head // heads, batch_head % heads
+
+
+@triton.jit
+def _vicinity_sums(
+        k, v, weights, kv_parts, k_sum_parts,
+        k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
+        heads, tokens, head_dim, tiles_per_split,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over the split's token tiles, stored as part
+    ``batch_head * splits + split`` of the buffers."""
+    split, batch_head, batch, head = _program_split(heads)
+    acc_dtype = weights.dtype.element_ty
+    kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
+    k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
+        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
+                             BLOCK_D)
+        features = _features(keys, row_weights, BLOCK_N, BLOCK_D)
+        kv += tl.dot(tl.trans(features), values, input_precision=DOT_PRECISION)
+        k_sum += tl.sum(features, 0)
+    _store_summaries(kv_parts, k_sum_parts, batch_head * tl.num_programs(0) + split, kv, k_sum, head_dim, BLOCK_D)
+
+
+@triton.jit
+def _vicinity_forward(
+        q, weights, kv_raw, k_sum, out,
+        q_sb, q_sh, q_sn, q_sd, o_sb, o_sh, o_sn, o_sd,
+        heads, tokens, head_dim, tiles_per_split,
+        CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    """Output rows of the split's token tiles."""
+    split, batch_head, batch, head = _program_split(heads)
+    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
+    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim,
+                              weights.dtype.element_ty, BLOCK_D)
+        _, numerators, normalisers = _query_terms(queries, row_weights, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D,
+                                                  DOT_PRECISION)
+        rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None],
+                                 CLAMP)
+        tc.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
+
+
+@triton.jit
+def _vicinity_backward_queries(
+        q, grad_out, weights, kv_raw, k_sum, grad_q, grad_kv_parts, grad_k_sum_parts,
+        q_sb, q_sh, q_sn, q_sd, do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
+        heads, tokens, head_dim, tiles_per_split,
+        CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    """Gradient of the queries of the split's token tiles, and their partial sums of the gradients of ``KV``
+    and ``S``, stored as part ``batch_head * splits + split`` of the buffers."""
+    split, batch_head, batch, head = _program_split(heads)
+    acc_dtype = weights.dtype.element_ty
+    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
+    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
+    grad_kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
+    grad_k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, acc_dtype,
+                              BLOCK_D)
+        grad_rows = _token_rows(grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim,
+                                acc_dtype, BLOCK_D)
+        features, numerators, normalisers = _query_terms(queries, row_weights, kv, pair_k_sum, EPS, BLOCK_N,
+                                                         BLOCK_D, DOT_PRECISION)
+        clamped_numerators = _signed_clamp(numerators, CLAMP)
+        clamped_normalisers = _signed_clamp(normalisers, CLAMP)
+        grad_rows = tl.where(_clamp_passes(clamped_numerators * clamped_normalisers[:, None], CLAMP), grad_rows, 0.0)
+        grad_numerators = tl.where(_clamp_passes(numerators, CLAMP), grad_rows * clamped_normalisers[:, None], 0.0)
+        grad_normalisers = tl.where(_clamp_passes(normalisers, CLAMP), tl.sum(grad_rows * clamped_numerators, 1),
+                                    0.0)
+        # d(1 / den) / d den = -(1 / den)^2; rows beyond the map have a zero gradient here.
+        grad_denominators = -grad_normalisers * normalisers * normalisers
+        grad_features = (tl.dot(grad_numerators, tl.trans(kv), input_precision=DOT_PRECISION)
+                         + grad_denominators[:, None] * pair_k_sum[None, :])
+        tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, rows, valid, dq_sn, dq_sd, head_dim,
+                      _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
+        grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=DOT_PRECISION)
+        grad_k_sum += tl.sum(grad_denominators[:, None] * features, 0)
+    _store_summaries(grad_kv_parts, grad_k_sum_parts, batch_head * tl.num_programs(0) + split, grad_kv, grad_k_sum,
+                     head_dim, BLOCK_D)
+
+
+@triton.jit
+def _vicinity_backward_keys(
+        k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, grad_v,
+        k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
+        heads, tokens, head_dim, tiles_per_split,
+        CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Gradients of the keys and values of the split's token tiles from the summed gradients of ``KV`` (before
+    its clamp's mask) and ``S``."""
+    split, batch_head, batch, head = _program_split(heads)
+    acc_dtype = weights.dtype.element_ty
+    pair_grad_kv = tl.where(_clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP),
+                            _load_matrix(grad_kv, batch_head, head_dim, BLOCK_D), 0.0)
+    pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, BLOCK_D)
+    for step in range(tiles_per_split):
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
+        keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
+        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
+                             BLOCK_D)
+        grad_features = (tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION)
+                         + pair_grad_k_sum[None, :])
+        tc.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
+                      _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
+        grad_values = tl.dot(_features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv,
+                             input_precision=DOT_PRECISION)
+        tc.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values,
+                      BLOCK_D)
+
+
+def _layout(batch_heads, tokens):
+    """Token tile side, splits and tiles per split of the kernels' ``(splits, batch * heads)`` grids: about
+    :data:`PROGRAMS` programs in all, each over a range of consecutive tiles."""
+    block = min(MAX_BLOCK_N, tc.tile(tokens))
+    tiles = triton.cdiv(tokens, block)
+    tiles_per_split = triton.cdiv(tiles * batch_heads, PROGRAMS)
+    return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
+
+
+class _VicinityAttention(torch.autograd.Function):
+    """Autograd node of :func:`triton_vicinity_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, geometry):
+        height, width, eps, clamp = geometry
+        batch, heads, tokens, head_dim = q.shape
+        pairs = batch * heads
+        acc_dtype = tc.acc_dtype(q.dtype)
+        weights = vicinity_weights(height, width, q.device, acc_dtype)
+        block, splits, tiles_per_split = _layout(pairs, tokens)
+        grid, num_warps = (splits, pairs), tc.warps(acc_dtype)
+        constexprs = dict(BLOCK_N=block, BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(acc_dtype))
+        shape = (heads, tokens, head_dim, tiles_per_split)
+
+        kv_parts = weights.new_empty(pairs, splits, 4, head_dim, head_dim)
+        k_sum_parts = weights.new_empty(pairs, splits, 4, head_dim)
+        tc.launch(_vicinity_sums, grid, num_warps, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
+                  *shape, **constexprs)
+        kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
+
+        out = tc.like_heads_last(q)
+        tc.launch(_vicinity_forward, grid, num_warps, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
+                  *shape, CLAMP=clamp, EPS=eps, **constexprs)
+        ctx.save_for_backward(q, k, v, kv_raw, k_sum)
+        ctx.launch = (weights, grid, num_warps, shape, eps, dict(CLAMP=clamp, **constexprs))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, kv_raw, k_sum = ctx.saved_tensors
+        weights, grid, num_warps, shape, eps, constexprs = ctx.launch
+        grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
+        grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
+        grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
+        tc.launch(_vicinity_backward_queries, grid, num_warps, q, grad_out, weights, kv_raw, k_sum, grad_q,
+                  grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
+                  EPS=eps, **constexprs)
+        tc.launch(_vicinity_backward_keys, grid, num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
+                  grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
+                  *grad_v.stride(), *shape, **constexprs)
+        return grad_q, grad_k, grad_v, None
+
+
+def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
+    """:func:`~visattn_mm.ops.vicinity.vicinity_attention` through the Triton kernels.
+
+    Arguments as there (no ``recompute``: only ``q``, ``k``, ``v`` and the small
+    sums are kept for backward anyway). Inputs may be strided views; the output
+    and the gradients of ``q, k, v`` are ``(B, heads, H*W, d)`` views of
+    ``(B, H*W, heads, d)`` storage, so merging the heads afterwards is free.
+    ``k`` and ``v`` are cast to ``q``'s dtype; everything is computed in fp32
+    (fp64 for fp64 inputs).
+
+    Raises:
+        ValueError: For ``q``, ``k``, ``v`` that are not 4-D tensors of one shape,
+            or a token count other than ``height * width``.
+        RuntimeError: For tensors that are not on a CUDA device, unless Triton's
+            interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
+    """
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
+                         f'{tuple(k.shape)} and {tuple(v.shape)}')
+    tc.check_supported(q, height * width, dropout_p=0.0)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    tc.check_device(q)
+    return _VicinityAttention.apply(q, k, v, (height, width, float(eps), bool(clamp)))
