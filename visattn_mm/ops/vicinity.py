@@ -27,11 +27,11 @@ Precision (autocast is switched off inside; the input dtype and ``impl`` decide)
 * bf16 inputs with ``impl='fast'`` (opt-in): the three matrix products take bf16
   operands, so they can run on tensor cores. The GEMMs accumulate in fp32 and bf16
   has fp32's range; the sum of the key features, the normaliser, the clamps and the
-  scaling by Z stay in fp32. The forward loses little (relative error 2.8e-3
+  scaling by Z stay in fp32. The forward loses little (relative error 3e-3
   against 1.7e-3 for fp32 products of the same bf16 inputs, both rounded to bf16),
   but the gradient of ``q`` is a small difference of the numerator's and the
-  normaliser's terms, each rounded to bf16: the gradients' relative error grows to
-  2-3e-2 (1.7e-3 with fp32 products; ``tests/test_vicinity.py`` measures both).
+  normaliser's terms, each rounded to bf16: its relative error grows to about 3e-2
+  (2e-3 with fp32 products; ``tests/test_vicinity.py`` measures both).
   Not the default until a GPU benchmark shows what the speed is worth.
 
 Nothing of size ``N x N`` is built: the largest intermediates are the
