@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import visattn_mm  # noqa: F401  (registers the backbones and the timm names)
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, PaleTransformer, ViL, ViLLS, VVT
+from visattn_mm.ops.common import clear_device_caches
 
 from helpers import STRIDES, TINY_ARCHS, assert_dense_outputs, assert_same_gradients, assert_trains_at_size, outputs
 
@@ -350,6 +351,23 @@ def test_forward_and_backward_never_wait_for_the_device(family, kind, impl):
         torch.ones(3).sum().item()
         torch.ones(3).nonzero()
     assert recorder.ops == ['_local_scalar_dense', 'nonzero']
+
+
+@pytest.mark.parametrize('impl', ['fast', 'math'])
+@pytest.mark.parametrize('family,kind', BACKBONES)
+def test_training_works_after_an_inference_mode_evaluation(family, kind, impl):
+    """The per-size constants (masks, indices, weights) are cached at their first use, which may be an
+    evaluation under ``torch.inference_mode()``; autograd must still be able to save them when training
+    follows (they were inference tensors before: "cannot be saved for backward")."""
+    model = build(family, kind, attn_impl=impl)
+    image = torch.randn(2, 3, 45, 61)
+    clear_device_caches()
+    model.eval()
+    with torch.inference_mode():
+        model(image)
+    model.train()
+    sum(out.sum() for out in outputs(model, image)).backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 # ---- drop path ----

@@ -238,14 +238,3 @@ def test_bf16_products_are_opt_in_with_impl_fast():
         assert _bf16_forward_backward(q, k, v, h, w, 'auto')[1] == {torch.bfloat16}
 
 
-
-def test_an_evaluation_under_inference_mode_leaves_training_working():
-    """The weights are cached at the first call, which may come from ``torch.inference_mode()`` (an
-    evaluation before training); autograd must still be able to save them afterwards."""
-    vicinity_weights.cache_clear()
-    q, k, v = inputs(3, 5, seed=5)
-    with torch.inference_mode():
-        vicinity_attention(q, k, v, 3, 5)
-    q.requires_grad_()
-    vicinity_attention(q, k, v, 3, 5).sum().backward()
-    assert q.grad is not None and vicinity_weights(3, 5, q.device, q.dtype) is vicinity_weights(3, 5, q.device, q.dtype)

@@ -5,20 +5,30 @@ import torch
 import torch.nn.functional as F
 
 
+_DEVICE_CACHES = []
+
+
 def device_cache(build):
-    """Caches ``build``'s constant tensors (indices, weights) per argument tuple (size, device, ...).
+    """Caches ``build``'s constant tensors (masks, indices, weights) per argument tuple (size, device, ...).
 
     So that a forward pass neither rebuilds them nor copies them to the device. They
     are built outside inference mode, so that autograd can save them later, also when
     the first call came from under :func:`torch.inference_mode`. The results are
-    shared: do not modify them.
+    shared: do not modify them. :func:`clear_device_caches` empties every such cache.
     """
-    @functools.lru_cache(maxsize=32)
+    @functools.lru_cache(maxsize=64)
     @functools.wraps(build)
     def cached(*args, **kwargs):
         with torch.inference_mode(False):
             return build(*args, **kwargs)
+    _DEVICE_CACHES.append(cached)
     return cached
+
+
+def clear_device_caches():
+    """Drops every constant cached by :func:`device_cache` (frees their device memory)."""
+    for cached in _DEVICE_CACHES:
+        cached.cache_clear()
 
 
 def softmax_fp32(logits, dim=-1):

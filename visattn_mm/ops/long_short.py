@@ -28,12 +28,11 @@ table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` i
 smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
 share rows (w=7: 361 offsets on 253 rows).
 """
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
 
 
@@ -85,7 +84,7 @@ def long_short_rpb_index(window):
     return rel_y * (2 * p + w) + rel_x
 
 
-@functools.lru_cache(maxsize=64)
+@device_cache
 def window_key_mask(height, width, window, device):
     """Which keys of each segment's patch lie outside the ``H x W`` image (True = hidden).
 

@@ -27,12 +27,11 @@ the groups through ``scaled_dot_product_attention`` and stores no scores, so its
 memory is linear in N (see :mod:`visattn_mm.ops.impl`). Only the grouping axis is
 padded; the other axis is used at its full size.
 """
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from .common import dense_attention, fused_attention
+from .common import dense_attention, device_cache, fused_attention
 from .impl import chosen_path, use_fast_path
 
 
@@ -66,7 +65,7 @@ def interlace_stride(side, pale_size):
     return size, stride, stride * size
 
 
-@functools.lru_cache(maxsize=64)
+@device_cache
 def padded_key_mask(side, length, pale_size, device):
     """Which gathered keys of each interlaced group are padding (True = hidden).
 

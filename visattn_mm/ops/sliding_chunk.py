@@ -21,12 +21,11 @@ Masking modes (which keys outside the image are hidden):
 Shift modes: ``0`` all 8 neighbours; ``-1`` own chunk only; ``k`` in 1..8 own
 chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in order).
 """
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from .common import chunk_grid, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
@@ -56,7 +55,7 @@ def check_modes(masking_mode, shift_mode):
                          f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
 
 
-@functools.lru_cache(maxsize=64)
+@device_cache
 def key_mask(height, width, window, masking_mode, shift_mode, device):
     """Which gathered keys are hidden from which queries (True = hidden).
 
@@ -94,7 +93,7 @@ def key_mask(height, width, window, masking_mode, shift_mode, device):
     return hidden
 
 
-@functools.lru_cache(maxsize=16)
+@device_cache
 def outside_exact_window(window, device):
     """Which of the 9 neighbour chunks' keys lie beyond ``+-w`` rows or columns of each query.
 
