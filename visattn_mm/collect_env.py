@@ -15,6 +15,7 @@ import importlib
 import torch
 
 from .ops.impl import chosen_path, get_attention_impl
+from .ops.vicinity import matmul_dtype
 
 # The attention ops of each backbone's default stages, and whether the op has a
 # learned logit bias (RPB) that trains with the model: that decides 'auto' on
@@ -82,7 +83,7 @@ def attention_paths(device_type):
                 if chosen_path(device_type, op=op) == 'triton':
                     parts.append(f'{op} triton')
                 else:
-                    bf16 = get_attention_impl() == 'fast'
+                    bf16 = matmul_dtype(torch.bfloat16, get_attention_impl()) == torch.bfloat16
                     parts.append(f'{op} ' + ('bf16 products for bf16 inputs' if bf16 else 'fp32 products'))
                 continue
             train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)

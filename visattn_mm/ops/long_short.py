@@ -28,7 +28,6 @@ table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` i
 smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
 share rows (w=7: 361 offsets on 253 rows).
 """
-
 import torch
 import torch.nn.functional as F
 

@@ -27,7 +27,6 @@ the groups through ``scaled_dot_product_attention`` and stores no scores, so its
 memory is linear in N (see :mod:`visattn_mm.ops.impl`). Only the grouping axis is
 padded; the other axis is used at its full size.
 """
-
 import torch
 import torch.nn.functional as F
 

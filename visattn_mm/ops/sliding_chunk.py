@@ -21,7 +21,6 @@ Masking modes (which keys outside the image are hidden):
 Shift modes: ``0`` all 8 neighbours; ``-1`` own chunk only; ``k`` in 1..8 own
 chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in order).
 """
-
 import torch
 import torch.nn.functional as F
 
