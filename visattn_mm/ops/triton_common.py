@@ -269,6 +269,71 @@ def launch(kernel, grid, num_warps, *args, **constexprs):
     kernel[grid](*args, num_warps=num_warps, **constexprs)
 
 
+def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
+    """Registers a kernel pair as the custom ops ``visattn_mm::<name>`` and
+    ``visattn_mm::<name>_backward``, linked by an autograd formula.
+
+    As custom ops, the kernel launches are one opaque node per direction for
+    torch.compile: Dynamo and AOTAutograd take the output shapes from the fake
+    functions and never trace into Triton (``tests/test_compile.py``).
+
+    Args:
+        name (str): The op's name in the ``visattn_mm`` namespace.
+        forward (callable): ``(tensor inputs..., geometry...) -> (out, *saved)``,
+            with type annotations (they are the op's schema). The first three
+            tensor inputs are ``q, k, v``; the others may be None.
+        forward_fake (callable): ``forward``'s outputs as empty tensors, from the
+            same arguments.
+        backward (callable): ``(grad_out, tensor inputs..., forward outputs...,
+            geometry..., needs_grad) -> list[Tensor]``, annotated; ``needs_grad``
+            holds ``needs_input_grad`` of the tensor inputs; the result comes from
+            :func:`gradient_list`.
+        num_tensor_inputs (int): How many leading arguments of ``forward`` are tensors.
+
+    Returns:
+        The forward op: call it with ``forward``'s arguments; it returns ``(out, *saved)``.
+    """
+    forward_op = torch.library.custom_op(f'visattn_mm::{name}', forward, mutates_args=())
+    forward_op.register_fake(forward_fake)
+    backward_op = torch.library.custom_op(f'visattn_mm::{name}_backward', backward, mutates_args=())
+
+    @backward_op.register_fake
+    def _(grad_out, *args):
+        inputs, needs_grad = args[:num_tensor_inputs], args[-1]
+        empty = [like_heads_last(t) if i < 3 else t if t is None else t.new_empty(t.shape)
+                 for i, t in enumerate(inputs)]
+        return gradient_list(empty, inputs, needs_grad)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:num_tensor_inputs], *output)
+        ctx.geometry = inputs[num_tensor_inputs:]
+
+    def differentiate(ctx, grad_out, *_saved_grads):
+        saved = ctx.saved_tensors
+        needs_grad = list(ctx.needs_input_grad[:num_tensor_inputs])
+        grads = backward_op(grad_out, *saved, *ctx.geometry, needs_grad)
+        inputs = saved[:num_tensor_inputs]
+        wanted = [gradient_wanted(i, inputs, needs_grad) for i in range(num_tensor_inputs)]
+        return (*(g if want else None for g, want in zip(grads, wanted)), *(None, ) * len(ctx.geometry))
+
+    forward_op.register_autograd(differentiate, setup_context=setup_context)
+    return forward_op
+
+
+def gradient_wanted(index, inputs, needs_grad):
+    """Whether the backward op returns the gradient of tensor input ``index``: always for ``q, k, v``
+    (their kernels write it anyway), for the others where given and needed."""
+    return index < 3 or (inputs[index] is not None and needs_grad[index])
+
+
+def gradient_list(grads, inputs, needs_grad):
+    """The backward op's result: per tensor input its gradient where :func:`gradient_wanted` (for
+    ``q, k, v`` stored as :func:`like_heads_last`, for the others contiguous), else an empty
+    placeholder (a custom op returns no None)."""
+    return [grad if gradient_wanted(i, inputs, needs_grad) else inputs[0].new_empty(0)
+            for i, grad in enumerate(grads)]
+
+
 def check_supported(q, tokens, dropout_p):
     """Refuses attention dropout, naming the alternative, and another token count than the map's.
 
@@ -317,6 +382,13 @@ def shared_keys(keys, values, dtype, names):
     if keys is None or keys.shape[2] == 0:
         return None, None
     return keys.to(dtype), values.to(dtype)
+
+
+def forward_outputs(q):
+    """Empty output (:func:`like_heads_last`) and log-sum-exp ``(B * heads, N)`` (accumulation dtype) of a
+    softmax attention's forward kernels."""
+    batch, heads, tokens, _ = q.shape
+    return like_heads_last(q), q.new_empty(batch * heads, tokens, dtype=acc_dtype(q.dtype))
 
 
 def backward_buffers(q, k, v, grad_out, lse, local_bias, local_bias_grad):

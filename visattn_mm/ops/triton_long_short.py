@@ -32,6 +32,8 @@ keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles o
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
+from typing import Optional
+
 import torch
 
 from . import triton_common as tc
@@ -225,64 +227,79 @@ def _long_short_backward_keys(
                        key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
-class _LongShortAttention(torch.autograd.Function):
-    """Autograd node of :func:`triton_long_short_attention`."""
+def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
+    """Grid, geometry arguments, and the constexprs of the window and of the shared keys, of the kernels."""
+    batch, heads, _, head_dim = q.shape
+    rows, cols = chunk_grid(height, width, window)
+    num_bar = 0 if k_bar is None else k_bar.shape[2]
+    num_global = 0 if global_k is None else global_k.shape[2]
+    constexprs = dict(
+        WINDOW=window, PAD=segment_pad(window), HAS_LOCAL_BIAS=local_bias is not None,
+        BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+    shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=tc.tile(num_bar),
+                             BLOCK_G=tc.tile(num_global))
+    return (rows * cols, batch * heads), (heads, height, width, cols, head_dim), constexprs, shared_constexprs
 
-    @staticmethod
-    def forward(ctx, q, k, v, k_bar, v_bar, global_k, global_v, local_bias, geometry):
-        height, width, window = geometry
-        batch, heads, _, head_dim = q.shape
-        rows, cols = chunk_grid(height, width, window)
-        num_bar = 0 if k_bar is None else k_bar.shape[2]
-        num_global = 0 if global_k is None else global_k.shape[2]
-        constexprs = dict(
-            WINDOW=window, PAD=segment_pad(window), HAS_LOCAL_BIAS=local_bias is not None,
-            BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
-        shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=tc.tile(num_bar),
-                                 BLOCK_G=tc.tile(num_global))
-        shape = (heads, height, width, cols, head_dim)
-        grid = (rows * cols, batch * heads)
 
-        out = tc.like_heads_last(q)
-        lse = torch.empty(batch * heads, height * width, dtype=tc.acc_dtype(q.dtype), device=q.device)
-        tc.launch(_long_short_forward, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
-                  tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, lse,
-                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
-                  *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *tc.strides(local_bias, 3),
-                  *shape, **constexprs, **shared_constexprs)
-        ctx.save_for_backward(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse)
-        ctx.launch = (grid, shape, constexprs, shared_constexprs)
-        return out
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[torch.Tensor],
+             v_bar: Optional[torch.Tensor], global_k: Optional[torch.Tensor], global_v: Optional[torch.Tensor],
+             local_bias: Optional[torch.Tensor], height: int, width: int,
+             window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
+    grid, shape, constexprs, shared_constexprs = _launch_setup(q, k_bar, global_k, local_bias, height, width,
+                                                               window)
+    out, lse = tc.forward_outputs(q)
+    tc.launch(_long_short_forward, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
+              tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, lse,
+              *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
+              *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *tc.strides(local_bias, 3),
+              *shape, **constexprs, **shared_constexprs)
+    return out, lse
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse = ctx.saved_tensors
-        grid, shape, constexprs, shared_constexprs = ctx.launch
-        local_bias_grad = local_bias is not None and ctx.needs_input_grad[7]
-        grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
-            q, k, v, grad_out, lse, local_bias, local_bias_grad)
-        parts = grid[0] * grid[1]
-        grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
-        grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
 
-        tc.launch(_long_short_backward_queries, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
-                  tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
-                  tc.stand_in(grad_local_bias, lse), tc.stand_in(grad_k_bar, lse), tc.stand_in(grad_v_bar, lse),
-                  tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse),
-                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
-                  *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
-                  *grad_q.stride(), *tc.strides(local_bias, 3), *shape,
-                  LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
-        tc.launch(_long_short_backward_keys, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
-                  *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-                  *tc.strides(local_bias, 3), *shape, **constexprs)
+def _forward_fake(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window):
+    return tc.forward_outputs(q)
 
-        return (grad_q, grad_k, grad_v, tc.summed_parts(grad_k_bar, k_bar), tc.summed_parts(grad_v_bar, v_bar),
-                tc.summed_parts(grad_global_k, global_k), tc.summed_parts(grad_global_v, global_v),
-                tc.cast_like(grad_local_bias, local_bias), None)
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_bar: Optional[torch.Tensor], v_bar: Optional[torch.Tensor], global_k: Optional[torch.Tensor],
+              global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor], out: torch.Tensor,
+              lse: torch.Tensor, height: int, width: int, window: int,
+              needs_grad: list[bool]) -> list[torch.Tensor]:
+    """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
+    inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
+    grid, shape, constexprs, shared_constexprs = _launch_setup(q, k_bar, global_k, local_bias, height, width,
+                                                               window)
+    local_bias_grad = tc.gradient_wanted(7, inputs, needs_grad)
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+        q, k, v, grad_out, lse, local_bias, local_bias_grad)
+    parts = grid[0] * grid[1]
+    grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
+    grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
+
+    tc.launch(_long_short_backward_queries, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
+              tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
+              tc.stand_in(grad_local_bias, lse), tc.stand_in(grad_k_bar, lse), tc.stand_in(grad_v_bar, lse),
+              tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse),
+              *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
+              *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
+              *grad_q.stride(), *tc.strides(local_bias, 3), *shape,
+              LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
+    tc.launch(_long_short_backward_keys, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
+              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
+              *tc.strides(local_bias, 3), *shape, **constexprs)
+
+    return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_k_bar, k_bar),
+                             tc.summed_parts(grad_v_bar, v_bar), tc.summed_parts(grad_global_k, global_k),
+                             tc.summed_parts(grad_global_v, global_v), tc.cast_like(grad_local_bias, local_bias)],
+                            inputs, needs_grad)
+
+
+_long_short_op = tc.define_op('triton_long_short_attention', _forward, _forward_fake, _backward,
+                              num_tensor_inputs=8)
 
 
 def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None, global_k=None,
@@ -311,5 +328,4 @@ def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v
     k_bar, v_bar = tc.shared_keys(k_bar, v_bar, q.dtype, ('k_bar', 'v_bar'))
     global_k, global_v = tc.shared_keys(global_k, global_v, q.dtype, ('global_k', 'global_v'))
     tc.check_device(q)
-    return _LongShortAttention.apply(q, k, v, k_bar, v_bar, global_k, global_v, local_bias,
-                                     (height, width, window))
+    return _long_short_op(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window)[0]

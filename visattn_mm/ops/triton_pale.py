@@ -178,40 +178,41 @@ def _branches(batch, heads, height, width, pale_size):
     return branches
 
 
-class _PaleAttention(torch.autograd.Function):
-    """Autograd node of :func:`triton_pale_attention`."""
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, pale_rows: int,
+             pale_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
+    batch, heads, _, head_dim = q.shape
+    constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+    out, lse = tc.forward_outputs(q)
+    for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
+        tc.launch(_pale_forward, grid, tc.warps(q.dtype), q, k, v, out, lse,
+                  *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
+                  **constexprs)
+    return out, lse
 
-    @staticmethod
-    def forward(ctx, q, k, v, geometry):
-        height, width, pale_size = geometry
-        batch, heads, _, head_dim = q.shape
-        branches = _branches(batch, heads, height, width, pale_size)
-        constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
 
-        out = tc.like_heads_last(q)
-        lse = torch.empty(batch * heads, height * width, dtype=tc.acc_dtype(q.dtype), device=q.device)
-        for grid, branch, block in branches:
-            tc.launch(_pale_forward, grid, tc.warps(q.dtype), q, k, v, out, lse,
-                      *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
-                      **constexprs)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.launch = (branches, constexprs)
-        return out
+def _forward_fake(q, k, v, height, width, pale_rows, pale_cols):
+    return tc.forward_outputs(q)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        branches, constexprs = ctx.launch
-        head_dim = q.shape[-1]
-        grad_out, grad_q, grad_k, grad_v, delta, _ = tc.backward_buffers(q, k, v, grad_out, lse, None, False)
-        for grid, branch, block in branches:
-            tc.launch(_pale_backward_queries, grid, tc.warps(q.dtype), q, k, v, out, grad_out, lse, delta, grad_q,
-                      *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
-                      *branch, head_dim, BLOCK=block, **constexprs)
-            tc.launch(_pale_backward_keys, grid, tc.warps(q.dtype), q, k, v, grad_out, lse, delta, grad_k, grad_v,
-                      *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-                      *branch, head_dim, BLOCK=block, **constexprs)
-        return grad_q, grad_k, grad_v, None
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              lse: torch.Tensor, height: int, width: int, pale_rows: int, pale_cols: int,
+              needs_grad: list[bool]) -> list[torch.Tensor]:
+    """The gradients of ``q, k, v``."""
+    batch, heads, _, head_dim = q.shape
+    constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+    grad_out, grad_q, grad_k, grad_v, delta, _ = tc.backward_buffers(q, k, v, grad_out, lse, None, False)
+    for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
+        tc.launch(_pale_backward_queries, grid, tc.warps(q.dtype), q, k, v, out, grad_out, lse, delta, grad_q,
+                  *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
+                  *branch, head_dim, BLOCK=block, **constexprs)
+        tc.launch(_pale_backward_keys, grid, tc.warps(q.dtype), q, k, v, grad_out, lse, delta, grad_k, grad_v,
+                  *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
+                  *branch, head_dim, BLOCK=block, **constexprs)
+    return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
+
+
+_pale_op = tc.define_op('triton_pale_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
 
 
 def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
@@ -235,4 +236,4 @@ def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         interlace_stride(side, size)
     k, v = k.to(q.dtype), v.to(q.dtype)
     tc.check_device(q)
-    return _PaleAttention.apply(q, k, v, (height, width, pale_size))
+    return _pale_op(q, k, v, height, width, *pale_size_pair(pale_size))[0]

@@ -29,6 +29,8 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``);
 windows much larger than 11 will spill registers.
 """
+from typing import Optional
+
 import torch
 
 from . import triton_common as tc
@@ -241,66 +243,79 @@ def _sliding_chunk_backward_keys(
                        key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
-class _SlidingChunkAttention(torch.autograd.Function):
-    """Autograd node of :func:`triton_sliding_chunk_attention`."""
+def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
+    """Grid, geometry arguments, and the constexprs of the local and of the global keys, of the kernels."""
+    batch, heads, _, head_dim = q.shape
+    rows, cols = chunk_grid(height, width, window)
+    blocks = neighbour_blocks(shift_mode)
+    num_global = 0 if global_k is None else global_k.shape[2]
+    constexprs = dict(
+        WINDOW=window, MASKING_MODE=masking_mode, NUM_BLOCKS=len(blocks), SECOND_BLOCK=blocks[-1],
+        HAS_LOCAL_BIAS=local_bias is not None, BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim),
+        DOT_PRECISION=tc.dot_precision(q.dtype))
+    global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=tc.tile(num_global))
+    return (rows * cols, batch * heads), (heads, height, width, rows, cols, head_dim), constexprs, global_constexprs
 
-    @staticmethod
-    def forward(ctx, q, k, v, global_k, global_v, local_bias, l2g_bias, geometry):
-        height, width, window, masking_mode, shift_mode = geometry
-        batch, heads, _, head_dim = q.shape
-        rows, cols = chunk_grid(height, width, window)
-        blocks = neighbour_blocks(shift_mode)
-        num_global = 0 if global_k is None else global_k.shape[2]
-        constexprs = dict(
-            WINDOW=window, MASKING_MODE=masking_mode, NUM_BLOCKS=len(blocks), SECOND_BLOCK=blocks[-1],
-            HAS_LOCAL_BIAS=local_bias is not None, BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim),
-            DOT_PRECISION=tc.dot_precision(q.dtype))
-        global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None,
-                                 BLOCK_G=tc.tile(num_global))
-        shape = (heads, height, width, rows, cols, head_dim)
-        grid = (rows * cols, batch * heads)
 
-        out = tc.like_heads_last(q)
-        lse = torch.empty(batch * heads, height * width, dtype=tc.acc_dtype(q.dtype), device=q.device)
-        tc.launch(_sliding_chunk_forward, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
-                  tc.stand_in(l2g_bias, q), out, lse,
-                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
-                  *out.stride(), *tc.strides(local_bias, 3), *tc.strides(l2g_bias, 2), *shape,
-                  **constexprs, **global_constexprs)
-        ctx.save_for_backward(q, k, v, global_k, global_v, local_bias, l2g_bias, out, lse)
-        ctx.launch = (grid, shape, constexprs, global_constexprs)
-        return out
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Optional[torch.Tensor],
+             global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor], l2g_bias: Optional[torch.Tensor],
+             height: int, width: int, window: int, masking_mode: int,
+             shift_mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
+    grid, shape, constexprs, global_constexprs = _launch_setup(q, global_k, local_bias, l2g_bias, height, width,
+                                                               window, masking_mode, shift_mode)
+    out, lse = tc.forward_outputs(q)
+    tc.launch(_sliding_chunk_forward, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
+              tc.stand_in(l2g_bias, q), out, lse,
+              *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
+              *out.stride(), *tc.strides(local_bias, 3), *tc.strides(l2g_bias, 2), *shape,
+              **constexprs, **global_constexprs)
+    return out, lse
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, global_k, global_v, local_bias, l2g_bias, out, lse = ctx.saved_tensors
-        grid, shape, constexprs, global_constexprs = ctx.launch
-        heads = shape[0]
-        local_bias_grad = local_bias is not None and ctx.needs_input_grad[5]
-        grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
-            q, k, v, grad_out, lse, local_bias, local_bias_grad)
-        grad_global_k, grad_global_v, grad_l2g = tc.shared_key_parts(lse, grid[0] * grid[1], global_k,
-                                                                     with_bias=l2g_bias is not None)
 
-        tc.launch(_sliding_chunk_backward_queries, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
-                  tc.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, tc.stand_in(grad_local_bias, lse),
-                  tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse), tc.stand_in(grad_l2g, lse),
-                  *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
-                  *out.stride(), *grad_out.stride(), *grad_q.stride(), *tc.strides(local_bias, 3),
-                  *tc.strides(l2g_bias, 2), *shape,
-                  LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
-        tc.launch(_sliding_chunk_backward_keys, grid, tc.warps(q.dtype),
-                  q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
-                  *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-                  *tc.strides(local_bias, 3), *shape, **constexprs)
+def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
+                  shift_mode):
+    return tc.forward_outputs(q)
 
-        if grad_l2g is not None:
-            grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
-        return (grad_q, grad_k, grad_v, tc.summed_parts(grad_global_k, global_k),
-                tc.summed_parts(grad_global_v, global_v), tc.cast_like(grad_local_bias, local_bias),
-                tc.cast_like(grad_l2g, l2g_bias), None)
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              global_k: Optional[torch.Tensor], global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor],
+              l2g_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, height: int, width: int,
+              window: int, masking_mode: int, shift_mode: int, needs_grad: list[bool]) -> list[torch.Tensor]:
+    """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
+    inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
+    grid, shape, constexprs, global_constexprs = _launch_setup(q, global_k, local_bias, l2g_bias, height, width,
+                                                               window, masking_mode, shift_mode)
+    heads = shape[0]
+    local_bias_grad = tc.gradient_wanted(5, inputs, needs_grad)
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+        q, k, v, grad_out, lse, local_bias, local_bias_grad)
+    grad_global_k, grad_global_v, grad_l2g = tc.shared_key_parts(lse, grid[0] * grid[1], global_k,
+                                                                 with_bias=l2g_bias is not None)
+
+    tc.launch(_sliding_chunk_backward_queries, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
+              tc.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, tc.stand_in(grad_local_bias, lse),
+              tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse), tc.stand_in(grad_l2g, lse),
+              *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
+              *out.stride(), *grad_out.stride(), *grad_q.stride(), *tc.strides(local_bias, 3),
+              *tc.strides(l2g_bias, 2), *shape,
+              LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
+    tc.launch(_sliding_chunk_backward_keys, grid, tc.warps(q.dtype),
+              q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
+              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
+              *tc.strides(local_bias, 3), *shape, **constexprs)
+
+    if grad_l2g is not None:
+        grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
+    return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_global_k, global_k),
+                             tc.summed_parts(grad_global_v, global_v), tc.cast_like(grad_local_bias, local_bias),
+                             tc.cast_like(grad_l2g, l2g_bias)], inputs, needs_grad)
+
+
+_sliding_chunk_op = tc.define_op('triton_sliding_chunk_attention', _forward, _forward_fake, _backward,
+                                 num_tensor_inputs=7)
 
 
 def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
@@ -325,6 +340,6 @@ def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=N
     global_k, global_v = tc.shared_keys(global_k, global_v, q.dtype, ('global_k', 'global_v'))
     if global_k is None:
         l2g_bias = None
-    geometry = (height, width, window, masking_mode, shift_mode)
     tc.check_device(q)
-    return _SlidingChunkAttention.apply(q, k, v, global_k, global_v, local_bias, l2g_bias, geometry)
+    return _sliding_chunk_op(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
+                             shift_mode)[0]

@@ -299,48 +299,58 @@ def _layout(batch_heads, tokens):
     return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
 
-class _VicinityAttention(torch.autograd.Function):
-    """Autograd node of :func:`triton_vicinity_attention`."""
+def _launch_setup(q, height, width):
+    """Position weights, grid, warps, geometry arguments and constexprs of the four kernels."""
+    batch, heads, tokens, head_dim = q.shape
+    pairs = batch * heads
+    acc_dtype = tc.acc_dtype(q.dtype)
+    block, splits, tiles_per_split = _layout(pairs, tokens)
+    constexprs = dict(BLOCK_N=block, BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(acc_dtype))
+    return (vicinity_weights(height, width, q.device, acc_dtype), (splits, pairs), tc.warps(acc_dtype),
+            (heads, tokens, head_dim, tiles_per_split), constexprs)
 
-    @staticmethod
-    def forward(ctx, q, k, v, geometry):
-        height, width, eps, clamp = geometry
-        batch, heads, tokens, head_dim = q.shape
-        pairs = batch * heads
-        acc_dtype = tc.acc_dtype(q.dtype)
-        weights = vicinity_weights(height, width, q.device, acc_dtype)
-        block, splits, tiles_per_split = _layout(pairs, tokens)
-        grid, num_warps = (splits, pairs), tc.warps(acc_dtype)
-        constexprs = dict(BLOCK_N=block, BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(acc_dtype))
-        shape = (heads, tokens, head_dim, tiles_per_split)
 
-        kv_parts = weights.new_empty(pairs, splits, 4, head_dim, head_dim)
-        k_sum_parts = weights.new_empty(pairs, splits, 4, head_dim)
-        tc.launch(_vicinity_sums, grid, num_warps, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
-                  *shape, **constexprs)
-        kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float,
+             clamp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
+    weights, grid, num_warps, shape, constexprs = _launch_setup(q, height, width)
+    kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
+    k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
+    tc.launch(_vicinity_sums, grid, num_warps, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
+              *shape, **constexprs)
+    kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
-        out = tc.like_heads_last(q)
-        tc.launch(_vicinity_forward, grid, num_warps, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
-                  *shape, CLAMP=clamp, EPS=eps, **constexprs)
-        ctx.save_for_backward(q, k, v, kv_raw, k_sum)
-        ctx.launch = (weights, grid, num_warps, shape, eps, dict(CLAMP=clamp, **constexprs))
-        return out
+    out = tc.like_heads_last(q)
+    tc.launch(_vicinity_forward, grid, num_warps, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
+              *shape, CLAMP=clamp, EPS=eps, **constexprs)
+    return out, kv_raw, k_sum
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, kv_raw, k_sum = ctx.saved_tensors
-        weights, grid, num_warps, shape, eps, constexprs = ctx.launch
-        grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
-        grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
-        grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
-        tc.launch(_vicinity_backward_queries, grid, num_warps, q, grad_out, weights, kv_raw, k_sum, grad_q,
-                  grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
-                  EPS=eps, **constexprs)
-        tc.launch(_vicinity_backward_keys, grid, num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
-                  grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
-                  *grad_v.stride(), *shape, **constexprs)
-        return grad_q, grad_k, grad_v, None
+
+def _forward_fake(q, k, v, height, width, eps, clamp):
+    batch, heads, _, head_dim = q.shape
+    sums = q.new_empty(batch * heads, 4, head_dim, dtype=tc.acc_dtype(q.dtype))
+    return tc.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
+
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              kv_raw: torch.Tensor, k_sum: torch.Tensor, height: int, width: int, eps: float, clamp: bool,
+              needs_grad: list[bool]) -> list[torch.Tensor]:
+    """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
+    weights, grid, num_warps, shape, constexprs = _launch_setup(q, height, width)
+    constexprs.update(CLAMP=clamp)
+    grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
+    grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
+    grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
+    tc.launch(_vicinity_backward_queries, grid, num_warps, q, grad_out, weights, kv_raw, k_sum, grad_q,
+              grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
+              EPS=eps, **constexprs)
+    tc.launch(_vicinity_backward_keys, grid, num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
+              grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
+              *grad_v.stride(), *shape, **constexprs)
+    return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
+
+
+_vicinity_op = tc.define_op('triton_vicinity_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
 
 
 def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
@@ -365,4 +375,4 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     tc.check_supported(q, height * width, dropout_p=0.0)
     k, v = k.to(q.dtype), v.to(q.dtype)
     tc.check_device(q)
-    return _VicinityAttention.apply(q, k, v, (height, width, float(eps), bool(clamp)))
+    return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]
