@@ -49,13 +49,26 @@ def test_triton_ops_pass_opcheck(interpreted, module):
     assert result['launches'] > 0
 
 
-def compile_backbone(cls):
-    """A tiny ``cls`` on the Triton path, eager and compiled (``fullgraph=True``, AOTAutograd, no
-    code generation) in float64: kernel launches of each, and the outputs and parameter gradients
-    that differ."""
+@pytest.mark.cuda
+@pytest.mark.parametrize('backbone', BACKBONES, ids=lambda c: c.__name__)
+def test_triton_path_compiles_with_inductor_on_cuda(backbone):
+    """torch.compile's default backend (Inductor) around the Triton ops on a GPU: one graph, and the
+    eager outputs and parameter gradients in fp32 within reordered-sum round-off."""
+    from triton_harness import skip_unless_compiled
+    skip_unless_compiled()
+    result = compile_backbone(backbone, device='cuda', dtype=torch.float32, backend='inductor')
+    assert result['launches'] and result['compiled_launches'] == result['launches']
+    errors = result['relative_errors']
+    assert max(errors.values()) < 1e-3, errors
+
+
+def compile_backbone(cls, device='cpu', dtype=torch.float64, backend='aot_eager'):
+    """A tiny ``cls`` on the Triton path, eager and compiled (``fullgraph=True``; AOTAutograd alone
+    by default) on ``device`` in ``dtype``: kernel launches of each, the outputs and parameter
+    gradients that differ beyond round-off, and the relative error of each."""
     torch.manual_seed(0)
-    model = build_tiny(cls, attn_impl='triton', drop_path_rate=0.0).double().train()
-    image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model = build_tiny(cls, attn_impl='triton', drop_path_rate=0.0).to(device, dtype).train()
+    image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=dtype).to(device)
     params = list(model.parameters())
 
     def run(forward):
@@ -68,8 +81,12 @@ def compile_backbone(cls):
 
     expected, launches = run(model)
     torch._dynamo.reset()
-    actual, compiled_launches = run(torch.compile(model, backend='aot_eager', fullgraph=True))
-    return dict(launches=launches, compiled_launches=compiled_launches,
+    actual, compiled_launches = run(torch.compile(model, backend=backend, fullgraph=True))
+    # Relative to the tensor, or to a thousandth of the largest one for gradients of rounding noise.
+    floor = 1e-3 * max(ref.norm().item() for ref in expected.values())
+    errors = {label: (actual[label] - ref).norm().item() / max(ref.norm().item(), floor)
+              for label, ref in expected.items()}
+    return dict(launches=launches, compiled_launches=compiled_launches, relative_errors=errors,
                 mismatches=mismatches(actual, expected, rtol=1e-12, atol=1e-12))
 
 

@@ -35,7 +35,7 @@ SMOKE="${SMOKE:-0}"
 WHEELS=(mmengine==0.10.7 addict yapf termcolor platformdirs rich markdown-it-py mdurl pygments)
 TESTS="${TESTS:-tests/test_triton_kernels.py tests/test_triton_long_short.py tests/test_triton_pale.py
     tests/test_triton_vicinity.py tests/test_benchmark_tools.py tests/test_cuda.py::test_backbone_matches_float64_reference
-    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu}"
+    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu tests/test_compile.py}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-vil-t,swin-t}" --sizes 64x64 --batches 1 --dtypes fp32
