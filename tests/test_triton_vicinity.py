@@ -40,6 +40,7 @@ CASES = {
     'odd-map-no-clamp': (3, 5, 24, False, 'plain', SMALL_LAYOUT),
     'several-splits': (9, 13, 16, True, 'plain', SMALL_LAYOUT),
     'several-splits-default-layout': (9, 13, 16, True, 'plain', None),
+    'wide-heads-default-layout': (9, 13, 40, True, 'plain', None),     # head-dim tiles of 64: 16-token tiles
     'kv-clamped': (7, 4, 3, True, 'kv', SMALL_LAYOUT),
     'kv-large-no-clamp': (7, 4, 3, False, 'kv', SMALL_LAYOUT),
     'z-clamped': (3, 5, 16, True, 'z', SMALL_LAYOUT),
@@ -147,13 +148,21 @@ def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
 
 
 def test_reductions_are_split_over_the_tokens():
-    """The test layout gives the 9x13 cases (8 tiles) several splits of several tiles; the default one spreads
-    VVT-S's first stage at 800x1333 (200x334 tokens, 8 pairs) over 512 programs of 33 tiles of 32 tokens."""
+    """The test layout gives the 9x13 cases (8 tiles) several splits of several tiles. The default one spreads
+    VVT-S's first stage at 800x1333 (batch 8, 1 head of dim 48: 200x334 tokens) over 512 programs of 66 tiles of
+    16 tokens, with 16 warps (head-dim tiles of 64: see WIDE_BLOCK_D), and its last stage (8 heads of dim 32)
+    over 7 splits of 5 tiles of 32 tokens per pair, with 8 warps."""
     tv = pytest.importorskip(MODULE)
     with launch_layout(SMALL_LAYOUT):
-        assert tv._layout(BATCH * HEADS, 9 * 13) == (16, 2, 4)   # (tile side, splits, tiles per split)
-    assert tv._layout(8, 200 * 334) == (32, 64, 33)
-    assert tv._layout(64, 25 * 42) == (32, 7, 5)                 # the last stage, 64 pairs
+        assert tv._layout(BATCH * HEADS, 9 * 13, tv.MAX_BLOCK_N) == (16, 2, 4)   # (tile side, splits, tiles per split)
+
+    def launch(batch, heads, height, width, head_dim):
+        q = torch.empty(1, 1, 1, 1).expand(batch, heads, height * width, head_dim)
+        _, grid, settings, shape, constexprs = tv._launch_setup(q, height, width)
+        return constexprs['BLOCK_N'], grid, settings['num_warps'], shape[-1]
+
+    assert launch(8, 1, 200, 334, 48) == (16, (64, 8), 16, 66)
+    assert launch(8, 8, 25, 42, 32) == (32, (7, 64), 8, 5)
 
 
 @pytest.mark.parametrize('shapes,match', [
@@ -178,11 +187,11 @@ def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
 
 
 def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
-    """The launches the wrapper makes (bf16, fp32 and fp64, VVT's head dim 32 and an odd one) compile to sm_90
-    machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
+    """The launches the wrapper makes (bf16, fp32 and fp64; VVT's head dims 48 (16 warps) and 32, and an odd
+    one) compile to sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
     tv = pytest.importorskip(MODULE)
     compiled = compiling_launches(monkeypatch, tmp_path)
-    for dtype, dim in ((torch.bfloat16, 32), (torch.float32, 32), (torch.float64, 24)):
+    for dtype, dim in ((torch.bfloat16, 48), (torch.float32, 32), (torch.float64, 24)):
         height, width = 15, 22
         q, k, v = (torch.randn(1, 4, height * width, dim, dtype=dtype, requires_grad=True) for _ in range(3))
         tv.triton_vicinity_attention(q, k, v, height, width).sum().backward()

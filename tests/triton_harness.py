@@ -158,11 +158,11 @@ def compiling_launches(monkeypatch, tmp_path):
 
     compiled = []
 
-    def compile_instead(kernel, grid, num_warps, *args, **constexprs):
+    def compile_instead(kernel, grid, settings, *args, **constexprs):
         signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
         signature.update(dict.fromkeys(constexprs, 'constexpr'))
         binary = triton_compile(ASTSource(kernel, signature, constexprs=constexprs),
-                                target=GPUTarget('cuda', 90, 32), options=dict(num_warps=num_warps))
+                                target=GPUTarget('cuda', 90, 32), options=settings)
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 
     monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))   # compile for real, not from a cache

@@ -263,10 +263,12 @@ def shared_keys_backward(queries, grad_rows, query_valid, row_lse, row_delta, ke
 INTERPRETED = not isinstance(load_rows, triton.runtime.JITFunction)
 
 
-def launch(kernel, grid, num_warps, *args, **constexprs):
-    """Counts and launches ``kernel`` (tests replace this to compile without a GPU)."""
+def launch(kernel, grid, settings, *args, **constexprs):
+    """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
+    :func:`launch_settings`); tests and ``tools/analysis/triton_resources.py`` replace this to compile
+    without a GPU."""
     KERNEL_LAUNCHES[kernel.fn.__name__] += 1
-    kernel[grid](*args, num_warps=num_warps, **constexprs)
+    kernel[grid](*args, **settings, **constexprs)
 
 
 def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
@@ -453,10 +455,20 @@ def dot_precision(dtype):
     return 'ieee' if dtype in (torch.float32, torch.float64) else 'tf32'
 
 
-def warps(dtype):
-    """Warps per program: 4 for 16-bit inputs (tensor-core tiles); 8 otherwise, where full-precision
-    products run on CUDA cores and 4 warps spill registers (sm_90, compiled without a GPU to measure)."""
-    return 4 if dtype.itemsize == 2 else 8
+def launch_settings(dtype, block_d):
+    """Warps and software-pipeline stages of the softmax attention kernels, for inputs in ``dtype`` and
+    head-dim tiles of ``block_d``.
+
+    Chosen by the register spills ``ptxas`` reports for sm_90 at the backbones' shapes
+    (``tools/analysis/triton_resources.py``, no GPU needed; timings will refine them): with 16-bit
+    inputs, 4 warps, and 8 for head-dim tiles of 64, where the query-side backward kernels spill up to
+    260 bytes per thread with 4; with fp32 (and fp64) inputs, whose products run on CUDA cores and hold
+    more registers, 8 warps and no pipelining of the loads, which keeps the key-side backward kernels
+    from spilling up to 8 KB per thread (3 stages) to under 1 KB.
+    """
+    if dtype.itemsize == 2:
+        return dict(num_warps=4 if block_d <= 32 else 8, num_stages=3)
+    return dict(num_warps=8, num_stages=1)
 
 
 def tile(size):

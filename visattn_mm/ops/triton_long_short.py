@@ -228,7 +228,8 @@ def _long_short_backward_keys(
 
 
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
-    """Grid, geometry arguments, and the constexprs of the window and of the shared keys, of the kernels."""
+    """Grid, geometry arguments, the constexprs of the window and of the shared keys, and the launch
+    settings of the kernels."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
     num_bar = 0 if k_bar is None else k_bar.shape[2]
@@ -238,7 +239,8 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
         BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
     shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=tc.tile(num_bar),
                              BLOCK_G=tc.tile(num_global))
-    return (rows * cols, batch * heads), (heads, height, width, cols, head_dim), constexprs, shared_constexprs
+    return ((rows * cols, batch * heads), (heads, height, width, cols, head_dim), constexprs, shared_constexprs,
+            tc.launch_settings(q.dtype, constexprs['BLOCK_D']))
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[torch.Tensor],
@@ -246,10 +248,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[
              local_bias: Optional[torch.Tensor], height: int, width: int,
              window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, shape, constexprs, shared_constexprs = _launch_setup(q, k_bar, global_k, local_bias, height, width,
-                                                               window)
+    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
+                                                                         width, window)
     out, lse = tc.forward_outputs(q)
-    tc.launch(_long_short_forward, grid, tc.warps(q.dtype),
+    tc.launch(_long_short_forward, grid, settings,
               q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
               tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, lse,
               *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
@@ -269,8 +271,8 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               needs_grad: list[bool]) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
-    grid, shape, constexprs, shared_constexprs = _launch_setup(q, k_bar, global_k, local_bias, height, width,
-                                                               window)
+    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
+                                                                         width, window)
     local_bias_grad = tc.gradient_wanted(7, inputs, needs_grad)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
         q, k, v, grad_out, lse, local_bias, local_bias_grad)
@@ -278,7 +280,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
 
-    tc.launch(_long_short_backward_queries, grid, tc.warps(q.dtype),
+    tc.launch(_long_short_backward_queries, grid, settings,
               q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
               tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
               tc.stand_in(grad_local_bias, lse), tc.stand_in(grad_k_bar, lse), tc.stand_in(grad_v_bar, lse),
@@ -287,7 +289,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
               *grad_q.stride(), *tc.strides(local_bias, 3), *shape,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
-    tc.launch(_long_short_backward_keys, grid, tc.warps(q.dtype),
+    tc.launch(_long_short_backward_keys, grid, settings,
               q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
               *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
               *tc.strides(local_bias, 3), *shape, **constexprs)

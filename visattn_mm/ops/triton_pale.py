@@ -183,9 +183,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, wid
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+    settings = tc.launch_settings(q.dtype, constexprs['BLOCK_D'])
     out, lse = tc.forward_outputs(q)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        tc.launch(_pale_forward, grid, tc.warps(q.dtype), q, k, v, out, lse,
+        tc.launch(_pale_forward, grid, settings, q, k, v, out, lse,
                   *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
                   **constexprs)
     return out, lse
@@ -201,12 +202,13 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """The gradients of ``q, k, v``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
+    settings = tc.launch_settings(q.dtype, constexprs['BLOCK_D'])
     grad_out, grad_q, grad_k, grad_v, delta, _ = tc.backward_buffers(q, k, v, grad_out, lse, None, False)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        tc.launch(_pale_backward_queries, grid, tc.warps(q.dtype), q, k, v, out, grad_out, lse, delta, grad_q,
+        tc.launch(_pale_backward_queries, grid, settings, q, k, v, out, grad_out, lse, delta, grad_q,
                   *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
                   *branch, head_dim, BLOCK=block, **constexprs)
-        tc.launch(_pale_backward_keys, grid, tc.warps(q.dtype), q, k, v, grad_out, lse, delta, grad_k, grad_v,
+        tc.launch(_pale_backward_keys, grid, settings, q, k, v, grad_out, lse, delta, grad_k, grad_v,
                   *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
                   *branch, head_dim, BLOCK=block, **constexprs)
     return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)

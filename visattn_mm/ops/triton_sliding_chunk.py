@@ -244,7 +244,8 @@ def _sliding_chunk_backward_keys(
 
 
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
-    """Grid, geometry arguments, and the constexprs of the local and of the global keys, of the kernels."""
+    """Grid, geometry arguments, the constexprs of the local and of the global keys, and the launch
+    settings of the kernels."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
     blocks = neighbour_blocks(shift_mode)
@@ -254,7 +255,8 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         HAS_LOCAL_BIAS=local_bias is not None, BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim),
         DOT_PRECISION=tc.dot_precision(q.dtype))
     global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=tc.tile(num_global))
-    return (rows * cols, batch * heads), (heads, height, width, rows, cols, head_dim), constexprs, global_constexprs
+    return ((rows * cols, batch * heads), (heads, height, width, rows, cols, head_dim), constexprs, global_constexprs,
+            tc.launch_settings(q.dtype, constexprs['BLOCK_D']))
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Optional[torch.Tensor],
@@ -262,10 +264,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Option
              height: int, width: int, window: int, masking_mode: int,
              shift_mode: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, shape, constexprs, global_constexprs = _launch_setup(q, global_k, local_bias, l2g_bias, height, width,
-                                                               window, masking_mode, shift_mode)
+    grid, shape, constexprs, global_constexprs, settings = _launch_setup(
+        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     out, lse = tc.forward_outputs(q)
-    tc.launch(_sliding_chunk_forward, grid, tc.warps(q.dtype),
+    tc.launch(_sliding_chunk_forward, grid, settings,
               q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
               tc.stand_in(l2g_bias, q), out, lse,
               *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
@@ -285,8 +287,8 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               window: int, masking_mode: int, shift_mode: int, needs_grad: list[bool]) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
-    grid, shape, constexprs, global_constexprs = _launch_setup(q, global_k, local_bias, l2g_bias, height, width,
-                                                               window, masking_mode, shift_mode)
+    grid, shape, constexprs, global_constexprs, settings = _launch_setup(
+        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     heads = shape[0]
     local_bias_grad = tc.gradient_wanted(5, inputs, needs_grad)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
@@ -294,7 +296,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     grad_global_k, grad_global_v, grad_l2g = tc.shared_key_parts(lse, grid[0] * grid[1], global_k,
                                                                  with_bias=l2g_bias is not None)
 
-    tc.launch(_sliding_chunk_backward_queries, grid, tc.warps(q.dtype),
+    tc.launch(_sliding_chunk_backward_queries, grid, settings,
               q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
               tc.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, tc.stand_in(grad_local_bias, lse),
               tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse), tc.stand_in(grad_l2g, lse),
@@ -302,7 +304,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               *out.stride(), *grad_out.stride(), *grad_q.stride(), *tc.strides(local_bias, 3),
               *tc.strides(l2g_bias, 2), *shape,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
-    tc.launch(_sliding_chunk_backward_keys, grid, tc.warps(q.dtype),
+    tc.launch(_sliding_chunk_backward_keys, grid, settings,
               q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
               *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
               *tc.strides(local_bias, 3), *shape, **constexprs)

@@ -58,9 +58,13 @@ from .vicinity import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 __all__ = ['triton_vicinity_attention']
 
-# Largest token tile; tests lower it to run the tile loops at tiny sizes. With fp32 products (CUDA cores) and
-# head dim 32, tiles of 64 tokens spill registers on sm_90 (ptxas -v), 32 do not.
+# Largest token tile; tests lower it to run the tile loops at tiny sizes. Products are in fp32 (CUDA cores), 8 warps
+# a program. With head-dim tiles of 32, tiles of 64 tokens spill registers on sm_90, 32 do not.
 MAX_BLOCK_N = 32
+# Head-dim tiles of 64 or more (VVT-S's first two stages: head dims 48 and 40) take 16 tokens a tile and 16 warps: with
+# 32 and 8 the backward kernels spill 1.3 and 2.3 KB per thread on sm_90, so they spill at most 36 bytes
+# (tools/analysis/triton_resources.py).
+WIDE_BLOCK_D, WIDE_BLOCK_N, WIDE_WARPS = 64, 16, 16
 # Programs the two reduction kernels aim at in all (about 4 per SM of an H100); tests lower it to get
 # several splits at tiny sizes.
 PROGRAMS = 512
@@ -290,38 +294,40 @@ def _vicinity_backward_keys(
                       BLOCK_D)
 
 
-def _layout(batch_heads, tokens):
+def _layout(batch_heads, tokens, max_block):
     """Token tile side, splits and tiles per split of the kernels' ``(splits, batch * heads)`` grids: about
-    :data:`PROGRAMS` programs in all, each over a range of consecutive tiles."""
-    block = min(MAX_BLOCK_N, tc.tile(tokens))
+    :data:`PROGRAMS` programs in all, each over a range of consecutive tiles of at most ``max_block`` tokens."""
+    block = min(max_block, tc.tile(tokens))
     tiles = triton.cdiv(tokens, block)
     tiles_per_split = triton.cdiv(tiles * batch_heads, PROGRAMS)
     return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
 
 def _launch_setup(q, height, width):
-    """Position weights, grid, warps, geometry arguments and constexprs of the four kernels."""
+    """Position weights, grid, launch settings, geometry arguments and constexprs of the four kernels."""
     batch, heads, tokens, head_dim = q.shape
     pairs = batch * heads
     acc_dtype = tc.acc_dtype(q.dtype)
-    block, splits, tiles_per_split = _layout(pairs, tokens)
-    constexprs = dict(BLOCK_N=block, BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(acc_dtype))
-    return (vicinity_weights(height, width, q.device, acc_dtype), (splits, pairs), tc.warps(acc_dtype),
-            (heads, tokens, head_dim, tiles_per_split), constexprs)
+    block_d = tc.tile(head_dim)
+    wide = block_d >= WIDE_BLOCK_D
+    block, splits, tiles_per_split = _layout(pairs, tokens, min(MAX_BLOCK_N, WIDE_BLOCK_N) if wide else MAX_BLOCK_N)
+    constexprs = dict(BLOCK_N=block, BLOCK_D=block_d, DOT_PRECISION=tc.dot_precision(acc_dtype))
+    return (vicinity_weights(height, width, q.device, acc_dtype), (splits, pairs),
+            dict(num_warps=WIDE_WARPS if wide else 8), (heads, tokens, head_dim, tiles_per_split), constexprs)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float,
              clamp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
-    weights, grid, num_warps, shape, constexprs = _launch_setup(q, height, width)
+    weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
-    tc.launch(_vicinity_sums, grid, num_warps, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
+    tc.launch(_vicinity_sums, grid, settings, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
               *shape, **constexprs)
     kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
     out = tc.like_heads_last(q)
-    tc.launch(_vicinity_forward, grid, num_warps, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
+    tc.launch(_vicinity_forward, grid, settings, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
               *shape, CLAMP=clamp, EPS=eps, **constexprs)
     return out, kv_raw, k_sum
 
@@ -336,15 +342,15 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               kv_raw: torch.Tensor, k_sum: torch.Tensor, height: int, width: int, eps: float, clamp: bool,
               needs_grad: list[bool]) -> list[torch.Tensor]:
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
-    weights, grid, num_warps, shape, constexprs = _launch_setup(q, height, width)
+    weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     constexprs.update(CLAMP=clamp)
     grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
     grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
-    tc.launch(_vicinity_backward_queries, grid, num_warps, q, grad_out, weights, kv_raw, k_sum, grad_q,
+    tc.launch(_vicinity_backward_queries, grid, settings, q, grad_out, weights, kv_raw, k_sum, grad_q,
               grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
               EPS=eps, **constexprs)
-    tc.launch(_vicinity_backward_keys, grid, num_warps, k, v, weights, kv_raw, grad_kv_parts.sum(1),
+    tc.launch(_vicinity_backward_keys, grid, settings, k, v, weights, kv_raw, grad_kv_parts.sum(1),
               grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
               *grad_v.stride(), *shape, **constexprs)
     return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)

@@ -1,0 +1,162 @@
+"""Registers, register spills and shared memory of every Triton kernel a backbone launches.
+
+Each backbone runs one training step on the CPU with ``attn_impl='triton'``, in
+fp32 and under bf16 autocast, with every kernel launch replaced by a compilation
+for an NVIDIA GPU (sm_90, Hopper, by default) through Triton's bundled compiler;
+the bundled ``ptxas -v`` then reports each kernel's registers per thread, spill
+stores and loads (bytes per thread, through local memory), and Triton its shared
+memory per program. No GPU is needed, and nothing is timed: spills are the
+static part of a kernel's cost that can be checked anywhere, and a kernel that
+spills is the first to look at once GPU timings exist. The attention outputs of
+such a run are uninitialised memory (the kernels are compiled, not run); only
+the launches' arguments matter.
+
+The kernels' compile-time constants depend on the head dims, the window and the
+dtype, and (Pale's and VVT's token tiles) on the map size while it is small:
+``--size`` should give every stage a map of at least 16 x 16 tokens, as the
+default does.
+
+Example::
+
+    .venv/bin/python tools/analysis/triton_resources.py --models vil-s,vvt-s --dtypes bf16
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+MODELS = {'vil-s': ('ViL', 'small'), 'vil-ls-s': ('ViLLS', 'small'), 'pale-t': ('PaleTransformer', 'tiny'),
+          'vvt-s': ('VVT', 'small')}
+DTYPES = ('fp32', 'bf16')
+COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'warps', 'stages', 'registers', 'spill_stores',
+           'spill_loads', 'shared_kib')
+
+
+def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
+    """Compiles one launch of ``kernel`` (``settings``: warps and stages) for ``sm_<capability>`` and reads
+    its resources.
+
+    Returns:
+        dict: registers, spill stores and loads (bytes per thread), shared memory (KiB), the
+        launch's warps and pipeline stages.
+    """
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
+    signature.update(dict.fromkeys(constexprs, 'constexpr'))
+    binary = triton_compile(ASTSource(kernel, signature, constexprs=constexprs),
+                            target=GPUTarget('cuda', capability, 32), options=settings)
+    ptx = binary.asm['ptx']
+    target = re.search(r'^\.target (\S+)', ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, 'kernel.ptx')
+        with open(path, 'w') as file:
+            file.write(ptx)
+        report = subprocess.run([get_ptxas(capability).path, '-v', f'--gpu-name={target}', path, '-o', os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    spills = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', report)
+    return dict(registers=int(re.search(r'Used (\d+) registers', report).group(1)),
+                spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)),
+                shared_kib=round(binary.metadata.shared / 1024, 1), warps=binary.metadata.num_warps,
+                stages=binary.metadata.num_stages)
+
+
+def kernel_resources(name, dtype, size, capability=90):
+    """The resources of every distinct kernel launch of a training step of backbone ``name``.
+
+    Args:
+        name (str): A key of :data:`MODELS`.
+        dtype (str): 'fp32', or 'bf16' (autocast).
+        size (tuple[int, int]): Input height and width.
+        capability (int): The compute capability compiled for (90: Hopper).
+
+    Returns:
+        list[dict]: One row per kernel, head-dim tile, token tile and settings (see :data:`COLUMNS`);
+        of launches that differ in other constants (e.g. a stage without global tokens), the one
+        that spills most.
+    """
+    import visattn_mm.models as models
+    import visattn_mm.ops.impl as impl
+    import visattn_mm.ops.triton_common as tc
+
+    rows, seen = [], set()
+
+    def compile_instead(kernel, grid, settings, *args, **constexprs):
+        key = (kernel.fn.__name__, tuple(sorted(settings.items())), tuple(sorted(constexprs.items())))
+        if key in seen:
+            return
+        seen.add(key)
+        resources = compiled_kernel_resources(kernel, settings, args, constexprs, capability)
+        rows.append(dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, head_dim=constexprs['BLOCK_D'],
+                         tile=constexprs.get('BLOCK', constexprs.get('BLOCK_N')), **resources))
+
+    class_name, arch = MODELS[name]
+    model = getattr(models, class_name)(arch=arch, attn_impl='triton').train()
+    image = torch.randn(1, 3, *size)
+    # CPU tensors take the Triton path and pass its device check; the launches compile.
+    saved = tc.launch, tc.INTERPRETED, impl.triton_device_types
+    tc.launch, tc.INTERPRETED, impl.triton_device_types = compile_instead, True, lambda: ('cpu', )
+    try:
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bf16'):
+            outputs = model(image)
+        sum(out.float().mean() for out in outputs).backward()
+    finally:
+        tc.launch, tc.INTERPRETED, impl.triton_device_types = saved
+    worst = {}
+    for row in rows:
+        key = tuple(row[c] for c in COLUMNS[:7])
+        if key not in worst or row['spill_stores'] > worst[key]['spill_stores']:
+            worst[key] = row
+    return list(worst.values())
+
+
+def format_table(rows):
+    lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
+    lines += ['| ' + ' | '.join(str(row[c]) for c in COLUMNS) + ' |' for row in rows]
+    return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--models', default=','.join(MODELS), help=f'comma-separated, of {", ".join(MODELS)}')
+    parser.add_argument('--dtypes', default=','.join(DTYPES), help='comma-separated, of fp32, bf16')
+    parser.add_argument('--size', default='256x256', help='input HxW of the training step (default 256x256)')
+    parser.add_argument('--capability', type=int, default=90, help='compute capability compiled for (default 90)')
+    args = parser.parse_args(argv)
+    args.models, args.dtypes = args.models.split(','), args.dtypes.split(',')
+    for values, allowed, option in ((args.models, MODELS, '--models'), (args.dtypes, DTYPES, '--dtypes')):
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            parser.error(f'{option}: unknown {", ".join(unknown)}; choose from {", ".join(allowed)}')
+    try:
+        args.size = tuple(int(side) for side in args.size.lower().split('x'))
+        assert len(args.size) == 2 and min(args.size) > 0
+    except (ValueError, AssertionError):
+        parser.error(f'--size must be HxW with positive integers, e.g. 256x256; got {args.size!r}')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if os.environ.get('TRITON_INTERPRET'):
+        sys.exit('unset TRITON_INTERPRET: the kernels must be compilable, not interpreted')
+    rows = [row for name in args.models for dtype in args.dtypes
+            for row in kernel_resources(name, dtype, args.size, args.capability)]
+    print(f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
+          f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n')
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == '__main__':
+    main()
