@@ -1,13 +1,24 @@
-"""tools/analysis/triton_resources.py: every Triton kernel of a backbone's training step, compiled for sm_90
-(no GPU), with the registers and spills ptxas reports; and the bounds the launch settings keep them in."""
-import importlib.util
+"""The Triton kernels' launch settings and the tools that choose them.
+
+tools/analysis/triton_resources.py compiles every Triton kernel of a backbone's training step for sm_90 (no
+GPU) and reads the registers and spills ptxas reports: the launch settings keep them within bounds.
+tools/analysis/triton_tuning.py times each kernel under candidate settings on a GPU; here its plumbing runs
+in Triton's interpreter, in a subprocess (this file run as a script, see :mod:`triton_harness`).
+"""
 import sys
 from pathlib import Path
 
 import pytest
-from triton_harness import skip_unless_compiled
+import torch
+from helpers import build_tiny
+from triton_harness import interpreted_fixture, main, skip_unless_compiled
 
-TOOL = Path(__file__).resolve().parents[1] / 'tools' / 'analysis' / 'triton_resources.py'
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools' / 'analysis'))
+import triton_resources  # noqa: E402
+import triton_tuning  # noqa: E402
+
+from visattn_mm.models import ViL  # noqa: E402
+
 # Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype: bf16 trains on
 # tensor cores with next to no spills; fp32 products on CUDA cores hold more registers (the key-side
 # backward kernels spilled up to 8 KB per thread before the settings were chosen).
@@ -19,21 +30,14 @@ KERNELS = {
     'pale-t': {'_pale_forward', '_pale_backward_queries', '_pale_backward_keys'},
     'vvt-s': {'_vicinity_sums', '_vicinity_forward', '_vicinity_backward_queries', '_vicinity_backward_keys'},
 }
+CANDIDATE = dict(num_warps=2, num_stages=2)     # unlike any package setting
+interpreted = interpreted_fixture()   # the tuning run below, in the interpreter
 
 
 @pytest.fixture(scope='module')
-def tool():
+def rows():
     skip_unless_compiled()
-    spec = importlib.util.spec_from_file_location('_visattn_triton_resources', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope='module')
-def rows(tool):
-    return tool.main([])
+    return triton_resources.main([])
 
 
 def test_every_kernel_of_every_backbone_is_compiled_and_reported(rows):
@@ -51,10 +55,63 @@ def test_launch_settings_keep_register_spills_small(rows, dtype):
     assert not spilling
 
 
-def test_bad_options_name_the_choices(tool, capsys):
-    with pytest.raises(SystemExit):
-        tool.parse_args(['--models', 'vil-x'])
-    assert 'vil-x; choose from vil-s' in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        tool.parse_args(['--size', '256'])
-    assert '--size must be HxW' in capsys.readouterr().err
+@pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=lambda m: m.__name__)
+@pytest.mark.parametrize('argv,message', [
+    (['--models', 'vil-x'], r"--models: unknown value\(s\) \['vil-x'\]; choose from \['vil-s'"),
+    (['--dtypes', 'fp16'], r"--dtypes: unknown value\(s\) \['fp16'\]"),
+    (['--size', '256'], '--size: .256. is not HEIGHTxWIDTH'),
+], ids=['model', 'dtype', 'size'])
+def test_bad_options_name_the_choices(tool, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        tool.parse_args(argv)
+
+
+def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interpreted):
+    result = interpreted['tuning']
+    assert 'error' not in result, result.get('error')
+    kernels = {'_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys'}
+    for name, times in (('package', result['package']), ('candidate', result['candidate'])):
+        assert {key.split(' ')[0] for key in times} == kernels, name
+        assert all(ms > 0 for _, ms in times.values()), name
+    assert {label for label, _ in result['package'].values()} == {'8w1s'}     # fp32: launch_settings
+    assert {label for label, _ in result['candidate'].values()} == {'2w2s'}
+    # The command line: per kernel the package's settings and the one candidate; a CSV line for each.
+    assert sorted(kernel for kernel, *_ in result['table']) == sorted(kernels)
+    assert {(settings, best) for _, settings, best in result['table']} == {('package (8w1s)', '2w2s')}
+    assert result['csv_lines'] == 1 + 2 * len(kernels)
+
+
+def test_best_rows_pick_the_fastest_compiling_candidate():
+    base = dict(model='vil-s', dtype='bf16', kernel='_k', head_dim=32, tile=64)
+    rows = [dict(base, settings='package (4w3s)', time_ms=2.0), dict(base, settings='8w3s', time_ms=1.0),
+            dict(base, settings='16w3s', time_ms=None), dict(base, settings='4w1s', time_ms=1.5)]
+    (best, ) = triton_tuning.best_rows(rows)
+    assert (best['settings'], best['best_settings'], best['speedup']) == ('package (4w3s)', '8w3s', 2.0)
+
+
+def tuning_run():
+    """kernel_times of a tiny ViL in fp32 with the package's settings and with :data:`CANDIDATE`, and the
+    command line on the same model: its table rows and CSV lines."""
+    import tempfile
+
+    from helpers import TINY_ARCHS
+    torch.manual_seed(0)
+    model = build_tiny(ViL, attn_impl='triton', drop_path_rate=0.0).train()
+    image = torch.randn(1, 3, 32, 48)
+    result = {name: {' '.join(map(str, key)): value
+                     for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1).items()}
+              for name, candidate in (('package', None), ('candidate', CANDIDATE))}
+    triton_tuning.MODELS = {'vil-tiny': ('ViL', TINY_ARCHS[ViL])}
+    with tempfile.TemporaryDirectory() as out_dir:
+        table = triton_tuning.main(['--device', 'cpu', '--models', 'vil-tiny', '--dtypes', 'fp32', '--size', '32x48',
+                                    '--batch', '1', '--warps', '2', '--stages', '2', '--repeats', '1',
+                                    '--out-dir', out_dir])
+        with open(f'{out_dir}/triton_tuning.csv') as csv:
+            result['csv_lines'] = len(csv.read().splitlines())
+    result['table'] = [(row['kernel'], row['settings'], row['best_settings']) for row in table]
+    return result
+
+
+if __name__ == '__main__':
+    # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
+    main(None, {}, tuning=tuning_run)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 
+import _bench_common as common
 import torch
 
 MODELS = {'vil-s': ('ViL', 'small'), 'vil-ls-s': ('ViLLS', 'small'), 'pale-t': ('PaleTransformer', 'tiny'),
@@ -102,14 +103,11 @@ def kernel_resources(name, dtype, size, capability=90):
 
     class_name, arch = MODELS[name]
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').train()
-    image = torch.randn(1, 3, *size)
     # CPU tensors take the Triton path and pass its device check; the launches compile.
     saved = tc.launch, tc.INTERPRETED, impl.triton_device_types
     tc.launch, tc.INTERPRETED, impl.triton_device_types = compile_instead, True, lambda: ('cpu', )
     try:
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bf16'):
-            outputs = model(image)
-        sum(out.float().mean() for out in outputs).backward()
+        training_step(model, torch.randn(1, 3, *size), dtype)
     finally:
         tc.launch, tc.INTERPRETED, impl.triton_device_types = saved
     worst = {}
@@ -120,10 +118,11 @@ def kernel_resources(name, dtype, size, capability=90):
     return list(worst.values())
 
 
-def format_table(rows):
-    lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
-    lines += ['| ' + ' | '.join(str(row[c]) for c in COLUMNS) + ' |' for row in rows]
-    return '\n'.join(lines)
+def training_step(model, image, dtype):
+    """Forward (under autocast for 'bf16') and backward of the sum of the output maps' means."""
+    with common.autocast(image.device, dtype):
+        outputs = model(image)
+    sum(out.float().mean() for out in outputs).backward()
 
 
 def parse_args(argv=None):
@@ -133,16 +132,9 @@ def parse_args(argv=None):
     parser.add_argument('--size', default='256x256', help='input HxW of the training step (default 256x256)')
     parser.add_argument('--capability', type=int, default=90, help='compute capability compiled for (default 90)')
     args = parser.parse_args(argv)
-    args.models, args.dtypes = args.models.split(','), args.dtypes.split(',')
-    for values, allowed, option in ((args.models, MODELS, '--models'), (args.dtypes, DTYPES, '--dtypes')):
-        unknown = sorted(set(values) - set(allowed))
-        if unknown:
-            parser.error(f'{option}: unknown {", ".join(unknown)}; choose from {", ".join(allowed)}')
-    try:
-        args.size = tuple(int(side) for side in args.size.lower().split('x'))
-        assert len(args.size) == 2 and min(args.size) > 0
-    except (ValueError, AssertionError):
-        parser.error(f'--size must be HxW with positive integers, e.g. 256x256; got {args.size!r}')
+    args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
+    args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
+    args.size = common.parse_size(args.size, '--size')
     return args
 
 
@@ -154,7 +146,7 @@ def main(argv=None):
             for row in kernel_resources(name, dtype, args.size, args.capability)]
     print(f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
           f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n')
-    print(format_table(rows))
+    print(common.format_table(rows, COLUMNS))
     return rows
 
 

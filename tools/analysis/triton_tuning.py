@@ -1,0 +1,187 @@
+"""Times every Triton kernel of a backbone's training step under candidate launch settings, on a GPU.
+
+The launch settings (warps, software-pipeline stages) of the Triton kernels were
+chosen by register spills (``tools/analysis/triton_resources.py``), without a GPU.
+This tool gives the timings to refine them. For each backbone and dtype it runs
+training steps (forward and backward of ``--batch`` images of ``--size``, bf16
+under autocast) with ``attn_impl='triton'``, once with the package's settings and
+once per candidate of ``--warps`` x ``--stages``; every kernel launch then runs
+with the candidate's settings instead, between two CUDA events. Per kernel and
+head-dim tile (what ``launch_settings`` decides by), it reports the median over
+``--repeats`` steps of the summed time of its launches: the package's settings
+and time, the fastest candidate and its time. A candidate a kernel cannot be
+compiled with (too much shared memory, too many registers) is skipped for that
+kernel, which then runs with the package's settings. VVT's token tiles are not
+varied (they change the grid).
+
+Writes every candidate's times to ``<out-dir>/triton_tuning.csv``.
+
+Example (on a GPU host, about 5 minutes for one backbone and dtype)::
+
+    python tools/analysis/triton_tuning.py --models vil-s --dtypes bf16 --batch 2
+
+On the CPU, with ``TRITON_INTERPRET=1``, the kernels run in Triton's interpreter
+and host timers replace the events: that checks the plumbing only (tests).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import os.path as osp
+import statistics
+import time
+
+import _bench_common as common
+import torch
+from triton_resources import DTYPES, MODELS, training_step
+
+COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'best_settings', 'best_ms',
+           'speedup')
+CSV_COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'status')
+PACKAGE = 'package'   # the candidate that keeps the package's settings
+
+
+def settings_label(settings):
+    return f"{settings['num_warps']}w{settings.get('num_stages', 3)}s"
+
+
+def kernel_times(model, image, dtype, candidate, repeats):
+    """Per kernel launched by a training step of ``model``, its median time over ``repeats`` steps.
+
+    Args:
+        model (nn.Module): A backbone built with ``attn_impl='triton'``, on the image's device.
+        image (Tensor): ``(B, 3, H, W)``.
+        dtype (str): 'fp32' or 'bf16' (autocast).
+        candidate (dict | None): ``num_warps`` and ``num_stages`` for every launch; None keeps the
+            package's settings.
+        repeats (int): Timed steps, after one that compiles.
+
+    Returns:
+        dict: ``(kernel, head-dim tile, token tile) -> (settings label, milliseconds or None)``; None
+        where the candidate did not compile for that kernel.
+    """
+    import visattn_mm.ops.triton_common as tc
+    from triton.runtime.errors import OutOfResources
+
+    cuda = image.device.type == 'cuda'
+    launches, labels, failed = [], {}, set()
+
+    def timed_launch(kernel, grid, settings, *args, **constexprs):
+        key = (kernel.fn.__name__, constexprs['BLOCK_D'], constexprs.get('BLOCK', constexprs.get('BLOCK_N')))
+        chosen = settings if candidate is None or key in failed else candidate
+        try:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                kernel[grid](*args, **chosen, **constexprs)
+                end.record()
+                launches.append((key, lambda: start.elapsed_time(end)))
+            else:
+                begin = time.perf_counter()
+                kernel[grid](*args, **chosen, **constexprs)
+                seconds = time.perf_counter() - begin
+                launches.append((key, lambda: seconds * 1e3))
+            labels[key] = settings_label(chosen)
+        except OutOfResources:
+            if chosen is settings:
+                raise
+            failed.add(key)
+            timed_launch(kernel, grid, settings, *args, **constexprs)
+
+    per_step = collections.defaultdict(list)
+    saved = tc.launch
+    tc.launch = timed_launch
+    try:
+        for step in range(repeats + 1):
+            launches.clear()
+            training_step(model, image, dtype)
+            common.synchronize(image.device)
+            if step:        # the first step compiles
+                totals = collections.Counter()
+                for key, elapsed in launches:
+                    totals[key] += elapsed()
+                for key, total in totals.items():
+                    per_step[key].append(total)
+    finally:
+        tc.launch = saved
+    return {key: (labels[key], None if key in failed else statistics.median(times))
+            for key, times in per_step.items()}
+
+
+def tune(name, dtype, args, device):
+    """Rows of every candidate for backbone ``name`` in ``dtype``: see :data:`CSV_COLUMNS`."""
+    import visattn_mm.models as models
+
+    class_name, arch = MODELS[name]
+    torch.manual_seed(0)
+    model = getattr(models, class_name)(arch=arch, attn_impl='triton').to(device).train()
+    image = torch.randn(args.batch, 3, *args.size, device=device)
+    candidates = [None] + [dict(num_warps=w, num_stages=s) for w, s in itertools.product(args.warps, args.stages)]
+    rows = []
+    for candidate in candidates:
+        for (kernel, head_dim, tile), (label, ms) in kernel_times(model, image, dtype, candidate,
+                                                                 args.repeats).items():
+            rows.append(dict(model=name, dtype=dtype, kernel=kernel, head_dim=head_dim, tile=tile,
+                             settings=PACKAGE + f' ({label})' if candidate is None else label, time_ms=ms,
+                             status='ok' if ms is not None else 'does not compile'))
+    return rows
+
+
+def best_rows(rows):
+    """Per (model, dtype, kernel, head-dim tile, token tile): the package's time and the fastest candidate."""
+    groups = collections.defaultdict(list)
+    for row in rows:
+        groups[tuple(row[c] for c in COLUMNS[:5])].append(row)
+    table = []
+    for key, group in groups.items():
+        package = next(r for r in group if r['settings'].startswith(PACKAGE))
+        timed = [r for r in group if r['time_ms'] is not None and not r['settings'].startswith(PACKAGE)]
+        best = min(timed, key=lambda r: r['time_ms'], default=package)
+        table.append(dict(zip(COLUMNS[:5], key), settings=package['settings'], time_ms=package['time_ms'],
+                          best_settings=best['settings'], best_ms=best['time_ms'],
+                          speedup=package['time_ms'] / best['time_ms']))
+    return table
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--models', default=','.join(MODELS), help=f'comma-separated, of {", ".join(MODELS)}')
+    parser.add_argument('--dtypes', default=','.join(DTYPES), help='comma-separated, of fp32, bf16')
+    parser.add_argument('--size', default='800x1333', help='input HxW (default 800x1333)')
+    parser.add_argument('--batch', type=int, default=2, help='images per step (default 2)')
+    parser.add_argument('--warps', default='4,8,16', help='candidate warps per program (default 4,8,16)')
+    parser.add_argument('--stages', default='1,2,3', help='candidate pipeline stages (default 1,2,3)')
+    parser.add_argument('--repeats', type=int, default=3, help='timed steps per candidate (default 3)')
+    parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
+    parser.add_argument('--out-dir', default='work_dirs/triton_tuning', help='where the CSV goes')
+    args = parser.parse_args(argv)
+    args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
+    args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
+    args.size = common.parse_size(args.size, '--size')
+    args.warps = common.parse_list(args.warps, int, '--warps')
+    args.stages = common.parse_list(args.stages, int, '--stages')
+    if args.batch < 1 or args.repeats < 1:
+        raise SystemExit('--batch and --repeats must be at least 1')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = common.resolve_device(args.device)
+    if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):
+        raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
+    print(common.machine_description(device), flush=True)
+    rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
+    os.makedirs(args.out_dir, exist_ok=True)
+    common.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
+    table = best_rows(rows)
+    print(f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
+          f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n')
+    print(common.format_table(table, COLUMNS))
+    return table
+
+
+if __name__ == '__main__':
+    main()
