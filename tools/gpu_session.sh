@@ -5,12 +5,15 @@
 #   bash tools/gpu_session.sh wheels          # beforehand, with network: pure-Python wheels into .whl/
 #   bash tools/gpu_session.sh setup tests     # on the GPU host, one command (carry .whl)
 #   bash tools/gpu_session.sh setup bench     # on the GPU host, a second command
+#   bash tools/gpu_session.sh setup tune      # a third, where device time is left
 #
 # Stages (run in the order given; none given: setup tests bench):
 #   wheels  download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
 #   setup   the environment report (setup.log): python, GPU, torch, CUDA, triton, timm, mmcv/mmdet
 #   tests   the CUDA-marked tests that need no mmdet (tests.log, tests.xml)
 #   bench   tools/analysis/benchmark.py on CUDA (bench.log, benchmark.md, benchmark.csv, .png)
+#   tune    tools/analysis/triton_tuning.py on CUDA: each Triton kernel's time under candidate launch
+#           settings (tune.log, triton_tuning.md, triton_tuning.csv)
 # Wheels in .whl/ are installed into $SITE by every invocation (seconds), so any stage runs on a
 # fresh machine. A failed stage does not stop the next; summary.txt says which passed; the exit
 # status is that of the first failed stage.
@@ -19,7 +22,7 @@
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 570: a stage
 #   still running near its end gets SIGINT, and pytest and benchmark.py report what they have),
 #   TESTS (pytest targets), BENCH_MODELS (comma-separated), BENCH_ARGS (more benchmark.py
-#   options; later ones win, e.g. "--repeats 5 --impls triton"),
+#   options; later ones win, e.g. "--repeats 5 --impls triton"), TUNE_ARGS (more triton_tuning.py options),
 #   SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_gpu_session.py runs it).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,11 +43,14 @@ if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-vil-t,swin-t}" --sizes 64x64 --batches 1 --dtypes fp32
            --impls fast,triton --warmup 0 --repeats 1 --threads 1)
+    # The interpreter runs the kernels (slowly): one candidate, one step.
+    TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --repeats 1)
 else
     DEVICE=cuda
     # The baselines first, so that an interrupted run still has the ratios' reference.
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333
            --batches 8,2 --dtypes bf16,fp32 --impls fast,math,triton --warmup 3 --repeats 10)
+    TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
 fi
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
@@ -106,12 +112,18 @@ stage_bench() {
         --out-dir "$OUT" ${BENCH_ARGS:-}
 }
 
+stage_tune() {
+    # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
+    ( [[ "$DEVICE" == cpu ]] && export TRITON_INTERPRET=1
+      limited "$PY" tools/analysis/triton_tuning.py --device "$DEVICE" "${TUNE[@]}" --out-dir "$OUT" ${TUNE_ARGS:-} )
+}
+
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 stages=("$@")
 ((${#stages[@]})) || stages=(setup tests bench)
 for stage in "${stages[@]}"; do
-    if [[ ! "$stage" =~ ^(wheels|setup|tests|bench)$ ]]; then
-        echo "unknown stage '$stage': use wheels, setup, tests, bench" >&2
+    if [[ ! "$stage" =~ ^(wheels|setup|tests|bench|tune)$ ]]; then
+        echo "unknown stage '$stage': use wheels, setup, tests, bench, tune" >&2
         exit 2
     fi
 done
@@ -127,6 +139,7 @@ for stage in "${stages[@]}"; do
     status=${PIPESTATUS[0]}
     # The ratio table benchmark.py prints (interrupted runs print one too).
     [[ "$stage" == bench ]] && grep '^|' "$log" > "$OUT/benchmark.md"
+    [[ "$stage" == tune ]] && grep '^|' "$log" > "$OUT/triton_tuning.md"
     if ((status == 0)); then summary+="$stage ok, "
     elif ((status == 124)); then summary+="$stage STOPPED: BUDGET=$BUDGET s reached ($log), "
     else summary+="$stage FAILED (exit $status, $log), "
