@@ -174,7 +174,6 @@ def main(argv=None):
         raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
     print(common.machine_description(device), flush=True)
     rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
-    os.makedirs(args.out_dir, exist_ok=True)
     common.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
     table = best_rows(rows)
     print(f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
