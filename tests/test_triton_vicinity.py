@@ -46,7 +46,10 @@ CASES = {
     'z-clamped': (3, 5, 16, True, 'z', SMALL_LAYOUT),
     'numerator-output-clamped': (9, 13, 24, True, 'numerator-output', SMALL_LAYOUT),
     'strided-views': (7, 4, 16, True, 'strided', SMALL_LAYOUT),
+    'eps-zero': (3, 5, 24, False, 'plain', SMALL_LAYOUT),
 }
+# Cases run with eps=0: the rows of the last tile beyond the map then have a zero denominator.
+EPS_ZERO = {'eps-zero'}
 # The clamps each crafted input kind must make act (checked on the math path).
 ACTING = {'kv': ('kv', ), 'z': ('z', ), 'numerator-output': ('numerator', 'output')}
 
@@ -95,9 +98,11 @@ def case_inputs(name, dtype, device='cpu', seed=0):
     height, width, _, clamp, _, layout = CASES[name]
     (q, k, v), leaves = case_tensors(name, dtype, seed)
 
+    eps = 0.0 if name in EPS_ZERO else vicinity.EPS
+
     def op(impl):
         with launch_layout(layout):
-            return vicinity_attention(q, k, v, height, width, clamp=clamp, impl=impl)
+            return vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp, impl=impl)
 
     return leaves, op
 
@@ -176,6 +181,18 @@ def test_malformed_calls_are_refused(shapes, match):
     q, k, v = (torch.zeros(shape) for shape in shapes)
     with pytest.raises(ValueError, match=match):
         attention(q, k, v, 2, 3)
+
+
+@pytest.mark.parametrize('dtype,head_dim,interpreted,limit', [
+    (torch.float32, 65, True, '64'), (torch.float16, 96, False, '64'), (torch.float64, 33, False, '32 in float64')])
+def test_head_dims_beyond_shared_memory_are_refused(monkeypatch, dtype, head_dim, interpreted, limit):
+    """Head dims whose (4d x d) sums exceed a GPU's shared memory (float64 on the GPU from 33) are refused,
+    naming the alternative; the interpreter runs float64 at any head dim up to 64 (the tests' reference)."""
+    attention = pytest.importorskip(MODULE).triton_vicinity_attention
+    monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', interpreted)
+    q = torch.zeros(1, 1, 6, head_dim, dtype=dtype)
+    with pytest.raises(ValueError, match=f"head dims up to {limit}, got {head_dim}.*impl 'math'"):
+        attention(q, q, q, 2, 3)
 
 
 def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):

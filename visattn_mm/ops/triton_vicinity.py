@@ -65,6 +65,10 @@ MAX_BLOCK_N = 32
 # 32 and 8 the backward kernels spill 1.3 and 2.3 KB per thread on sm_90, so they spill at most 36 bytes
 # (tools/analysis/triton_resources.py).
 WIDE_BLOCK_D, WIDE_BLOCK_N, WIDE_WARPS = 64, 16, 16
+# Largest head dim, and largest for float64 inputs on a GPU: each program holds a pair's (4d x d) sums, which beyond
+# these need more shared memory than an H100's 227 KB (sm_90 compiles: 369 KB for head-dim tiles of 128 in
+# fp32, 288 KB for tiles of 64 in fp64).
+MAX_HEAD_DIM, MAX_FLOAT64_HEAD_DIM = 64, 32
 # Programs the two reduction kernels aim at in all (about 4 per SM of an H100); tests lower it to get
 # several splits at tiny sizes.
 PROGRAMS = 512
@@ -164,13 +168,15 @@ def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim
 
 
 @triton.jit
-def _query_terms(queries, row_weights, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _query_terms(queries, row_weights, valid, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
+    """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``; the
+    normalisers of rows beyond the map are 0 (their denominator, eps alone, may be 0: the backward's
+    ``0 * inf`` would be NaN)."""
     features = _features(queries, row_weights, BLOCK_N, BLOCK_D)
     numerators = tl.dot(features, kv, input_precision=DOT_PRECISION)
     denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([BLOCK_N], EPS, features.dtype)
-    return features, numerators, 1.0 / denominators
+    return features, numerators, tl.where(valid, 1.0 / denominators, 0.0)
 
 
 @triton.jit
@@ -218,8 +224,8 @@ def _vicinity_forward(
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
         queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim,
                               weights.dtype.element_ty, BLOCK_D)
-        _, numerators, normalisers = _query_terms(queries, row_weights, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D,
-                                                  DOT_PRECISION)
+        _, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N,
+                                                  BLOCK_D, DOT_PRECISION)
         rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None],
                                  CLAMP)
         tc.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
@@ -246,7 +252,7 @@ def _vicinity_backward_queries(
                               BLOCK_D)
         grad_rows = _token_rows(grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim,
                                 acc_dtype, BLOCK_D)
-        features, numerators, normalisers = _query_terms(queries, row_weights, kv, pair_k_sum, EPS, BLOCK_N,
+        features, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N,
                                                          BLOCK_D, DOT_PRECISION)
         clamped_numerators = _signed_clamp(numerators, CLAMP)
         clamped_normalisers = _signed_clamp(normalisers, CLAMP)
@@ -371,7 +377,9 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
 
     Raises:
         ValueError: For ``q``, ``k``, ``v`` that are not 4-D tensors of one shape,
-            or a token count other than ``height * width``.
+            a token count other than ``height * width``, or a head dim the kernels'
+            shared memory cannot hold (over :data:`MAX_HEAD_DIM`; float64 outside the
+            interpreter over :data:`MAX_FLOAT64_HEAD_DIM`): use impl 'math' then.
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
@@ -379,6 +387,12 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
         raise ValueError(f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
                          f'{tuple(k.shape)} and {tuple(v.shape)}')
     tc.check_supported(q, height * width, dropout_p=0.0)
+    head_dim, gpu_float64 = q.shape[-1], q.dtype == torch.float64 and not tc.INTERPRETED
+    limit = MAX_FLOAT64_HEAD_DIM if gpu_float64 else MAX_HEAD_DIM
+    if head_dim > limit:
+        raise ValueError(f"impl 'triton' runs vicinity attention with head dims up to {limit}"
+                         f"{' in float64' if gpu_float64 else ''}, got {head_dim}: a program's (4d x d) sums would "
+                         "not fit the GPU's shared memory; use impl 'math' (or 'fast') for this model")
     k, v = k.to(q.dtype), v.to(q.dtype)
     tc.check_device(q)
     return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]
