@@ -72,6 +72,10 @@ MAX_HEAD_DIM, MAX_FLOAT64_HEAD_DIM = 64, 32
 # Programs the two reduction kernels aim at in all (about 4 per SM of an H100); tests lower it to get
 # several splits at tiny sizes.
 PROGRAMS = 512
+# Below this eps, (1 / eps)^2 may overflow fp32 (or eps is 0), so the rows beyond the map, whose denominator is eps
+# alone, get a zero normaliser; only then, since the extra select makes the wide backward kernel spill (76 bytes
+# per thread instead of 36 on sm_90).
+TINY_EPS = tl.constexpr(1e-15)
 # The signed clamp's bounds, as constants the kernels can read.
 CLAMP_MIN_BOUND = tl.constexpr(CLAMP_MIN)
 CLAMP_MAX_BOUND = tl.constexpr(CLAMP_MAX)
@@ -170,13 +174,15 @@ def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim
 @triton.jit
 def _query_terms(queries, row_weights, valid, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``; the
-    normalisers of rows beyond the map are 0 (their denominator, eps alone, may be 0: the backward's
-    ``0 * inf`` would be NaN)."""
+    """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
     features = _features(queries, row_weights, BLOCK_N, BLOCK_D)
     numerators = tl.dot(features, kv, input_precision=DOT_PRECISION)
     denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([BLOCK_N], EPS, features.dtype)
-    return features, numerators, tl.where(valid, 1.0 / denominators, 0.0)
+    normalisers = 1.0 / denominators
+    if EPS < TINY_EPS:
+        # The denominator of a row beyond the map is eps alone: the backward's 0 * (1 / eps)^2 would be NaN.
+        normalisers = tl.where(valid, normalisers, 0.0)
+    return features, numerators, normalisers
 
 
 @triton.jit
