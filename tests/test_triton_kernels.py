@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 from triton_harness import (COMMON, assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
+                            compare_backbone, compare_paths, compiling_launches, interpreted_fixture,
+                            low_precision_errors, main)
 
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL
@@ -99,6 +100,33 @@ def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
     assert_kernels_matched(interpreted['backbone'], dict.fromkeys(KERNELS, 4))
 
 
+def compare_bias_grad_copies():
+    """Case 'odd-non-square' (24 programs) with the local-bias gradient in one copy and in one copy per
+    program (interpreter subprocess): the copies each backward used, and the comparison with math."""
+    import visattn_mm.ops.triton_common as tc
+    results, default, choose = {}, tc.BIAS_GRAD_COPIES, tc.bias_grad_copies
+    for copies in (1, 1000):
+        used = []
+        tc.BIAS_GRAD_COPIES = copies
+        tc.bias_grad_copies = lambda programs: used.append(choose(programs)) or used[-1]
+        try:
+            results[copies] = dict(used=used, **compare_paths(*case_inputs('odd-non-square', torch.float64)))
+        finally:
+            tc.BIAS_GRAD_COPIES, tc.bias_grad_copies = default, choose
+    return results
+
+
+def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
+    """The programs spread their atomic adds to the local-bias gradient over copies (at most one per
+    program) that are summed afterwards: one copy and one per program give the math path's gradients."""
+    results = interpreted['bias-grad-copies']
+    assert 'error' not in results, results.get('error')
+    assert [results[c]['used'] for c in ('1', '1000')] == [[1], [24]]
+    for copies in ('1', '1000'):
+        assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'},
+                               dict.fromkeys(KERNELS, 1))
+
+
 def test_block_offsets_match_neighbour_order():
     """The kernels compute block b's chunk offset as (b // 3 - 1, b % 3 - 1)."""
     assert NEIGHBOUR_OFFSETS == tuple((b // 3 - 1, b % 3 - 1) for b in range(9))
@@ -139,6 +167,10 @@ def test_refusals_name_the_alternative(monkeypatch, module, wrapper):
         attention(q, q, q, 2, 3, 3)
     with pytest.raises(ValueError, match='global_k and global_v must be given together'):
         attention(q, q, q, 3, 3, 3, global_k=q[:, :, :1])
+    with pytest.raises(ValueError, match=r'global_v has shape \(1, 1, 1, 3\), not \(B, heads, M, d\) = \(1, 1, 1, 4\)'):
+        attention(q, q, q, 3, 3, 3, global_k=q[:, :, :1], global_v=q[:, :, :1, :3])
+    with pytest.raises(ValueError, match="window <= 11.*got window=12.*'fast' or 'math'"):
+        attention(torch.zeros(1, 1, 144, 4), torch.zeros(1, 1, 144, 4), torch.zeros(1, 1, 144, 4), 12, 12, 12)
     monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', False)
     with pytest.raises(RuntimeError, match="CUDA tensors.*'fast' or 'math'"):
         attention(q, q, q, 3, 3, 3)
@@ -149,6 +181,51 @@ def test_unsupported_mode_is_refused():
     q = torch.zeros(1, 1, 9, 4)
     with pytest.raises(ValueError, match='masking_mode=1'):
         ts.triton_sliding_chunk_attention(q, q, q, 3, 3, 3, masking_mode=1, shift_mode=2)
+
+
+def test_biases_of_another_shape_are_refused():
+    """The kernels index the biases unchecked: a shape other than theirs (e.g. only the shift mode's
+    columns) is refused before any launch."""
+    attention = pytest.importorskip(MODULE).triton_sliding_chunk_attention
+    q, g = torch.zeros(1, 2, 9, 4), torch.zeros(1, 2, 1, 4)
+    with pytest.raises(ValueError, match=r'local_bias has shape \(2, 9, 18\), not \(heads, w\*w, 9\*w\*w\)'):
+        attention(q, q, q, 3, 3, 3, local_bias=torch.zeros(2, 9, 18), shift_mode=3)
+    with pytest.raises(ValueError, match=r'l2g_bias has shape \(1, 1\), not \(heads, G\) = \(2, 1\)'):
+        attention(q, q, q, 3, 3, 3, global_k=g, global_v=g, l2g_bias=torch.zeros(1, 1))
+
+
+def test_kernels_launch_on_their_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device: launch makes the tensors' device current around the
+    kernel (a model on cuda:1 in a process whose current device is 0)."""
+    tc = pytest.importorskip(COMMON)
+    events = []
+
+    class Device:
+        def __init__(self, device):
+            self.index = torch.device(device).index
+
+        def __enter__(self):
+            events.append(f'enter cuda:{self.index}')
+
+        def __exit__(self, *exc):
+            events.append('exit')
+
+    def probe():
+        """Stands in for a kernel's Python function, whose name the launch counter reads."""
+
+    class Kernel:
+        fn = probe
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: events.append(f'launch {grid}')
+
+    monkeypatch.setattr(torch.cuda, 'device', Device)
+    tensor_on = type('Tensor', (), {'device': torch.device('cuda', 1)})
+    tc.launch(Kernel(), (2, 3), {}, tensor_on())
+    assert events == ['enter cuda:1', 'launch (2, 3)', 'exit']
+    events.clear()
+    tc.launch(Kernel(), (1, ), {}, torch.zeros(1))        # CPU tensors (interpreter): no CUDA device call
+    assert events == ['launch (1,)']
 
 
 @pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE])
@@ -225,4 +302,5 @@ def test_cuda_kernels_match_float64_math(masking_mode, shift_mode, dtype):
 
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
-    main(case_inputs, CASES, backbone=lambda: compare_backbone(ViL), fp16=compare_fp16)
+    main(case_inputs, CASES, backbone=lambda: compare_backbone(ViL), fp16=compare_fp16,
+         **{'bias-grad-copies': compare_bias_grad_copies})

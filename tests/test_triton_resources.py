@@ -73,12 +73,21 @@ def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interp
     for name, times in (('package', result['package']), ('candidate', result['candidate'])):
         assert {key.split(' ')[0] for key in times} == kernels, name
         assert all(ms > 0 for _, ms in times.values()), name
-    assert {label for label, _ in result['package'].values()} == {'8w1s'}     # fp32: launch_settings
-    assert {label for label, _ in result['candidate'].values()} == {'2w2s'}
-    # The command line: per kernel the package's settings and the one candidate; a CSV line for each.
+    # fp32: launch_settings; the kernel with the bias-gradient atomics names its copies.
+    copies = ', 32 copies'
+    assert {key.split(' ')[0]: label for key, (label, _) in result['package'].items()} == {
+        '_sliding_chunk_forward': '8w1s', '_sliding_chunk_backward_queries': '8w1s' + copies,
+        '_sliding_chunk_backward_keys': '8w1s'}
+    assert {label.replace(copies, '') for label, _ in result['candidate'].values()} == {'2w2s'}
+    # With another count of copies, only that kernel is timed.
+    assert {key.split(' ')[0]: label for key, (label, _) in result['copies'].items()} == {
+        '_sliding_chunk_backward_queries': '8w1s, 3 copies'}
+    # The command line: per kernel the package's settings and the candidates; a CSV line for each.
     assert sorted(kernel for kernel, *_ in result['table']) == sorted(kernels)
-    assert {(settings, best) for _, settings, best in result['table']} == {('package (8w1s)', '2w2s')}
-    assert result['csv_lines'] == 1 + 2 * len(kernels)
+    assert {(kernel, settings) for kernel, settings, _ in result['table']} == {
+        (kernel, 'package (8w1s' + (copies if 'queries' in kernel else '') + ')') for kernel in kernels}
+    assert {best for kernel, _, best in result['table'] if 'queries' not in kernel} == {'2w2s'}
+    assert result['csv_lines'] == 1 + 2 * len(kernels) + 1
 
 
 def test_best_rows_pick_the_fastest_compiling_candidate():
@@ -99,12 +108,15 @@ def tuning_run():
     model = build_tiny(ViL, attn_impl='triton', drop_path_rate=0.0).train()
     image = torch.randn(1, 3, 32, 48)
     result = {name: {' '.join(map(str, key)): value
-                     for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1).items()}
-              for name, candidate in (('package', None), ('candidate', CANDIDATE))}
+                     for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1,
+                                                                  copies).items()}
+              for name, candidate, copies in (('package', None, None), ('candidate', CANDIDATE, None),
+                                              ('copies', None, 3))}
     triton_tuning.MODELS = {'vil-tiny': ('ViL', TINY_ARCHS[ViL])}
     with tempfile.TemporaryDirectory() as out_dir:
         table = triton_tuning.main(['--device', 'cpu', '--models', 'vil-tiny', '--dtypes', 'fp32', '--size', '32x48',
-                                    '--batch', '1', '--warps', '2', '--stages', '2', '--repeats', '1',
+                                    '--batch', '1', '--warps', '2', '--stages', '2', '--bias-grad-copies', '1',
+                                    '--repeats', '1',
                                     '--out-dir', out_dir])
         with open(f'{out_dir}/triton_tuning.csv') as csv:
             result['csv_lines'] = len(csv.read().splitlines())

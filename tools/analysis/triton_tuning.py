@@ -6,7 +6,10 @@ This tool gives the timings to refine them. For each backbone and dtype it runs
 training steps (forward and backward of ``--batch`` images of ``--size``, bf16
 under autocast) with ``attn_impl='triton'``, once with the package's settings and
 once per candidate of ``--warps`` x ``--stages``; every kernel launch then runs
-with the candidate's settings instead, between two CUDA events. Per kernel and
+with the candidate's settings instead, between two CUDA events. The kernels that
+add to a bias gradient with atomics (ViL's and ViL-LS' query-side backward) are
+also timed, with the package's settings, for each count of ``--bias-grad-copies``
+(``triton_common.BIAS_GRAD_COPIES``, copies of the gradient the atomics are spread over). Per kernel and
 head-dim tile (what ``launch_settings`` decides by), it reports the median over
 ``--repeats`` steps of the summed time of its launches: the package's settings
 and time, the fastest candidate and its time. A candidate a kernel cannot be
@@ -47,7 +50,7 @@ def settings_label(settings):
     return f"{settings['num_warps']}w{settings.get('num_stages', 3)}s"
 
 
-def kernel_times(model, image, dtype, candidate, repeats):
+def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None):
     """Per kernel launched by a training step of ``model``, its median time over ``repeats`` steps.
 
     Args:
@@ -57,18 +60,26 @@ def kernel_times(model, image, dtype, candidate, repeats):
         candidate (dict | None): ``num_warps`` and ``num_stages`` for every launch; None keeps the
             package's settings.
         repeats (int): Timed steps, after one that compiles.
+        bias_grad_copies (int, optional): Runs the steps with this ``triton_common.BIAS_GRAD_COPIES``
+            and times only the kernels that take it; None keeps the package's and times every kernel.
 
     Returns:
         dict: ``(kernel, head-dim tile, token tile) -> (settings label, milliseconds or None)``; None
-        where the candidate did not compile for that kernel.
+        where the candidate did not compile for that kernel. The label of a kernel that spreads atomics
+        over bias-gradient copies names their count.
     """
     import visattn_mm.ops.triton_common as tc
     from triton.runtime.errors import OutOfResources
 
     cuda = image.device.type == 'cuda'
     launches, labels, failed = [], {}, set()
+    copies = tc.BIAS_GRAD_COPIES if bias_grad_copies is None else bias_grad_copies
 
     def timed_launch(kernel, grid, settings, *args, **constexprs):
+        takes_copies = 'bias_copies' in kernel.arg_names
+        if bias_grad_copies is not None and not takes_copies:
+            kernel[grid](*args, **settings, **constexprs)
+            return
         key = (kernel.fn.__name__, constexprs['BLOCK_D'], constexprs.get('BLOCK', constexprs.get('BLOCK_N')))
         chosen = settings if candidate is None or key in failed else candidate
         try:
@@ -83,7 +94,7 @@ def kernel_times(model, image, dtype, candidate, repeats):
                 kernel[grid](*args, **chosen, **constexprs)
                 seconds = time.perf_counter() - begin
                 launches.append((key, lambda: seconds * 1e3))
-            labels[key] = settings_label(chosen)
+            labels[key] = settings_label(chosen) + (f', {copies} copies' if takes_copies else '')
         except OutOfResources:
             if chosen is settings:
                 raise
@@ -91,8 +102,8 @@ def kernel_times(model, image, dtype, candidate, repeats):
             timed_launch(kernel, grid, settings, *args, **constexprs)
 
     per_step = collections.defaultdict(list)
-    saved = tc.launch
-    tc.launch = timed_launch
+    saved = tc.launch, tc.BIAS_GRAD_COPIES
+    tc.launch, tc.BIAS_GRAD_COPIES = timed_launch, copies
     try:
         for step in range(repeats + 1):
             launches.clear()
@@ -105,7 +116,7 @@ def kernel_times(model, image, dtype, candidate, repeats):
                 for key, total in totals.items():
                     per_step[key].append(total)
     finally:
-        tc.launch = saved
+        tc.launch, tc.BIAS_GRAD_COPIES = saved
     return {key: (labels[key], None if key in failed else statistics.median(times))
             for key, times in per_step.items()}
 
@@ -118,13 +129,16 @@ def tune(name, dtype, args, device):
     torch.manual_seed(0)
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').to(device).train()
     image = torch.randn(args.batch, 3, *args.size, device=device)
-    candidates = [None] + [dict(num_warps=w, num_stages=s) for w, s in itertools.product(args.warps, args.stages)]
+    candidates = [(None, None)] + [(dict(num_warps=w, num_stages=s), None)
+                                   for w, s in itertools.product(args.warps, args.stages)]
+    candidates += [(None, copies) for copies in args.bias_grad_copies]
     rows = []
-    for candidate in candidates:
-        for (kernel, head_dim, tile), (label, ms) in kernel_times(model, image, dtype, candidate,
-                                                                 args.repeats).items():
+    for candidate, copies in candidates:
+        for (kernel, head_dim, tile), (label, ms) in kernel_times(model, image, dtype, candidate, args.repeats,
+                                                                 copies).items():
             rows.append(dict(model=name, dtype=dtype, kernel=kernel, head_dim=head_dim, tile=tile,
-                             settings=PACKAGE + f' ({label})' if candidate is None else label, time_ms=ms,
+                             settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
+                             time_ms=ms,
                              status='ok' if ms is not None else 'does not compile'))
     return rows
 
@@ -153,6 +167,8 @@ def parse_args(argv=None):
     parser.add_argument('--batch', type=int, default=2, help='images per step (default 2)')
     parser.add_argument('--warps', default='4,8,16', help='candidate warps per program (default 4,8,16)')
     parser.add_argument('--stages', default='1,2,3', help='candidate pipeline stages (default 1,2,3)')
+    parser.add_argument('--bias-grad-copies', default='1,8,32,128',
+                        help='candidate copies of a bias gradient for the atomics (default 1,8,32,128)')
     parser.add_argument('--repeats', type=int, default=3, help='timed steps per candidate (default 3)')
     parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
     parser.add_argument('--out-dir', default='work_dirs/triton_tuning', help='where the CSV goes')
@@ -162,8 +178,9 @@ def parse_args(argv=None):
     args.size = common.parse_size(args.size, '--size')
     args.warps = common.parse_list(args.warps, int, '--warps')
     args.stages = common.parse_list(args.stages, int, '--stages')
-    if args.batch < 1 or args.repeats < 1:
-        raise SystemExit('--batch and --repeats must be at least 1')
+    args.bias_grad_copies = common.parse_list(args.bias_grad_copies, int, '--bias-grad-copies')
+    if args.batch < 1 or args.repeats < 1 or min(args.bias_grad_copies) < 1:
+        raise SystemExit('--batch, --repeats and --bias-grad-copies must be at least 1')
     return args
 
 

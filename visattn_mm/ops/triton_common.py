@@ -20,6 +20,7 @@ The kernels run on CUDA tensors. Triton's interpreter runs them on CPU tensors
 kernels are imported (tests).
 """
 import collections
+import contextlib
 
 import torch
 
@@ -191,11 +192,14 @@ def store_key_grads(dk_base, dv_base, key_tokens, key_valid, dk_sn, dk_sd, dv_sn
 
 
 @triton.jit
-def add_bias_grad(grad_bias, head, query_slots, columns, grad_scores, mask, QUERIES: tl.constexpr,
+def add_bias_grad(grad_bias, copies, heads, head, query_slots, columns, grad_scores, mask, QUERIES: tl.constexpr,
                   COLUMNS: tl.constexpr):
-    """Adds a ``(queries, keys)`` tile of logit gradients to a contiguous ``(heads, QUERIES, COLUMNS)``
-    bias gradient (atomics: every chunk and batch element adds to the same table)."""
-    pointers = grad_bias + (head * QUERIES + query_slots[:, None]) * COLUMNS + columns[None, :]
+    """Adds a ``(queries, keys)`` tile of logit gradients to a contiguous ``(copies, heads, QUERIES, COLUMNS)``
+    bias gradient, summed over the copies afterwards (see :func:`bias_grad_copies`): atomics, since every
+    chunk of every batch element adds to the same table, into copy ``program % copies``."""
+    program = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    table = (program % copies) * heads + head
+    pointers = grad_bias + (table * QUERIES + query_slots[:, None]) * COLUMNS + columns[None, :]
     tl.atomic_add(pointers, grad_scores, mask=mask, sem='relaxed')
 
 
@@ -265,10 +269,17 @@ INTERPRETED = not isinstance(load_rows, triton.runtime.JITFunction)
 
 def launch(kernel, grid, settings, *args, **constexprs):
     """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
-    :func:`launch_settings`); tests and ``tools/analysis/triton_resources.py`` replace this to compile
-    without a GPU."""
+    :func:`launch_settings`) on the device of its first argument (a tensor); tests and
+    ``tools/analysis/triton_resources.py`` replace this to compile without a GPU."""
     KERNEL_LAUNCHES[kernel.fn.__name__] += 1
-    kernel[grid](*args, **settings, **constexprs)
+    with on_device(args[0].device):
+        kernel[grid](*args, **settings, **constexprs)
+
+
+def on_device(device):
+    """Makes a CUDA ``device`` the current one inside: Triton launches on the current device and stream,
+    which need not be the tensors' (a model on ``cuda:1`` in a process whose current device is 0)."""
+    return torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext()
 
 
 def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
@@ -367,23 +378,62 @@ def check_device(q):
                            'imported runs them on the CPU, slowly, for tests)')
 
 
-def shared_keys(keys, values, dtype, names):
-    """Keys and values every query sees, in ``dtype``; ``(None, None)`` where there are none.
+def shared_keys(keys, values, q, names):
+    """Keys and values every query sees, in ``q``'s dtype; ``(None, None)`` where there are none.
 
     Args:
         keys (Tensor | None): ``(B, heads, M, d)``.
         values (Tensor | None): ``(B, heads, M, d)``.
-        dtype (torch.dtype): The queries' dtype.
+        q (Tensor): The ``(B, heads, N, d)`` queries.
         names (tuple[str, str]): The arguments' names, for the error.
 
     Raises:
-        ValueError: For keys without values or the reverse.
+        ValueError: For keys without values or the reverse, or of another shape than ``(B, heads, M, d)``.
     """
     if (keys is None) != (values is None):
         raise ValueError(f'{names[0]} and {names[1]} must be given together')
     if keys is None or keys.shape[2] == 0:
         return None, None
-    return keys.to(dtype), values.to(dtype)
+    batch, heads, _, head_dim = q.shape
+    for name, tensor in zip(names, (keys, values)):
+        if tensor.dim() != 4 or tuple(tensor.shape) != (batch, heads, keys.shape[2], head_dim):
+            raise ValueError(f'{name} has shape {tuple(tensor.shape)}, not (B, heads, M, d) = '
+                             f'({batch}, {heads}, {keys.shape[2]}, {head_dim}) like q')
+    return keys.to(q.dtype), values.to(q.dtype)
+
+
+def check_bias_shape(bias, shape, name, layout):
+    """Refuses a bias of another shape than the kernels index (they read it unchecked).
+
+    Args:
+        bias (Tensor | None): The bias, or None.
+        shape (tuple[int, ...]): The shape the kernels expect.
+        name (str): The argument's name, for the error.
+        layout (str): What ``shape`` stands for, for the error.
+
+    Raises:
+        ValueError: For a bias of another shape.
+    """
+    if bias is not None and tuple(bias.shape) != tuple(shape):
+        raise ValueError(f'{name} has shape {tuple(bias.shape)}, not {layout} = {tuple(shape)}')
+
+
+# Largest tile of a chunk's (segment's) slots: one tile covers a ``w x w`` chunk, and tiles of 256 slots
+# (``w`` from 12) need more shared memory than an H100's 227 KB (sm_90 compiles: 330 KB for the fp32
+# forward of sliding-chunk attention at ``w = 12``).
+MAX_CHUNK_TILE = 128
+
+
+def check_window(window):
+    """Refuses chunk (segment) sizes whose tiles exceed :data:`MAX_CHUNK_TILE`, naming the alternative.
+
+    Raises:
+        ValueError: For ``window`` 12 and more.
+    """
+    if tile(window * window) > MAX_CHUNK_TILE:
+        raise ValueError(f"impl 'triton' takes windows of at most {MAX_CHUNK_TILE} tokens ({MAX_CHUNK_TILE}-slot "
+                         f"tiles: window <= 11), got window={window}: its tiles would not fit the GPU's shared "
+                         "memory; use impl 'fast' or 'math' for this model")
 
 
 def forward_outputs(q):
@@ -393,18 +443,18 @@ def forward_outputs(q):
     return like_heads_last(q), q.new_empty(batch * heads, tokens, dtype=acc_dtype(q.dtype))
 
 
-def backward_buffers(q, k, v, grad_out, lse, local_bias, local_bias_grad):
+def backward_buffers(q, k, v, grad_out, lse, local_bias, local_bias_grad, copies=1):
     """What the backward kernels read and write besides the saved tensors.
 
     Returns:
         tuple: ``grad_out`` in ``q``'s dtype; empty gradients of ``q, k, v``
-        (:func:`like_heads_last`); empty ``delta`` like ``lse``; and a zeroed
-        gradient of ``local_bias`` in the accumulation dtype where
-        ``local_bias_grad`` (atomics add to it), else None.
+        (:func:`like_heads_last`); empty ``delta`` like ``lse``; and where
+        ``local_bias_grad`` ``copies`` zeroed gradients of ``local_bias`` in the
+        accumulation dtype (atomics add to them, see :func:`add_bias_grad`), else None.
     """
     grad_local_bias = None
     if local_bias_grad:
-        grad_local_bias = torch.zeros(local_bias.shape, dtype=lse.dtype, device=q.device)
+        grad_local_bias = torch.zeros(copies, *local_bias.shape, dtype=lse.dtype, device=q.device)
     return (grad_out.to(q.dtype), like_heads_last(q), like_heads_last(k), like_heads_last(v), torch.empty_like(lse),
             grad_local_bias)
 
@@ -440,6 +490,25 @@ def summed_parts(part, like):
 def cast_like(grad, like):
     """``grad`` in ``like``'s dtype, or None."""
     return None if grad is None else grad.to(like.dtype)
+
+
+# How many copies of a bias gradient the programs of a backward kernel spread their atomic adds over
+# (see add_bias_grad). Every query chunk of every batch element adds to the same table, a few thousand
+# to a few ten thousand entries, and atomic adds to one address serialise; 32 copies cut that
+# contention 32-fold for 32 times a table's memory (2 MB for ViL-S). Not yet timed on a GPU:
+# tools/analysis/triton_tuning.py --bias-grad-copies compares values.
+BIAS_GRAD_COPIES = 32
+
+
+def bias_grad_copies(programs):
+    """Copies of the bias gradient for a launch of ``programs`` programs: :data:`BIAS_GRAD_COPIES`, at most one
+    per program."""
+    return max(1, min(BIAS_GRAD_COPIES, programs))
+
+
+def summed_copies(grad, like):
+    """The copies of a bias gradient (see :func:`add_bias_grad`) summed, in ``like``'s dtype; or None."""
+    return None if grad is None else grad.sum(0).to(like.dtype)
 
 
 def stand_in(tensor, other):

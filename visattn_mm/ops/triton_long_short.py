@@ -22,7 +22,8 @@ materialised: padded slots are masked loads.
 
 Numerics, dtypes and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
 The gradient of the window RPB is summed with atomics over all segments and
-the batch, so its last bits may vary from run to run.
+the batch (spread over copies, see :func:`~visattn_mm.ops.triton_common.add_bias_grad`),
+so its last bits may vary from run to run.
 
 Cost: the patch tiles hold ``ceil((w + 2p)^2 / B)`` tiles of ``B = next_pow2(w*w)``
 keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles of
@@ -133,7 +134,7 @@ def _long_short_backward_queries(
         gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
         do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
         bias_sh, bias_sq, bias_sk,
-        heads, height, width, cols, head_dim,
+        heads, height, width, cols, head_dim, bias_copies,
         WINDOW: tl.constexpr, PAD: tl.constexpr, NUM_BAR: tl.constexpr, NUM_GLOBAL: tl.constexpr,
         HAS_LOCAL_BIAS: tl.constexpr, LOCAL_BIAS_GRAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -143,7 +144,7 @@ def _long_short_backward_queries(
     :func:`_long_short_backward_keys`), their gradient, this segment's partial
     sums of the gradients of the projected and global keys and values
     (``(batch * heads * rows * cols, r or G, head_dim)``), and adds its patch
-    logit gradients to ``grad_local_bias`` (``(heads, w*w, (w + 2p)^2)``, contiguous).
+    logit gradients to ``grad_local_bias`` (``(bias_copies, heads, w*w, (w + 2p)^2)``, contiguous).
     """
     segment, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
     tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
@@ -173,8 +174,8 @@ def _long_short_backward_queries(
         _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            tc.add_bias_grad(grad_local_bias, head, tl.arange(0, BLOCK), patch_slots, grad_scores,
-                             query_valid[:, None] & key_valid[None, :], WINDOW * WINDOW,
+            tc.add_bias_grad(grad_local_bias, bias_copies, heads, head, tl.arange(0, BLOCK), patch_slots,
+                             grad_scores, query_valid[:, None] & key_valid[None, :], WINDOW * WINDOW,
                              (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD))
 
     tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
@@ -274,9 +275,10 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
                                                                          width, window)
     local_bias_grad = tc.gradient_wanted(7, inputs, needs_grad)
-    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad)
     parts = grid[0] * grid[1]
+    bias_copies = tc.bias_grad_copies(parts)
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
     grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
 
@@ -287,7 +289,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse),
               *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
               *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
-              *grad_q.stride(), *tc.strides(local_bias, 3), *shape,
+              *grad_q.stride(), *tc.strides(local_bias, 3), *shape, bias_copies,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
     tc.launch(_long_short_backward_keys, grid, settings,
               q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
@@ -296,7 +298,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
     return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_k_bar, k_bar),
                              tc.summed_parts(grad_v_bar, v_bar), tc.summed_parts(grad_global_k, global_k),
-                             tc.summed_parts(grad_global_v, global_v), tc.cast_like(grad_local_bias, local_bias)],
+                             tc.summed_parts(grad_global_v, global_v), tc.summed_copies(grad_local_bias, local_bias)],
                             inputs, needs_grad)
 
 
@@ -314,20 +316,21 @@ def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v
     The other inputs are cast to ``q``'s dtype; the window RPB keeps its own.
 
     Raises:
-        ValueError: For ``dropout_p > 0`` (not supported here; use impl 'fast'
-            or 'math'), a token count other than ``height * width``, a window RPB
-            of another shape than ``(heads, w*w, (w + 2p)**2)``, or projected
-            (global) keys without their values or the reverse.
+        ValueError: For ``dropout_p > 0`` or ``window`` over 11 (not supported
+            here; use impl 'fast' or 'math'), a token count other than ``height *
+            width``, a window RPB of another shape than ``(heads, w*w, (w + 2p)**2)``,
+            or projected (global) keys without their values, the reverse, or of
+            another shape than ``(B, heads, r or G, d)``.
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
     tc.check_supported(q, height * width, dropout_p)
+    tc.check_window(window)
     span = window + 2 * segment_pad(window)
-    if local_bias is not None and tuple(local_bias.shape) != (q.shape[1], window * window, span * span):
-        raise ValueError(f'local_bias has shape {tuple(local_bias.shape)}, not (heads, w*w, (w + 2p)**2) = '
-                         f'{(q.shape[1], window * window, span * span)}')
+    tc.check_bias_shape(local_bias, (q.shape[1], window * window, span * span), 'local_bias',
+                        '(heads, w*w, (w + 2p)**2)')
     k, v = k.to(q.dtype), v.to(q.dtype)
-    k_bar, v_bar = tc.shared_keys(k_bar, v_bar, q.dtype, ('k_bar', 'v_bar'))
-    global_k, global_v = tc.shared_keys(global_k, global_v, q.dtype, ('global_k', 'global_v'))
+    k_bar, v_bar = tc.shared_keys(k_bar, v_bar, q, ('k_bar', 'v_bar'))
+    global_k, global_v = tc.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
     tc.check_device(q)
     return _long_short_op(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window)[0]

@@ -20,14 +20,15 @@ masked loads.
 
 Numerics, dtypes and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
 The gradient of the local bias is summed with atomics over all chunks and the
-batch, so its last bits may vary from run to run (and the contention on it is
-the first suspect once GPU timings exist).
+batch, so its last bits may vary from run to run; the programs spread their adds
+over copies of it (:func:`~visattn_mm.ops.triton_common.add_bias_grad`), since
+atomics on one address serialise.
 
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 
 One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``);
-windows much larger than 11 will spill registers.
+windows over 11 are refused: tiles of 256 slots do not fit the shared memory of a GPU.
 """
 from typing import Optional
 
@@ -156,7 +157,7 @@ def _sliding_chunk_backward_queries(
         gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
         do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
         bias_sh, bias_sq, bias_sk, l2g_sh, l2g_sg,
-        heads, height, width, rows, cols, head_dim,
+        heads, height, width, rows, cols, head_dim, bias_copies,
         WINDOW: tl.constexpr, MASKING_MODE: tl.constexpr, NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr,
         NUM_GLOBAL: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, HAS_L2G_BIAS: tl.constexpr,
         LOCAL_BIAS_GRAD: tl.constexpr,
@@ -168,7 +169,7 @@ def _sliding_chunk_backward_queries(
     sums of the global gradients (``grad_global_k / grad_global_v``:
     ``(batch * heads * rows * cols, NUM_GLOBAL, head_dim)``, ``grad_l2g``:
     ``(batch * heads * rows * cols, NUM_GLOBAL)``), and adds its logit gradients
-    to ``grad_local_bias`` (``(heads, w*w, 9*w*w)``, contiguous).
+    to ``grad_local_bias`` (``(bias_copies, heads, w*w, 9*w*w)``, contiguous).
     """
     chunk, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
     tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
@@ -194,8 +195,8 @@ def _sliding_chunk_backward_queries(
         _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            tc.add_bias_grad(grad_local_bias, head, slots, block * WINDOW * WINDOW + slots, grad_scores,
-                             query_valid[:, None] & visible, WINDOW * WINDOW, 9 * WINDOW * WINDOW)
+            tc.add_bias_grad(grad_local_bias, bias_copies, heads, head, slots, block * WINDOW * WINDOW + slots,
+                             grad_scores, query_valid[:, None] & visible, WINDOW * WINDOW, 9 * WINDOW * WINDOW)
 
     tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
                   grad_queries, BLOCK_D)
@@ -291,8 +292,9 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     heads = shape[0]
     local_bias_grad = tc.gradient_wanted(5, inputs, needs_grad)
+    bias_copies = tc.bias_grad_copies(grid[0] * grid[1])
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad)
+        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
     grad_global_k, grad_global_v, grad_l2g = tc.shared_key_parts(lse, grid[0] * grid[1], global_k,
                                                                  with_bias=l2g_bias is not None)
 
@@ -302,7 +304,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse), tc.stand_in(grad_l2g, lse),
               *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
               *out.stride(), *grad_out.stride(), *grad_q.stride(), *tc.strides(local_bias, 3),
-              *tc.strides(l2g_bias, 2), *shape,
+              *tc.strides(l2g_bias, 2), *shape, bias_copies,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
     tc.launch(_sliding_chunk_backward_keys, grid, settings,
               q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
@@ -312,7 +314,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if grad_l2g is not None:
         grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
     return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_global_k, global_k),
-                             tc.summed_parts(grad_global_v, global_v), tc.cast_like(grad_local_bias, local_bias),
+                             tc.summed_parts(grad_global_v, global_v), tc.summed_copies(grad_local_bias, local_bias),
                              tc.cast_like(grad_l2g, l2g_bias)], inputs, needs_grad)
 
 
@@ -330,18 +332,25 @@ def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=N
     The other inputs are cast to ``q``'s dtype; the biases keep theirs.
 
     Raises:
-        ValueError: For ``dropout_p > 0`` (not supported here; use impl 'fast'
-            or 'math'), an unsupported mode combination, a token count other than
-            ``height * width``, or global keys without global values (or the reverse).
+        ValueError: For ``dropout_p > 0`` or ``window`` over 11 (not supported
+            here; use impl 'fast' or 'math'), an unsupported mode combination, a
+            token count other than ``height * width``, biases of other shapes than
+            ``(heads, w*w, 9*w*w)`` and ``(heads, G)``, or global keys without
+            global values, the reverse, or of another shape than ``(B, heads, G, d)``.
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
     tc.check_supported(q, height * width, dropout_p)
     check_modes(masking_mode, shift_mode)
+    tc.check_window(window)
+    heads, chunk = q.shape[1], window * window
+    tc.check_bias_shape(local_bias, (heads, chunk, 9 * chunk), 'local_bias', '(heads, w*w, 9*w*w)')
     k, v = k.to(q.dtype), v.to(q.dtype)
-    global_k, global_v = tc.shared_keys(global_k, global_v, q.dtype, ('global_k', 'global_v'))
+    global_k, global_v = tc.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
     if global_k is None:
         l2g_bias = None
+    else:
+        tc.check_bias_shape(l2g_bias, (heads, global_k.shape[2]), 'l2g_bias', '(heads, G)')
     tc.check_device(q)
     return _sliding_chunk_op(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
                              shift_mode)[0]
