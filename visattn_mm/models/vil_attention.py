@@ -24,6 +24,16 @@ def _global_token_bias(g2l_bias, g2g_bias, num_local):
     return torch.cat([g2g_bias, g2l_bias[0][..., None].expand(heads, num_global, num_local)], dim=-1)
 
 
+def _merge_heads(glob, local, shape):
+    """``(B, G + N, C)`` tokens from the ``(B, heads, ., d)`` outputs of the global queries (or None) and
+    the local ones, concatenated heads-last: one copy at most (none for the Triton ops' outputs, which
+    are views of heads-last storage, without global tokens)."""
+    tokens = local.transpose(1, 2)
+    if glob is not None:
+        tokens = torch.cat([glob.transpose(1, 2), tokens], dim=1)
+    return tokens.reshape(shape)
+
+
 class RelativePositionBias(nn.Module):
     """Base of the three attentions: their bias tables, under the official key names.
 
@@ -131,11 +141,8 @@ class SlidingChunkAttention(RelativePositionBias):
             global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
             local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
             shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl)
-        if g:
-            glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p)
-            out = torch.cat([glob, out], dim=2)
-        out = out.transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p) if g else None
+        return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))
 
 
 class FullAttention(RelativePositionBias):
@@ -288,9 +295,8 @@ class LongShortAttention(RelativePositionBias):
             k_bar=self._project(weights, k[:, :, g:]), v_bar=self._project(weights, v[:, :, g:]),
             global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
             local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
+        glob = None
         if g:
             glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
                                    torch.cat([v[:, :, :g], out], dim=2))
-            out = torch.cat([glob, out], dim=2)
-        out = out.transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))
