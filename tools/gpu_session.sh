@@ -44,7 +44,7 @@ if [[ "$SMOKE" == 1 ]]; then
     BENCH=(--models "${BENCH_MODELS:-vil-t,swin-t}" --sizes 64x64 --batches 1 --dtypes fp32
            --impls fast,triton --warmup 0 --repeats 1 --threads 1)
     # The interpreter runs the kernels (slowly): one candidate, one step.
-    TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --repeats 1)
+    TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
 else
     DEVICE=cuda
     # The baselines first, so that an interrupted run still has the ratios' reference.

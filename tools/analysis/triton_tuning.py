@@ -129,17 +129,21 @@ def tune(name, dtype, args, device):
     torch.manual_seed(0)
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').to(device).train()
     image = torch.randn(args.batch, 3, *args.size, device=device)
-    candidates = [(None, None)] + [(dict(num_warps=w, num_stages=s), None)
-                                   for w, s in itertools.product(args.warps, args.stages)]
-    candidates += [(None, copies) for copies in args.bias_grad_copies]
     rows = []
-    for candidate, copies in candidates:
+
+    def timed(candidate, copies=None):
         for (kernel, head_dim, tile), (label, ms) in kernel_times(model, image, dtype, candidate, args.repeats,
                                                                  copies).items():
             rows.append(dict(model=name, dtype=dtype, kernel=kernel, head_dim=head_dim, tile=tile,
                              settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
-                             time_ms=ms,
-                             status='ok' if ms is not None else 'does not compile'))
+                             time_ms=ms, status='ok' if ms is not None else 'does not compile'))
+
+    timed(None)
+    for warps, stages in itertools.product(args.warps, args.stages):
+        timed(dict(num_warps=warps, num_stages=stages))
+    if any('copies' in row['settings'] for row in rows):     # a kernel spreads bias-gradient atomics over copies
+        for copies in args.bias_grad_copies:
+            timed(None, copies)
     return rows
 
 
