@@ -495,15 +495,15 @@ def cast_like(grad, like):
 # How many copies of a bias gradient the programs of a backward kernel spread their atomic adds over
 # (see add_bias_grad). Every query chunk of every batch element adds to the same table, a few thousand
 # to a few ten thousand entries, and atomic adds to one address serialise; 32 copies cut that
-# contention 32-fold for 32 times a table's memory (2 MB for ViL-S). Not yet timed on a GPU:
-# tools/analysis/triton_tuning.py --bias-grad-copies compares values.
+# contention 32-fold for 32 times a table's memory (8 MB in fp32 for 3 heads of w = 7, ViL-S's first
+# stage). Not yet timed on a GPU: tools/analysis/triton_tuning.py --bias-grad-copies compares values.
 BIAS_GRAD_COPIES = 32
 
 
 def bias_grad_copies(programs):
     """Copies of the bias gradient for a launch of ``programs`` programs: :data:`BIAS_GRAD_COPIES`, at most one
     per program."""
-    return max(1, min(BIAS_GRAD_COPIES, programs))
+    return min(BIAS_GRAD_COPIES, programs)
 
 
 def summed_copies(grad, like):
