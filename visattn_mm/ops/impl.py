@@ -72,6 +72,8 @@ def _checked(name):
 
 
 _selected = _checked(os.environ.get(ENV_VAR, 'auto'))
+# The device type the ops choose their path for, where it is not their tensors' (see dispatch_as).
+_dispatch_device_type = None
 
 
 def get_attention_impl():
@@ -135,6 +137,29 @@ def triton_device_types():
     return ('cuda', 'cpu') if interpreted else ('cuda', )
 
 
+@contextlib.contextmanager
+def dispatch_as(device_type):
+    """Inside, the ops choose their path (and the Triton ops accept tensors) as if their tensors
+    were on ``device_type``: the step-cost tracer (:mod:`visattn_mm.analysis.step_cost`) runs
+    fake CPU tensors that stand for CUDA ones, so that they take the path a GPU would.
+
+    Args:
+        device_type (str): E.g. ``'cuda'``.
+    """
+    global _dispatch_device_type
+    previous = _dispatch_device_type
+    _dispatch_device_type = device_type
+    try:
+        yield
+    finally:
+        _dispatch_device_type = previous
+
+
+def dispatch_device_type(device_type):
+    """The device type an op on tensors of ``device_type`` chooses its path for (see :func:`dispatch_as`)."""
+    return _dispatch_device_type or device_type
+
+
 def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
     """The path ('fast', 'math' or 'triton') an op asked to use ``impl`` takes.
 
@@ -149,6 +174,7 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
         op (str, optional): The op's name; 'triton' is taken by the ops in
             :data:`TRITON_OPS` on :func:`triton_device_types`, elsewhere it means 'auto'.
     """
+    device_type = dispatch_device_type(device_type)
     choice = resolve_impl(impl)
     if choice == 'triton':
         if op in TRITON_OPS and device_type in triton_device_types():

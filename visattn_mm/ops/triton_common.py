@@ -24,6 +24,8 @@ import contextlib
 
 import torch
 
+from .impl import dispatch_device_type
+
 try:
     import triton
     import triton.language as tl
@@ -372,7 +374,7 @@ def check_device(q):
     Raises:
         RuntimeError: For such tensors.
     """
-    if q.device.type != 'cuda' and not INTERPRETED:
+    if dispatch_device_type(q.device.type) != 'cuda' and not INTERPRETED:
         raise RuntimeError(f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use impl 'fast' or "
                            "'math' there (TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are "
                            'imported runs them on the CPU, slowly, for tests)')

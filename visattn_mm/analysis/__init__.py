@@ -1,0 +1,1 @@
+"""Analyses of the models that tools and tests share (they import no tool)."""
