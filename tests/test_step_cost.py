@@ -1,0 +1,165 @@
+"""The step-cost tracer (visattn_mm.analysis.step_cost): counts of programs whose costs are known by hand,
+CUDA's dispatch emulated, the calibration against the H100's measured peaks, and its tools."""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_tiny
+
+from visattn_mm.analysis.step_cost import ALLOCATION_ROUNDING, trace_step
+from visattn_mm.models import ViL
+
+ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
+sys.path.insert(0, str(ANALYSIS))
+import step_cost as step_cost_tool  # noqa: E402
+import step_cost_calibration  # noqa: E402
+
+SHAPE = (2, 3, 40, 64)
+ELEMENTS = 2 * 3 * 40 * 64
+
+
+class Scale(torch.nn.Module):
+    """One parameter, so that a step has something to differentiate."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def _trace(forward, mode='fwd', dtype='fp32', device_type='cuda', model=None):
+    return trace_step(model or Scale(), SHAPE, dtype=dtype, mode=mode, device_type=device_type, forward=forward)
+
+
+def test_peak_counts_the_storages_alive_at_once():
+    # x * 2 lives while (x * 2) * 3 is made, then dies: two fp32 maps at the peak.
+    cost = _trace(lambda m, x: (x * 2) * 3)
+    assert cost.peak_bytes == 2 * ELEMENTS * 4
+    assert cost.peak_bytes % ALLOCATION_ROUNDING == 0
+    # Three in a chain, each kept by the list: three at once.
+    kept = _trace(lambda m, x: [x * 2, x * 3, x * 4])
+    assert kept.peak_bytes == 3 * ELEMENTS * 4
+
+
+def test_views_launch_nothing_and_broadcasts_are_read_once():
+    cost = _trace(lambda m, x: x.transpose(1, 2).flatten(2) + torch.ones(1, 1, 1))
+    ops = cost.ops
+    assert ops['transpose'].launched == 0 and ops['transpose'].bytes_written == 0
+    assert ops['add'].launched == 1
+    # The transposed input is read in full, the broadcast one-element tensor once.
+    assert ops['add'].bytes_read == ELEMENTS * 4 + 4
+    assert ops['add'].bytes_written == ELEMENTS * 4
+    assert cost.summary()['launched'] == sum(op.launched for op in ops.values())
+
+
+def test_layout_ops_are_counted_as_layout():
+    cost = _trace(lambda m, x: torch.cat([x, F.pad(x, (0, 1))], dim=-1).contiguous())
+    layout = cost.by_class()['layout']
+    assert layout.launched == 2                       # pad and cat; contiguous of a contiguous tensor is free
+    assert cost.summary()['layout_bytes'] == layout.bytes_read + layout.bytes_written > 0
+
+
+def test_saved_activations_are_charged_to_the_op_that_keeps_them():
+    # sin keeps its input (the product) for backward; the product keeps the parameter and the input,
+    # which existed before the step and are not counted.
+    cost = _trace(lambda m, x: m(x).sin(), mode='fwd+bwd')
+    assert cost.ops['sin'].bytes_saved == ELEMENTS * 4
+    assert cost.ops['mul'].bytes_saved == 0
+    assert cost.summary()['bytes_saved'] == ELEMENTS * 4
+
+
+@pytest.mark.parametrize('device_type, ln_bytes', [('cuda', 4), ('cpu', 2)])
+def test_cuda_autocast_computes_layer_norm_and_softmax_in_fp32(device_type, ln_bytes):
+    norm = torch.nn.LayerNorm(64)
+    cost = trace_step(norm, SHAPE, dtype='bf16', mode='fwd', device_type=device_type,
+                      forward=lambda m, x: (m(x.bfloat16()), x.bfloat16().softmax(-1)))
+    assert cost.ops['native_layer_norm'].bytes_written >= ELEMENTS * ln_bytes
+    assert cost.ops['native_layer_norm'].bytes_written < ELEMENTS * ln_bytes + 2 * 4 * ELEMENTS // 64 + 1
+    assert cost.ops['_softmax'].bytes_written == ELEMENTS * ln_bytes
+
+
+@pytest.mark.parametrize('masked, kernel', [(True, '_scaled_dot_product_efficient_attention'),
+                                            (False, '_scaled_dot_product_flash_attention')])
+def test_sdpa_takes_the_kernel_cuda_would(masked, kernel):
+    def attend(m, x):
+        q = m(x).flatten(2).unflatten(1, (1, 3)).transpose(-1, -2)[..., :8]   # (B, 1, HW/3..., 8)
+        mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool) if masked else None
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    cost = _trace(attend, mode='fwd+bwd', dtype='bf16')
+    assert cost.ops[kernel].launched == 1
+    assert cost.ops[kernel + '_backward'].launched == 1
+    assert cost.ops[kernel].flops > 0
+
+
+def test_depthwise_convolution_backward_counts_its_groups():
+    conv = torch.nn.Conv2d(3, 3, 3, padding=1, groups=3, bias=False)
+    cost = trace_step(conv, SHAPE, dtype='fp32', mode='fwd+bwd', device_type='cuda')
+    forward = cost.ops['convolution'].flops
+    assert forward == 2 * ELEMENTS * 9
+    # the input needs no gradient: only the weight's, as many FLOPs as the forward
+    assert cost.ops['convolution_backward'].flops == forward
+
+
+def test_auto_takes_the_cuda_path_and_caches_are_left_real():
+    model = build_tiny(ViL).train()
+    on_cuda = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), mode='fwd+bwd', device_type='cuda')
+    on_cpu = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), mode='fwd+bwd', device_type='cpu')
+    # A bias that needs a gradient keeps the CPU on the explicit softmax; CUDA takes SDPA's fused kernel.
+    assert '_scaled_dot_product_efficient_attention' in on_cuda.ops
+    assert '_softmax' in on_cpu.ops and not any(name.startswith('_scaled_dot') for name in on_cpu.ops)
+    # The cached masks built from fake tensors are dropped: a real step still runs.
+    model(torch.randn(1, 3, 64, 64)).__getitem__(0).mean().backward()
+
+
+def test_triton_path_is_traced_through_its_fake_kernels():
+    model = build_tiny(ViL, attn_impl='triton').train()
+    cost = trace_step(model, (1, 3, 64, 64), mode='fwd+bwd', device_type='cuda')
+    assert any(name.startswith('visattn_mm::') and op.launched for name, op in cost.ops.items())
+    assert cost.by_class()['attention'].launched > 0
+
+
+def test_trace_refuses_bad_arguments():
+    with pytest.raises(ValueError, match='dtype'):
+        trace_step(Scale(), SHAPE, dtype='int8')
+    with pytest.raises(ValueError, match='mode'):
+        trace_step(Scale(), SHAPE, mode='bwd')
+    with pytest.raises(ValueError, match='device_type'):
+        trace_step(Scale(), SHAPE, device_type='mps')
+
+
+def test_peaks_match_the_h100_within_5_percent():
+    rows = step_cost_calibration.calibration_rows()
+    if any(row['error'] is None for row in rows):
+        pytest.skip(f"the backbones' code at {step_cost_calibration.MEASURED_AT} is not in this clone: "
+                    f"{rows[-1]['note']}")
+    errors = {row['model']: round(row['error'], 4) for row in rows}
+    assert len(errors) == len(step_cost_calibration.H100_PEAK_MIB)
+    assert all(abs(error) <= 0.05 for error in errors.values()), errors
+
+
+def test_step_cost_tool_end_to_end(tmp_path, capsys):
+    rows = step_cost_tool.main(['--models', 'vil-t', '--impls', 'auto', '--configs', 'retinanet_vil_t_1x',
+                                '--batch', '1', '--size', '256x320', '--out-dir', str(tmp_path)])
+    assert [row['model'] for row in rows] == ['swin-t', 'r50', 'vil-t', 'retinanet_vil_t_1x']
+    assert rows[0]['peak_gib_vs_swin-t'] == 1.0
+    retina = rows[-1]
+    assert retina['parts'] == 'backbone+neck+bbox_head'
+    assert retina['peak_gib'] > rows[2]['peak_gib'] and retina['launched'] > rows[2]['launched']
+    with open(tmp_path / 'step_cost_ops.csv') as ops:
+        names = {row['op'] for row in csv.DictReader(ops) if row['model'] == 'vil-t'}
+    assert {'addmm', 'native_layer_norm'} <= names
+    assert '| vil-t | auto |' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv, message', [(['--models', 'vil-x'], 'vil-x'), (['--size', '8x8'], '--size'),
+                                           (['--impls', 'fastest'], '--impls'), (['--batch', '0'], '--batch')])
+def test_step_cost_tool_refuses_bad_options(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        step_cost_tool.parse_args(argv)

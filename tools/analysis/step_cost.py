@@ -1,0 +1,175 @@
+"""Step costs on the CPU: peak memory, bytes moved, layout bytes and ops launched of one training step,
+as a GPU would pay them, against Swin-T and ResNet-50 traced in the same run.
+
+Each model runs one step (forward + backward by default) on fake tensors with CUDA's
+dispatch decisions emulated, through ``visattn_mm.analysis.step_cost`` (its docstring
+says what is counted and how). No GPU and no data are needed: a batch-8 800x1333 step
+takes seconds. Counts, not times: milliseconds stay a GPU measurement
+(``benchmark.py --device cuda``).
+
+The baselines are those of the H100 measurements in ``docs/benchmarks.md``: Swin-T is
+timm's ``swin_tiny_patch4_window7_224`` as a dense backbone (any input size, four maps),
+ResNet-50 mmdet's Mask R-CNN backbone (stem and first stage frozen, BN in eval mode).
+
+``--configs`` adds whole models of configs (``configs/*.py``), in mmdet's / mmseg's tensor
+mode: backbone, neck and dense heads (a segmentor's decode and auxiliary heads, a
+detector's RPN or RetinaNet head), with the sum of the outputs' means as the loss. A
+two-stage detector's RoI heads need proposals from NMS, which fake tensors cannot run:
+they are left out, and the row says so in ``parts``.
+
+Writes ``<out-dir>/step_cost.csv`` (one row per model and path), ``step_cost_classes.csv``
+(per op class) and ``step_cost_ops.csv`` (per op), and prints a markdown table.
+
+Example (the table of docs/benchmarks.md)::
+
+    .venv/bin/python tools/analysis/step_cost.py --models vil-s,vil-ls-s,pale-t,vvt-s \
+        --impls auto,triton --configs maskrcnn_vil_s_1x,upernet_vvt_s_160k_ade20k
+"""
+from __future__ import annotations
+
+import argparse
+import os.path as osp
+import time
+
+import _bench_common as common
+import benchmark
+import torch
+
+from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
+from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
+
+BASELINES = ('swin-t', 'r50')
+COLUMNS = ('model', 'impl', 'parts', 'batch', 'height', 'width', 'dtype', 'mode', 'peak_gib', 'peak_gib_vs_swin-t',
+           'peak_gib_vs_r50', 'launched', 'launched_vs_swin-t', 'layout_gb', 'layout_gb_vs_swin-t', 'moved_gb',
+           'saved_gb', 'tflops', 'trace_s')
+CLASS_COLUMNS = ('model', 'impl', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
+OP_COLUMNS = ('model', 'impl', 'op', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
+
+
+def build_backbone(name):
+    """One of ``benchmark.MODEL_ZOO``'s backbones; 'swin-t' as in the H100 measurements (timm's)."""
+    if name == 'swin-t':
+        return benchmark._timm_swin_t()
+    return benchmark.MODEL_ZOO[name][0]()
+
+
+def build_config_model(config):
+    """The model of ``configs/<config>.py`` (or a path) and a forward running its dense parts.
+
+    Returns:
+        tuple: ``(model, forward(model, images) -> outputs, parts)``, ``parts`` naming what runs.
+    """
+    import model_zoo
+    path = config if config.endswith('.py') else osp.join(model_zoo.CONFIG_DIR, f'{config}.py')
+    if not osp.exists(path):
+        raise SystemExit(f'--configs: {path} does not exist')
+    model, scope = model_zoo.build_model(path)
+    heads = [name for name in ('decode_head', 'auxiliary_head', 'rpn_head', 'bbox_head')
+             if getattr(model, name, None) is not None]
+    parts = '+'.join(['backbone'] + (['neck'] if getattr(model, 'with_neck', False) else []) + heads)
+    if getattr(model, 'roi_head', None) is not None:
+        parts += ' (roi_head left out: it needs NMS proposals)'
+
+    def forward(net, images):
+        features = net.extract_feat(images)
+        return [getattr(net, head)(features) for head in heads] or features
+    return model, forward, parts
+
+
+def _gb(value):
+    return value / 1e9
+
+
+def trace_rows(name, model, forward, parts, impls, args):
+    """Traces ``model`` once per impl; returns (summary rows, class rows, op rows)."""
+    rows, class_rows, op_rows = [], [], []
+    model.train()
+    for impl in impls:
+        begin = time.perf_counter()
+        with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
+            cost = trace_step(model, (args.batch, 3, *args.size), dtype=args.dtype, mode=args.mode,
+                              device_type=args.device_type, forward=forward)
+        summary = cost.summary()
+        rows.append(dict(model=name, impl=impl, parts=parts, batch=args.batch, height=args.size[0],
+                         width=args.size[1], dtype=args.dtype, mode=args.mode,
+                         peak_gib=summary['peak_bytes'] / common.GIB, launched=summary['launched'],
+                         layout_gb=_gb(summary['layout_bytes']), moved_gb=_gb(summary['bytes_moved']),
+                         saved_gb=_gb(summary['bytes_saved']), tflops=summary['flops'] / 1e12,
+                         trace_s=time.perf_counter() - begin))
+        for key, table, items in (('op_class', class_rows, cost.by_class().items()),
+                                  ('op', op_rows, cost.ops.items())):
+            for label, op in sorted(items, key=lambda item: -item[1].bytes_moved):
+                table.append({'model': name, 'impl': impl, key: label, 'op_class': op.op_class, 'count': op.count,
+                              'launched': op.launched, 'gflops': op.flops / 1e9, 'read_gb': _gb(op.bytes_read),
+                              'written_gb': _gb(op.bytes_written), 'saved_gb': _gb(op.bytes_saved)})
+        print(f"{name:>9} {impl:>6}: peak {rows[-1]['peak_gib']:.2f} GiB, {summary['launched']} ops, "
+              f"layout {rows[-1]['layout_gb']:.1f} GB ({rows[-1]['trace_s']:.1f} s)", flush=True)
+    return rows, class_rows, op_rows
+
+
+def add_ratios(rows):
+    """Ratios to the baselines' rows of the same run (same batch, size, dtype, mode)."""
+    keys = ('batch', 'height', 'width', 'dtype', 'mode')
+    common.add_ratio_columns(rows, 'swin-t', keys, ('peak_gib', 'launched', 'layout_gb'))
+    common.add_ratio_columns(rows, 'r50', keys, ('peak_gib', ))
+    return rows
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ours = [name for name in benchmark.MODEL_ZOO if name not in BASELINES]
+    parser.add_argument('--models', default='vil-s,vil-ls-s,pale-t,vvt-s',
+                        help=f'comma-separated backbones, "all" or "none": {", ".join(ours)} (the baselines '
+                             f'{", ".join(BASELINES)} are always traced)')
+    parser.add_argument('--configs', default='',
+                        help='comma-separated config names (configs/<name>.py) or paths: whole models')
+    parser.add_argument('--impls', default='auto,triton',
+                        help=f'attention implementations of our models, from {", ".join(ATTENTION_IMPLS)}')
+    parser.add_argument('--batch', type=int, default=8)
+    parser.add_argument('--size', default='800x1333', help='HEIGHTxWIDTH')
+    parser.add_argument('--dtype', default='bf16', choices=list(AUTOCAST_DTYPES),
+                        help='fp32, or bf16 / fp16 autocast')
+    parser.add_argument('--mode', default='fwd+bwd', choices=list(MODES))
+    parser.add_argument('--device-type', default='cuda', choices=('cuda', 'cpu'),
+                        help="whose dispatch decisions the step takes: CUDA's (emulated) or the CPU's")
+    parser.add_argument('--out-dir', default='work_dirs/step_cost')
+    args = parser.parse_args(argv)
+    if args.models in ('all', 'none'):
+        args.models = ours if args.models == 'all' else []
+    else:
+        args.models = common.check_choices(common.parse_list(args.models, option='--models'), ours, '--models')
+    args.configs = [c.strip() for c in args.configs.split(',') if c.strip()]
+    args.impls = common.check_choices(common.parse_list(args.impls, option='--impls'), ATTENTION_IMPLS, '--impls')
+    args.size = common.parse_size(args.size, '--size')
+    if args.batch < 1:
+        raise SystemExit('--batch must be >= 1')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    rows, class_rows, op_rows = [], [], []
+    jobs = [(name, lambda n=name: (build_backbone(n), None, 'backbone'), [common.NO_IMPL]) for name in BASELINES]
+    jobs += [(name, lambda n=name: (build_backbone(n), None, 'backbone'), args.impls) for name in args.models]
+    jobs += [(config, lambda c=config: build_config_model(c), args.impls) for config in args.configs]
+    for name, build, impls in jobs:
+        model, forward, parts = build()
+        found = trace_rows(name, model, forward, parts, impls, args)
+        for table, new in zip((rows, class_rows, op_rows), found):
+            table += new
+        del model
+    add_ratios(rows)
+    print(f'\nstep costs, {args.mode}, batch {args.batch}, {args.size[0]}x{args.size[1]}, {args.dtype}, '
+          f'{args.device_type} dispatch (traced on fake tensors)\n')
+    print(common.format_table(rows, [c for c in COLUMNS if c not in ('batch', 'height', 'width', 'dtype', 'mode')]))
+    for file_name, table, columns in (('step_cost.csv', rows, COLUMNS),
+                                      ('step_cost_classes.csv', class_rows, CLASS_COLUMNS),
+                                      ('step_cost_ops.csv', op_rows, OP_COLUMNS)):
+        common.write_csv(table, columns, osp.join(args.out_dir, file_name))
+    print(f'\nwrote {args.out_dir}/step_cost.csv, step_cost_classes.csv, step_cost_ops.csv')
+    return rows
+
+
+if __name__ == '__main__':
+    main()
