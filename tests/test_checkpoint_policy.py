@@ -13,10 +13,11 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from helpers import VIL_TINY_ARCH, assert_unchanged, snapshot
+from helpers import TINY_ARCHS, VIL_TINY_ARCH, assert_unchanged, snapshot
 from test_tools_cli import DET_CONFIG, TOOLS, toy
 from visattn_mm.checkpoint import CheckpointError, load_model_checkpoint
-from visattn_mm.models import Classifier, ViL
+from visattn_mm.checkpoint.policy import REFUSED_ACTION
+from visattn_mm.models import VVT, Classifier, ViL
 
 ROOT = Path(__file__).resolve().parents[1]
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')   # the official classification layout
@@ -29,22 +30,34 @@ def resnet50_like_checkpoint():
             'fc.bias': torch.zeros(1000)}
 
 
+def build_config_model(config, seed, **options):
+    """The model of ``configs/<config>`` with a tiny backbone (its tiny arch), randomly initialised.
+
+    ``options`` are config overrides, e.g. ``{'model.bbox_head.num_classes': 80}``.
+    """
+    import importlib
+
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(ROOT / 'configs' / config)
+    importlib.import_module(f'{cfg.default_scope}.utils').register_all_modules(init_default_scope=False)
+    init_default_scope(cfg.default_scope)
+    backbone = cfg.model.backbone
+    tiny = TINY_ARCHS[{'ViL': ViL, 'VVT': VVT}[backbone.type]]
+    backbone.update(arch=tiny, init_cfg=None)
+    dims = [tiny['embed_dims'][i] for i in backbone.get('out_indices', (0, 1, 2, 3))]
+    head = cfg.model.get('neck') or cfg.model.decode_head
+    head.in_channels = dims
+    if 'auxiliary_head' in cfg.model:
+        cfg.model.auxiliary_head.in_channels = dims[2]
+    cfg.merge_from_dict(options)
+    torch.manual_seed(seed)
+    return importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)
+
+
 @pytest.fixture(scope='module')
 def build_detector():
     """Builds a RetinaNet with a tiny ViL from configs/retinanet_vil_t_1x.py, randomly initialised."""
-    from mmdet.registry import MODELS
-    from mmdet.utils import register_all_modules
-    from mmengine.registry import init_default_scope
-    register_all_modules(init_default_scope=False)
-    init_default_scope('mmdet')
-    cfg = Config.fromfile(ROOT / 'configs' / 'retinanet_vil_t_1x.py')
-    cfg.model.backbone.update(arch=VIL_TINY_ARCH, init_cfg=None)
-    cfg.model.neck.in_channels = [32, 32, 32]
-
-    def build(seed):
-        torch.manual_seed(seed)
-        return MODELS.build(cfg.model)
-    return build
+    return lambda seed, **options: build_config_model('retinanet_vil_t_1x.py', seed, **options)
 
 
 @pytest.fixture(scope='module')
@@ -73,9 +86,95 @@ def test_load_from_classification_checkpoint_converts_it_into_the_backbone(build
 def test_classification_checkpoint_cannot_be_evaluated_or_resumed(build_detector, classifier, purpose, action):
     detector = build_detector(0)
     before = snapshot(detector)
-    with pytest.raises(CheckpointError, match=f'refusing to {action} cls.pth: it holds backbone-only') as err:
+    with pytest.raises(CheckpointError, match=f'refusing to {action} cls.pth: ') as err:
         load_model_checkpoint(detector, {'state_dict': classifier.state_dict()}, 'cls.pth', purpose)
-    assert 'none for neck, bbox_head' in str(err.value) and 'tools/train.py' in str(err.value)
+    message = str(err.value)
+    assert 'It holds backbone-only weights (ImageNet classification weights of this ViL' in message
+    assert 'none for neck, bbox_head' in message and 'load_from=cls.pth' in message   # the fix that works
+    assert_unchanged(detector, before)
+
+
+@pytest.mark.parametrize('purpose', ['test', 'resume'])
+def test_backbone_only_checkpoint_of_another_backbone_is_not_sent_to_init_cfg(build_detector, purpose):
+    """A ResNet-50 ImageNet file: init_cfg and load_from would refuse it too, so they are not the fix."""
+    detector = build_detector(0)
+    with pytest.raises(CheckpointError) as err:
+        load_model_checkpoint(detector, resnet50_like_checkpoint(), 'r50.pth', purpose)
+    message = str(err.value)
+    assert 'It holds backbone-only weights of another backbone or size' in message
+    assert '0 of ' in message and "parameter tensors match) of this config's ViL" not in message
+    assert 'Neither init_cfg nor load_from can use it' in message and 'tools/convert_ckpt.py' in message
+    assert 'load_from=r50.pth' not in message
+
+
+@pytest.mark.parametrize('purpose', ['test', 'resume'])
+def test_checkpoint_of_another_detector_is_refused_as_such(build_detector, purpose):
+    """A Mask R-CNN ViL-T checkpoint for the RetinaNet ViL-T config: its backbone fits, the head is absent.
+
+    Under the 90% rule it loaded and evaluated a random RetinaNet head (mAP 0).
+    """
+    detector = build_detector(0)
+    mask_rcnn = build_config_model('maskrcnn_vil_t_1x.py', 1)
+    before = snapshot(detector)
+    with pytest.raises(CheckpointError, match=f'refusing to {REFUSED_ACTION[purpose]} mask_rcnn.pth') as err:
+        load_model_checkpoint(detector, {'state_dict': mask_rcnn.state_dict(), 'meta': {}}, 'mask_rcnn.pth', purpose)
+    message = str(err.value)
+    assert ("It holds another detector or segmentor: its parts are neck, rpn_head, roi_head, this config's "
+            "neck, bbox_head; its backbone fits this config's ViL") in message
+    assert 'not in it: ' in message and 'bbox_head (20: bbox_head.cls_convs.0.conv.weight' in message
+    assert 'config it was trained with' in message
+    assert_unchanged(detector, before)
+
+
+def test_detector_checkpoint_given_to_a_segmentor_is_not_called_backbone_only():
+    """A RetinaNet VVT-T checkpoint evaluated with the UperNet VVT-T config."""
+    segmentor = build_config_model('upernet_vvt_t_160k_ade20k.py', 0)
+    retinanet = build_config_model('retinanet_vvt_t_1x.py', 1)
+    with pytest.raises(CheckpointError) as err:
+        load_model_checkpoint(segmentor, {'state_dict': retinanet.state_dict()}, 'retinanet.pth', 'test')
+    message = str(err.value)
+    assert "It holds another detector or segmentor: its parts are neck, bbox_head, this config's " \
+           "decode_head, auxiliary_head; its backbone fits this config's VVT" in message
+    assert 'backbone-only' not in message
+
+
+@pytest.mark.parametrize('trained,configured', [(80, 3), (3, 80)])
+def test_checkpoint_of_another_class_count_names_both_counts(build_detector, trained, configured):
+    """80-class weights in a 3-class config evaluated to mAP 0; 3 in 80 crashed in CocoMetric (IndexError)."""
+    detector = build_detector(0, **{'model.bbox_head.num_classes': configured})
+    other = build_detector(1, **{'model.bbox_head.num_classes': trained})
+    before = snapshot(detector)
+    with pytest.raises(CheckpointError) as err:
+        load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test')
+    message = str(err.value)
+    assert (f'bbox_head.retina_cls.weight: the checkpoint predicts {trained} classes, the config {configured} '
+            f'(checkpoint ({9 * trained}, 256, 3, 3), model ({9 * configured}, 256, 3, 3))') in message
+    assert f'--cfg-options model.bbox_head.num_classes={trained}' in message
+    assert 'load_from_allow_partial=True' in message
+    assert_unchanged(detector, before)
+
+
+def test_partial_evaluation_on_purpose_loads_what_matches(build_detector):
+    detector = build_detector(0, **{'model.bbox_head.num_classes': 3})
+    other = build_detector(1, **{'model.bbox_head.num_classes': 80})
+    random_head = detector.bbox_head.retina_cls.weight.detach().clone()
+    report = load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test',
+                                   allow_partial=True)
+    assert report.missing == ['bbox_head.retina_cls.weight', 'bbox_head.retina_cls.bias']
+    assert torch.equal(detector.bbox_head.retina_cls.weight, random_head)
+    assert torch.equal(detector.neck.fpn_convs[0].conv.weight, other.neck.fpn_convs[0].conv.weight)
+
+
+def test_resume_from_published_weights_says_what_is_missing(build_detector):
+    """What mmdet's publish_model.py leaves ('meta' and 'state_dict'): mmengine raised KeyError: 'message_hub'."""
+    detector, other = build_detector(0), build_detector(1)
+    published = {'meta': {'epoch': 12, 'iter': 1000}, 'state_dict': other.state_dict()}
+    before = snapshot(detector)
+    with pytest.raises(CheckpointError) as err:
+        load_model_checkpoint(detector, published, 'published.pth', 'resume')
+    message = str(err.value)
+    assert "'message_hub', 'optimizer', 'param_schedulers' missing" in message
+    assert 'publish_model.py' in message and '--cfg-options load_from=published.pth' in message
     assert_unchanged(detector, before)
 
 
@@ -101,7 +200,7 @@ def test_checkpoint_of_another_model_is_refused_with_the_report(build_detector):
 def test_checkpoint_of_this_model_loads_whole(build_detector):
     """Control for the refusals above: a checkpoint of the same model loads every tensor."""
     detector, other = build_detector(0), build_detector(1)
-    checkpoint = {'state_dict': other.state_dict(), 'meta': {'iter': 4}}
+    checkpoint = {'state_dict': other.state_dict(), 'meta': {'epoch': 0, 'iter': 4}, 'message_hub': {}}
     report = load_model_checkpoint(detector, checkpoint, 'iter_4.pth', 'resume')
     assert report.loaded_fraction == 1 and report.missing == [] and report.unexpected == []
     for key, value in detector.state_dict().items():
@@ -143,7 +242,29 @@ def workspace(tmp_path_factory):
     whole = root / 'whole.pth'
     torch.save({'state_dict': {'a': torch.zeros(1000)}, 'meta': {}}, whole)
     (root / 'truncated.pth').write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    eighty_classes = _tiny_mask_rcnn(root, {'model.roi_head.bbox_head.num_classes': 80,
+                                            'model.roi_head.mask_head.num_classes': 80})
+    torch.save({'state_dict': eighty_classes.state_dict(), 'meta': {'epoch': 0, 'iter': 4}}, root / 'classes80.pth')
+    published = _tiny_mask_rcnn(root, {})
+    torch.save({'state_dict': published.state_dict(), 'meta': {'epoch': 0, 'iter': 4}}, root / 'published.pth')
+    # How the plugin's configs reach mmdet's own scripts: they import it and select its Runner.
+    (root / 'plugin_mask_rcnn.py').write_text(
+        "_base_ = ['tiny_mask_rcnn.py']\n"
+        "custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)\n"
+        "runner_type = 'CheckpointPolicyRunner'\n")
     return root
+
+
+def _tiny_mask_rcnn(root, options):
+    """The model of the workspace's tiny Mask R-CNN config with ``options`` applied, randomly initialised."""
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.registry import init_default_scope
+    register_all_modules(init_default_scope=False)
+    init_default_scope('mmdet')
+    cfg = Config.fromfile(root / 'tiny_mask_rcnn.py')
+    cfg.merge_from_dict(options)
+    return MODELS.build(cfg.model)
 
 
 def _run_tool(workspace, name, work_dir, *args):
@@ -155,9 +276,51 @@ def test_test_tool_refuses_a_classification_checkpoint(workspace):
     proc = _run_tool(workspace, 'test.py', 'work_test', 'resnet50.pth')
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert 'Traceback' not in proc.stderr
-    assert 'error: refusing to evaluate resnet50.pth: it holds backbone-only' in proc.stderr
+    assert 'error: refusing to evaluate resnet50.pth: ' in proc.stderr
+    assert 'It holds backbone-only weights of another backbone or size' in proc.stderr
     assert 'none for neck, rpn_head, roi_head' in proc.stderr and 'tools/train.py' in proc.stderr
     assert not list((workspace / 'work_test').glob('*/*.json'))    # no metrics were written
+
+
+def test_test_tool_refuses_another_class_count_and_evaluates_it_with_allow_partial(workspace):
+    """80-class weights in the 3-class config: loaded 97% under the 90% rule and evaluated to mAP 0."""
+    proc = _run_tool(workspace, 'test.py', 'work_classes', 'classes80.pth')
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr
+    assert ('roi_head.bbox_head.fc_cls.weight: the checkpoint predicts 80 classes, the config 3 '
+            '(checkpoint (81, 64), model (4, 64))') in proc.stderr
+    assert 'add --allow-partial' in proc.stderr and 'load_from_allow_partial' not in proc.stderr
+    assert not list((workspace / 'work_classes').glob('*/*.json'))
+
+    proc = _run_tool(workspace, 'test.py', 'work_partial', 'classes80.pth', '--allow-partial')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'tensors of MaskRCNN not from it' in proc.stdout + proc.stderr
+    assert list((workspace / 'work_partial').glob('*/*.json'))     # the metrics of the partial match
+
+
+def test_mmdet_test_script_through_the_configs_runner_refuses_too(workspace):
+    """mmdet's own tools/test.py builds the config's runner_type: the same refusal, naming --cfg-options."""
+    import mmdet
+    script = Path(mmdet.__file__).parent / '.mim' / 'tools' / 'test.py'
+    proc = subprocess.run([sys.executable, str(script), 'plugin_mask_rcnn.py', 'classes80.pth',
+                           '--work-dir', 'work_mmdet'], cwd=workspace, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert 'CheckpointError: refusing to evaluate classes80.pth' in proc.stderr
+    assert 'the checkpoint predicts 80 classes, the config 3' in proc.stderr
+    assert '(--cfg-options load_from_allow_partial=True)' in proc.stderr
+    assert not list((workspace / 'work_mmdet').glob('*/*.json'))
+
+
+def test_resume_from_published_weights_exits_with_the_fix(workspace):
+    """mmdet's publish_model.py keeps 'meta' and 'state_dict': resuming ended in KeyError: 'message_hub'."""
+    proc = _run_tool(workspace, 'train.py', 'work_published', '--resume', 'published.pth')
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: refusing to resume from published.pth: it holds the weights of this model')
+    assert "'message_hub', 'optimizer', 'param_schedulers' missing" in last
+    assert 'tools/train.py CONFIG --cfg-options load_from=published.pth' in last
+    assert 'Iter(train)' not in proc.stdout + proc.stderr
 
 
 def test_train_tool_refuses_load_from_of_another_backbone(workspace):

@@ -22,6 +22,9 @@ from mmengine.registry import MODELS
 
 from visattn_mm.checkpoint import load_pretrained
 
+CONVERT_ADVICE = ('is it a checkpoint of another backbone or size? Pass --allow-partial to write the '
+                  'tensors that match anyway.')
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,7 +46,8 @@ def main():
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
     with common.exit_on_checkpoint_error():
-        report = load_pretrained(backbone, args.src, allow_partial=args.allow_partial, logger=quiet)
+        report = load_pretrained(backbone, args.src, allow_partial=args.allow_partial, logger=quiet,
+                                 advice=CONVERT_ADVICE)
     print(report.summary(max_keys=40))
 
     from_checkpoint = set(report.loaded) | set(report.converted) | set(report.resized)

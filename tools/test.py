@@ -3,8 +3,12 @@
 Usage::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR]
-        [--show] [--show-dir DIR] [--wait-time S] [--tta]
+        [--show] [--show-dir DIR] [--wait-time S] [--tta] [--allow-partial]
         [--cfg-options k=v ...] [--launcher pytorch]
+
+Every tensor of the model must come from CHECKPOINT with its shape; otherwise the
+checkpoint is refused (exit status 1) with what is missing, what the file holds and
+the fix. ``--allow-partial`` evaluates a partial match on purpose.
 
 The library is chosen by the config's ``default_scope``. Library conventions
 are kept:
@@ -47,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
+    parser.add_argument('--allow-partial', action='store_true',
+                        help='evaluate even if some tensors of the model are not in the checkpoint '
+                        '(they keep their initial, random values; the log lists them)')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     common.set_local_rank_env(args.local_rank)
@@ -145,6 +152,8 @@ def main(argv=None) -> None:
     scope = common.register_scope_modules(cfg)
     common.set_work_dir(cfg, args.work_dir, args.config)
     cfg.load_from = args.checkpoint
+    if args.allow_partial:
+        cfg.load_from_allow_partial = True
     if args.show or args.show_dir:
         apply_visualization(cfg, scope, args)
     if args.tta:
@@ -157,6 +166,7 @@ def main(argv=None) -> None:
         cfg.test_evaluator['keep_results'] = True
     common.prepare_cpu_distributed(cfg)
     runner = common.build_runner(cfg)
+    runner.partial_load_option = 'add --allow-partial'
     if args.out is not None and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))

@@ -6,8 +6,9 @@ backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
 model's :class:`~.protocol.CheckpointProtocol`, which its load pre-hooks also run, so
 ``load_from``, resume and plain ``load_state_dict`` resize the same way), drop
 tensors whose shapes cannot fit, ``load_state_dict``, report, and refuse a load
-that matched too little. Whole-model loads (:mod:`.policy`) share the matching,
-the report and the refusal (:func:`load_state_dict_with_report`).
+that matched too little. Whole-model loads (:mod:`.policy`) share the reading
+(:func:`read_pretrained`), the matching (:func:`match_state_dict`), the loading
+(:func:`load_matched`) and the report.
 """
 from dataclasses import dataclass, field
 
@@ -106,6 +107,29 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
             or inf values, or fewer than 90% of the parameter tensors would be loaded
             and ``allow_partial`` is False. Nothing is loaded then.
     """
+    state_dict, report = read_pretrained(model, checkpoint, map_location, source)
+    return load_state_dict_with_report(model, state_dict, report, allow_partial, advice, logger)
+
+
+def read_pretrained(model, checkpoint, map_location='cpu', source=None):
+    """Read and unwrap ``checkpoint`` and convert it to ``model``'s layout; load nothing.
+
+    The steps of :func:`load_pretrained` before the matching, shared with the policy,
+    which asks whether a file would fit a backbone without loading it.
+
+    Args:
+        model (nn.Module): A backbone or classifier (see :func:`load_pretrained`).
+        checkpoint (str | dict): File path, or a checkpoint object already read.
+        map_location (str): Passed to ``torch.load``.
+        source (str, optional): The file's name in messages (see :func:`load_pretrained`).
+
+    Returns:
+        tuple: ``(state_dict, report)``: the tensors under ``model``'s names and a
+        :class:`LoadReport` noting the container, layout and conversions.
+
+    Raises:
+        CheckpointError: If the file cannot be read or holds no state_dict.
+    """
     if source is None:
         source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
     if isinstance(checkpoint, str):
@@ -118,16 +142,12 @@ def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_loc
     report = LoadReport(source=str(source), container=container, layout='ours')
     if isinstance(model, CheckpointProtocol):
         state_dict = model.checkpoint_filter(state_dict, set(model.state_dict()), report)
-    return load_state_dict_with_report(model, state_dict, report, allow_partial, advice, logger)
+    return state_dict, report
 
 
 def load_state_dict_with_report(model, state_dict, report, allow_partial=False, advice=INIT_CFG_ADVICE,
                                 logger=None):
     """Load the tensors of ``state_dict`` that fit ``model``, filling in ``report``; or refuse.
-
-    Every :class:`~.protocol.CheckpointProtocol` module of ``model`` first drops its
-    derived tensors and resizes its tables (:meth:`~.protocol.CheckpointProtocol.adapt_state_dict`);
-    then a tensor fits if ``model`` has its key with the same shape.
 
     Args:
         model (nn.Module): The model (a backbone, or a whole detector or segmentor).
@@ -144,6 +164,32 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
     Raises:
         CheckpointError: Below 90% without ``allow_partial``, or for NaN/inf values;
             nothing is loaded then.
+    """
+    usable = match_state_dict(model, state_dict, report)
+    if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
+        raise CheckpointError(
+            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
+            f'parameter tensors of {type(model).__name__} match {report.source} (need '
+            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n'
+            + report.summary())
+    return load_matched(model, usable, report, logger)
+
+
+def match_state_dict(model, state_dict, report):
+    """The tensors of ``state_dict`` that fit ``model``, with ``report`` filled in; loads nothing.
+
+    Every :class:`~.protocol.CheckpointProtocol` module of ``model`` first drops its
+    derived tensors and resizes its tables (:meth:`~.protocol.CheckpointProtocol.adapt_state_dict`);
+    then a tensor fits if ``model`` has its key with the same shape. ``report.missing``
+    lists every tensor of ``model`` that the result does not set (apart from ``report.fresh``).
+
+    Args:
+        model (nn.Module): The model the tensors are for.
+        state_dict (dict): Checkpoint tensors, already in ``model``'s layout.
+        report (LoadReport): Filled in; ``converted`` and ``fresh`` may be set already.
+
+    Returns:
+        dict: The usable tensors, by ``model``'s keys.
     """
     target = model.state_dict()
     state_dict = dict(state_dict)
@@ -164,13 +210,15 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
     report.num_model_params = len(param_names)
     report.num_loaded_params = sum(name in usable for name in param_names)
     report.missing = [k for k in target if k not in usable and k not in report.fresh]
+    return usable
 
-    if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
-        raise CheckpointError(
-            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
-            f'parameter tensors of {type(model).__name__} match {report.source} (need '
-            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n'
-            + report.summary())
+
+def load_matched(model, usable, report, logger=None):
+    """Load ``usable`` (from :func:`match_state_dict`) into ``model`` all or nothing and log ``report``.
+
+    Raises:
+        CheckpointError: For NaN/inf values; nothing is loaded then.
+    """
     check_finite(usable, report.source)
     _load_all_or_nothing(model, usable)
     (logger or MMLogger.get_current_instance()).info(report.summary())

@@ -1,47 +1,46 @@
 """Checkpoints given to a whole detector or segmentor: ``load_from``, ``tools/test.py``, ``--resume``.
 
-One policy, the one ``init_cfg`` follows (:func:`~.loader.load_pretrained`): a report
-of what was loaded, and a refusal, with that report, when less than 90% of the model
-would be set. On top of it, what a whole-model load must know about the file:
+Two rules, by purpose:
 
-* a checkpoint holding only backbone weights (an ImageNet classification checkpoint:
-  official ViL / ViL-LS / VVT releases, timm or our classifier, torchvision) has no
-  tensors for the neck and heads. ``load_from`` loads it into ``model.backbone``
-  exactly as ``init_cfg`` would (official layouts converted, full-attention ``qkv``
-  split); evaluating it (``tools/test.py``) or resuming from it is refused;
-* any other checkpoint is matched against the whole model.
+* ``load_from`` (start training from a checkpoint) follows ``init_cfg``'s rule
+  (:func:`~.loader.load_pretrained`): a report of what was loaded, and a refusal when
+  less than 90% of the model would be set. A checkpoint without tensors for this
+  model's neck and heads (ImageNet classification weights, or another detector's or
+  segmentor's) loads into ``model.backbone`` exactly as ``init_cfg`` would load it
+  (official layouts converted, full-attention ``qkv`` split).
+* evaluating (``'test'``) and resuming (``'resume'``) load exactly: every tensor of the
+  model must come from the checkpoint with its shape, or the file is refused with what
+  is missing or of another shape, what the file holds (backbone-only weights, another
+  detector or segmentor, another backbone or size, another number of classes) and the
+  fix that works for that case. ``allow_partial`` evaluates a partial match on purpose;
+  resuming has no such option. Resuming also needs the training state mmengine restores
+  (``meta`` with the epoch and iteration, ``message_hub``).
 """
 from .formats import CheckpointError, find_state_dict
-from .loader import LoadReport, load_pretrained, load_state_dict_with_report
+from .loader import (MIN_LOADED_FRACTION, LoadReport, load_matched, load_pretrained, load_state_dict_with_report,
+                     match_state_dict, read_pretrained)
 
 PURPOSES = ('load_from', 'test', 'resume')
 
-PARTIAL_LOAD_FIX = ('To load a partial match on purpose, set load_from_allow_partial=True in the '
-                    'config (--cfg-options load_from_allow_partial=True).')
+#: How a config asks for a partial load; the tools that have a flag for it say theirs instead.
+PARTIAL_LOAD_OPTION = 'set load_from_allow_partial=True in the config (--cfg-options load_from_allow_partial=True)'
 INIT_FROM_IMAGENET = ("model.backbone.init_cfg=dict(type='Pretrained', checkpoint=FILE) or "
                       'load_from=FILE (which loads classification checkpoints into the backbone)')
-WHOLE_MODEL_ADVICE = {
-    'load_from': ('is it a checkpoint of another model (another backbone, size or detector)? '
-                  'Use a checkpoint of this config\'s model; to start from ImageNet weights use '
-                  f'{INIT_FROM_IMAGENET}. {PARTIAL_LOAD_FIX}'),
-    'test': ('is it a checkpoint of another model (another backbone, size or detector)? '
-             'tools/test.py needs the checkpoint that tools/train.py wrote for this config.'),
-    'resume': ('is it a checkpoint of another model (another backbone, size or detector)? '
-               '--resume continues a run of this config from a checkpoint tools/train.py wrote '
-               'for it.'),
-}
+LOAD_FROM_ADVICE = ('is it a checkpoint of another model (another backbone, size or detector)? '
+                    'Use a checkpoint of this config\'s model; to start from ImageNet weights use '
+                    f'{INIT_FROM_IMAGENET}. To load a partial match on purpose, {PARTIAL_LOAD_OPTION}.')
 REFUSED_ACTION = {'test': 'evaluate', 'resume': 'resume from'}
-BACKBONE_ONLY_FIX = {
-    'test': ('Evaluating it would run a randomly initialised {parts} (mAP or mIoU near 0). '
-             'tools/test.py needs the checkpoint that tools/train.py wrote for this config; to '
-             'train from these weights use ' + INIT_FROM_IMAGENET + ' with tools/train.py.'),
-    'resume': ('--resume continues a run from a checkpoint tools/train.py wrote (weights of the '
-               'whole model, optimizer, progress); start a new run from these weights with '
-               + INIT_FROM_IMAGENET + ' instead.'),
-}
+#: The keys of a checkpoint that mmengine's ``Runner.resume`` reads unconditionally.
+RESUME_STATE = ('meta', 'message_hub')
+#: Training state mmengine's checkpoints also hold; resumed only where present.
+OPTIONAL_RESUME_STATE = ('optimizer', 'param_schedulers')
+#: Top-level names of a classifier's own tensors next to ``backbone.``: such a file is backbone-only.
+CLASSIFIER_PARTS = ('head', 'neck')
+MAX_LISTED = 4
 
 
-def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=False, logger=None):
+def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=False, logger=None,
+                          partial_option=PARTIAL_LOAD_OPTION):
     """Load a checkpoint given to the whole model, or refuse it with the reason and the fix.
 
     Args:
@@ -50,43 +49,50 @@ def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=Fals
         source (str): The file's name, for the messages.
         purpose (str): ``'load_from'`` (start training from it), ``'test'`` (evaluate
             it) or ``'resume'`` (continue the run that wrote it).
-        allow_partial (bool): With ``'load_from'``, load even if less than 90% matches.
+        allow_partial (bool): With ``'load_from'``, load even if less than 90% matches;
+            with ``'test'``, evaluate with the tensors that match (the others keep their
+            initial values). Ignored for ``'resume'``.
         logger (MMLogger, optional): Where the report goes. Default: mmengine's current logger.
+        partial_option (str): How the caller's tool asks for a partial evaluation, named
+            in the refusal of an inexact ``'test'`` load.
 
     Returns:
-        LoadReport: What was loaded (into ``model.backbone`` for a backbone-only
-        checkpoint given to ``load_from``).
+        LoadReport: What was loaded (into ``model.backbone`` for a checkpoint without
+        tensors for the other parts, given to ``load_from``).
 
     Raises:
-        CheckpointError: If the checkpoint holds no state_dict, holds only backbone
-            weights (for ``'test'`` and ``'resume'``), has no progress to resume, or
-            matches less than 90% of the model (of the backbone, for a backbone-only
-            checkpoint). Nothing is loaded then.
+        CheckpointError: If the checkpoint holds no state_dict; for ``'load_from'``, if
+            it matches less than 90% of the model (of the backbone, for a checkpoint
+            without tensors of the other parts); for ``'test'`` (unless ``allow_partial``)
+            and ``'resume'``, if any tensor of the model would not come from it; for
+            ``'resume'``, if it lacks the training state. Nothing is loaded then.
     """
     if purpose not in PURPOSES:
         raise ValueError(f'purpose={purpose!r}; allowed: {PURPOSES}')
-    allow_partial = allow_partial and purpose == 'load_from'
     try:
         state_dict, container = find_state_dict(checkpoint)
     except ValueError as err:
         raise CheckpointError(f'{source}: {err}. Is it a model checkpoint?') from None
     parts = parts_besides_backbone(model)
-    if parts and not any(key.split('.', 1)[0] in parts for key in state_dict):
-        if purpose == 'load_from':
+    if purpose == 'load_from':
+        if parts and not set(top_level_names(state_dict)) & set(parts):
             return load_pretrained(model.backbone, checkpoint, allow_partial, logger, source=source,
-                                   advice=_backbone_advice(source, model))
-        raise CheckpointError(
-            f'refusing to {REFUSED_ACTION[purpose]} {source}: it holds backbone-only (e.g. ImageNet classification) '
-            f'weights, {len(state_dict)} tensors ({_first_keys(state_dict)}), none for '
-            f'{", ".join(parts)}. ' + BACKBONE_ONLY_FIX[purpose].format(parts=', '.join(parts)))
-    if purpose == 'resume' and 'meta' not in checkpoint:
-        raise CheckpointError(
-            f'refusing to resume from {source}: it holds weights ({container!r}) but no training '
-            "progress ('meta'); --resume needs a checkpoint tools/train.py wrote. Start a new run "
-            f'from these weights with load_from={source!r} instead.')
+                                   advice=_backbone_load_from_advice(source, model, state_dict))
+        report = LoadReport(source=str(source), container=container, layout='whole model')
+        return load_state_dict_with_report(model, state_dict, report, allow_partial, LOAD_FROM_ADVICE, logger)
     report = LoadReport(source=str(source), container=container, layout='whole model')
-    return load_state_dict_with_report(model, state_dict, report, allow_partial,
-                                       WHOLE_MODEL_ADVICE[purpose], logger)
+    usable = match_state_dict(model, state_dict, report)
+    partial = allow_partial and purpose == 'test'
+    if report.missing and not partial:
+        raise CheckpointError(_inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_option))
+    if purpose == 'resume':
+        _check_resume_state(checkpoint, source, len(usable))
+    load_matched(model, usable, report, logger)
+    if report.missing:
+        (logger or _current_logger()).warning(
+            f'evaluating {source} with {len(report.missing)} tensors of {type(model).__name__} not from it '
+            f'(load_from_allow_partial): {_grouped(report.missing)}')
+    return report
 
 
 def parts_besides_backbone(model):
@@ -100,15 +106,227 @@ def parts_besides_backbone(model):
             if name != 'backbone' and len(child.state_dict())]
 
 
-def _first_keys(state_dict, count=3):
-    keys = list(state_dict)
+def top_level_names(state_dict):
+    """The first components of the keys of ``state_dict`` (``backbone``, ``neck``, ...), in order."""
+    return list(dict.fromkeys(key.split('.', 1)[0] for key in state_dict))
+
+
+def _current_logger():
+    from mmengine.logging import MMLogger
+    return MMLogger.get_current_instance()
+
+
+# --------------------------------------------------------------------------
+# What a refused file holds, and the fix for each case
+# --------------------------------------------------------------------------
+def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_option):
+    """The message refusing to evaluate or resume from a checkpoint that does not set every tensor."""
+    source, action = report.source, REFUSED_ACTION[purpose]
+    not_in_file = [key for key in report.missing if key not in report.mismatched]
+    lines = [f'refusing to {action} {source}: {len(report.missing)} of {len(model.state_dict())} tensors of '
+             f'{type(model).__name__} would not come from it ({len(not_in_file)} not in it, '
+             f'{len(report.mismatched)} of another shape); {"evaluating" if purpose == "test" else "resuming"} '
+             'needs every tensor from the checkpoint.']
+    holds, fix = _what_it_holds(model, checkpoint, state_dict, report, purpose)
+    lines.append(f'It holds {holds}. {fix}')
+    if not_in_file:
+        lines.append(f'  not in it: {_grouped(not_in_file)}')
+    if report.mismatched:
+        lines.append('  of another shape: ' + '; '.join(
+            _shape_note(model, key, *shapes) for key, shapes in list(report.mismatched.items())[:MAX_LISTED])
+            + (f'; ... (+{len(report.mismatched) - MAX_LISTED})' if len(report.mismatched) > MAX_LISTED else ''))
+    if purpose == 'test':
+        lines.append('To evaluate a partial match on purpose (tensors not from the checkpoint keep their '
+                     f'initial, random values), {partial_option}.')
+    else:
+        lines.append('--resume has no partial option: it continues the run that wrote the checkpoint.')
+    lines.append('Nothing was loaded.')
+    return '\n'.join(lines) + '\n' + report.summary()
+
+
+def _what_it_holds(model, checkpoint, state_dict, report, purpose):
+    """``(what the file holds, the fix)`` for a checkpoint that does not set every tensor of ``model``."""
+    source = report.source
+    parts = parts_besides_backbone(model)
+    names = top_level_names(state_dict)
+    file_parts = [name for name in names if name != 'backbone']
+    whole_model = bool(set(names) & set(parts)) or ('backbone' in names
+                                                    and bool(set(file_parts) - set(CLASSIFIER_PARTS)))
+    backbone = type(getattr(model, 'backbone', model)).__name__
+    if parts and not whole_model:
+        fits, matched = _fits_backbone(model.backbone, checkpoint, source)
+        if fits:
+            holds = (f'backbone-only weights (ImageNet classification weights of this {backbone}, '
+                     f'{len(state_dict)} tensors: {_first(state_dict)}) and none for {", ".join(parts)}')
+            return holds, BACKBONE_ONLY_FIX[purpose].format(parts=', '.join(parts), source=source)
+        holds = (f'backbone-only weights of another backbone or size ({len(state_dict)} tensors: '
+                 f'{_first(state_dict)}; {matched} of this config\'s {backbone}), and none for {", ".join(parts)}')
+        return holds, OTHER_BACKBONE_FIX[purpose]
+    backbone_off = [key for key in report.missing if key.startswith('backbone.')]
+    backbone_note = (f'its backbone fits this config\'s {backbone}' if not backbone_off else
+                     f'{len(backbone_off)} tensors of this config\'s {backbone} are not in it or of another shape')
+    if parts and set(file_parts) != set(parts):
+        holds = (f'another detector or segmentor: its parts are {", ".join(file_parts) or "none"}, this '
+                 f'config\'s {", ".join(parts)}; {backbone_note}')
+        fix = OTHER_MODEL_FIX[purpose]
+        if not backbone_off:
+            fix += (' To train this config from its matching tensors: tools/train.py CONFIG --cfg-options '
+                    f'load_from={source}.')
+        return holds, fix
+    if backbone_off:
+        return f'this kind of model with another backbone or size: {backbone_note}', OTHER_SIZE_FIX[purpose]
+    classes = _class_counts(model, report)
+    if classes:
+        counts = {theirs for theirs, _, _ in classes.values()}
+        ours = next(iter(classes.values()))[1]
+        options = ' '.join(f'model.{head}.num_classes={theirs}' for head, (theirs, _, _) in classes.items())
+        holds = (f'this model trained for {" or ".join(map(str, sorted(counts)))} classes, this config has {ours}')
+        return holds, CLASSES_FIX[purpose].format(options=options, ours=ours)
+    return 'this model, but not all of it (another version of the config?)', SAME_MODEL_FIX[purpose]
+
+
+BACKBONE_ONLY_FIX = {
+    'test': ('These weights are for training, not evaluating: evaluating them would run a randomly '
+             'initialised {parts} (mAP or mIoU near 0). Train this config from them (tools/train.py CONFIG '
+             "--cfg-options load_from={source}, or model.backbone.init_cfg=dict(type='Pretrained', "
+             'checkpoint={source})) and evaluate the checkpoint tools/train.py writes.'),
+    'resume': ('--resume continues a run from a checkpoint tools/train.py wrote (weights of the whole model, '
+               'optimizer, progress); start a new run from these weights instead: tools/train.py CONFIG '
+               '--cfg-options load_from={source}.'),
+}
+OTHER_BACKBONE_FIX = {
+    purpose: (f'Neither init_cfg nor load_from can use it for this config either. {what} needs the checkpoint '
+              'tools/train.py wrote for this config; for ImageNet weights of this backbone, `python '
+              'tools/convert_ckpt.py SRC DST --config CONFIG` checks a file and converts it '
+              '(docs/checkpoints.md).')
+    for purpose, what in (('test', 'Evaluating'), ('resume', '--resume'))
+}
+OTHER_MODEL_FIX = {
+    'test': 'Evaluate it with the config it was trained with; this config needs a checkpoint tools/train.py '
+            'wrote for it.',
+    'resume': '--resume continues a run of this config from a checkpoint tools/train.py wrote for it; resume '
+              'this file with the config it was trained with.',
+}
+OTHER_SIZE_FIX = {
+    'test': 'Evaluate it with the config of its backbone and size, or evaluate a checkpoint tools/train.py '
+            'wrote for this config.',
+    'resume': 'Resume it with the config of its backbone and size.',
+}
+CLASSES_FIX = {
+    'test': ('Evaluate it with a config of its classes (--cfg-options {options}, and the test dataset\'s '
+             'classes to match), or evaluate a checkpoint trained on this config\'s {ours} classes.'),
+    'resume': 'Resume it with a config of its classes (--cfg-options {options}, and the dataset\'s classes).',
+}
+SAME_MODEL_FIX = {
+    'test': 'Evaluate the checkpoint tools/train.py wrote for this config.',
+    'resume': 'Resume from a checkpoint tools/train.py wrote for this config.',
+}
+
+
+def _fits_backbone(backbone, checkpoint, source):
+    """Whether ``init_cfg`` would load ``checkpoint`` into ``backbone``, and ``'N of M tensors match'``."""
+    try:
+        state_dict, report = read_pretrained(backbone, checkpoint, source=source)
+        match_state_dict(backbone, state_dict, report)
+    except (CheckpointError, ValueError) as err:
+        return False, f'not loadable into it: {err}'
+    return (report.loaded_fraction >= MIN_LOADED_FRACTION,
+            f'{report.num_loaded_params} of {report.num_model_params} parameter tensors match')
+
+
+def _class_counts(model, report):
+    """``{head path: (checkpoint classes, config classes, key)}`` for tensors mismatched by the class count."""
+    counts = {}
+    for key, (theirs, ours) in report.mismatched.items():
+        found = _classes_of(model, key, theirs, ours)
+        if found:
+            head, theirs_count, ours_count = found
+            counts.setdefault(head, (theirs_count, ours_count, key))
+    return counts
+
+
+def _classes_of(model, key, checkpoint_shape, model_shape):
+    """``(head path, checkpoint classes, config classes)`` if ``key`` is an output layer of a head whose
+    outputs scale with its ``num_classes``; else None.
+
+    Such layers have ``k * (num_classes + extra)`` outputs, ``extra`` 1 for a softmax's background
+    class (the head's ``cls_out_channels`` says which where it has one), ``k`` anchors or box
+    coordinates per class; the checkpoint's count follows from its first dimension.
+    """
+    if checkpoint_shape[1:] != model_shape[1:] or not model_shape:
+        return None
+    head_path = key.rsplit('.', 1)[0]
+    while head_path:
+        head = model.get_submodule(head_path)
+        if isinstance(getattr(head, 'num_classes', None), int) and head.num_classes > 0:
+            break
+        head_path = head_path.rpartition('.')[0]
+    else:
+        return None
+    classes = head.num_classes
+    extras = [getattr(head, 'cls_out_channels', classes) - classes, 0, 1]
+    for extra in dict.fromkeys(extra for extra in extras if extra >= 0):
+        per_class, rest = divmod(model_shape[0], classes + extra)
+        if not rest and not checkpoint_shape[0] % per_class:
+            theirs = checkpoint_shape[0] // per_class - extra
+            if theirs > 0:
+                return head_path, theirs, classes
+    return None
+
+
+def _shape_note(model, key, checkpoint_shape, model_shape):
+    shapes = f'checkpoint {tuple(checkpoint_shape)}, model {tuple(model_shape)}'
+    found = _classes_of(model, key, checkpoint_shape, model_shape)
+    if found:
+        return f'{key}: the checkpoint predicts {found[1]} classes, the config {found[2]} ({shapes})'
+    return f'{key}: {shapes}'
+
+
+def _grouped(keys):
+    """``'bbox_head (10: bbox_head.a, ...), neck (1: neck.b)'``: keys by their top-level part."""
+    groups = {}
+    for key in keys:
+        groups.setdefault(key.split('.', 1)[0], []).append(key)
+    return ', '.join(f'{part} ({len(ks)}: {_first(ks, 2)})' for part, ks in groups.items())
+
+
+def _first(keys, count=3):
+    keys = list(keys)
     return ', '.join(keys[:count]) + (', ...' if len(keys) > count else '')
 
 
-def _backbone_advice(source, model):
+def _check_resume_state(checkpoint, source, num_tensors):
+    """Refuse to resume from ``checkpoint`` unless it holds what mmengine's ``Runner.resume`` reads."""
+    absent = [repr(key) for key in RESUME_STATE if key not in checkpoint]
+    meta = checkpoint.get('meta')
+    if isinstance(meta, dict):
+        absent += [f"meta[{key!r}]" for key in ('epoch', 'iter') if key not in meta]
+    if not absent:
+        return
+    also = [repr(key) for key in OPTIONAL_RESUME_STATE if key not in checkpoint]
+    progress = ("no training progress ('meta')" if "'meta'" in absent
+                else 'not the training state --resume restores')
+    raise CheckpointError(
+        f'refusing to resume from {source}: it holds the weights of this model (all {num_tensors} tensors '
+        f'match) but {progress}: {", ".join(absent + also)} missing. Published or converted files keep '
+        "only the weights (mmdet's publish_model.py keeps 'meta' and 'state_dict'). --resume needs a "
+        'checkpoint tools/train.py wrote while training (work_dir/iter_N.pth or epoch_N.pth). To train on '
+        f'from these weights, start a new run: tools/train.py CONFIG --cfg-options load_from={source} '
+        '(the schedule starts again at iteration 0). Nothing was loaded.')
+
+
+def _backbone_load_from_advice(source, model, state_dict):
+    """The refusal's advice when ``load_from`` puts a file without tensors of the other parts into the backbone."""
     backbone = type(model.backbone).__name__
-    return (f'load_from={source!r} holds backbone-only (e.g. ImageNet classification) weights, '
-            f'which load into the backbone as init_cfg loads them: is it a checkpoint of another '
+    names = top_level_names(state_dict)
+    others = [name for name in names if name != 'backbone']
+    if 'backbone' in names and set(others) - set(CLASSIFIER_PARTS):
+        holds = (f'another detector or segmentor (its parts: {", ".join(others)}; this config\'s: '
+                 f'{", ".join(parts_besides_backbone(model))}), whose backbone weights load into the backbone')
+    else:
+        holds = 'backbone-only (e.g. ImageNet classification) weights, which load into the backbone'
+    return (f'load_from={source!r} holds {holds} as init_cfg loads them: is it a checkpoint of another '
             f'backbone or size (e.g. a ResNet-50 ImageNet checkpoint in a {backbone} config)? Use '
             f"this backbone's ImageNet checkpoint (`python tools/convert_ckpt.py SRC DST --config "
-            f'CONFIG` checks one and writes it converted). {PARTIAL_LOAD_FIX}')
+            f'CONFIG` checks one and writes it converted). To load a partial match on purpose, '
+            f'{PARTIAL_LOAD_OPTION}.')

@@ -3,6 +3,7 @@ from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import CheckpointLoader, Runner
 
 from ..checkpoint import load_model_checkpoint, read_checkpoint
+from ..checkpoint.policy import PARTIAL_LOAD_OPTION
 
 MMENGINE_REVISE_KEYS = [(r'^module.', '')]
 
@@ -13,15 +14,19 @@ class CheckpointPolicyRunner(Runner):
     ``load_from`` while training, the checkpoint of ``tools/test.py`` (and of
     ``runner.val()``/``test()``) and ``--resume`` are read with
     :func:`~visattn_mm.checkpoint.read_checkpoint` (one error naming the file for a
-    truncated or empty one), logged with a load report, and refused below 90% of the
-    model. A backbone-only (ImageNet classification) checkpoint given to ``load_from``
-    loads into the backbone as ``init_cfg`` would load it; evaluating or resuming from
-    one is refused. The tools build this Runner; a config selects it with
-    ``runner_type = 'CheckpointPolicyRunner'`` (our base configs do), and
-    ``load_from_allow_partial = True`` lets ``load_from`` load a partial match.
+    truncated or empty one) and logged with a load report. ``load_from`` is refused
+    below 90% of the model; a checkpoint without tensors for the neck and heads loads
+    into the backbone as ``init_cfg`` would load it. Evaluation and resume load
+    exactly: every tensor of the model from the checkpoint, or a refusal saying what
+    the file holds and what to do. The tools build this Runner; a config selects it
+    with ``runner_type = 'CheckpointPolicyRunner'`` (our base configs do, so mmdet's
+    and mmseg's own scripts use it too), and ``load_from_allow_partial = True`` lets
+    ``load_from`` load, and evaluation use, a partial match.
     """
 
     _load_purpose = 'test'   # val()/test(); train() and resume() say otherwise
+    #: How a partial evaluation is asked for, in refusals; a tool with its own flag names it instead.
+    partial_load_option = PARTIAL_LOAD_OPTION
 
     def train(self):
         self._load_purpose = 'load_from'
@@ -63,7 +68,7 @@ class CheckpointPolicyRunner(Runner):
             model = model.module
         load_model_checkpoint(model, checkpoint, filename, self._load_purpose,
                               allow_partial=self.cfg.get('load_from_allow_partial', False),
-                              logger=self.logger)
+                              logger=self.logger, partial_option=self.partial_load_option)
         self._has_loaded = True
         self.logger.info(f'Load checkpoint from {filename}')
         return checkpoint
