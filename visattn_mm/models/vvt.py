@@ -12,10 +12,12 @@ classification ``head`` is dropped.
 """
 import math
 
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import DropPath
 
-from ..ops.vicinity import preserve_features, signed_clamp, vicinity_attention
+from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attention
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
 from .layers import OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
@@ -33,6 +35,14 @@ ARCH_ZOO = with_aliases({
 DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
 EMBED_LN_EPS = 1e-5    # patch-embedding LayerNorm (official: nn.LayerNorm default)
 LN_EPS = 1e-6          # every other LayerNorm of the official code
+
+
+def autocast_dtype(x):
+    """The dtype autocast would run a matrix product of ``x`` in: its autocast dtype for a
+    16/32-bit float ``x`` under autocast on ``x``'s device, else ``x.dtype``."""
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def init_vvt_weights(module):
@@ -87,10 +97,13 @@ class VicinityAttention(nn.Module):
         """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
         b, n, _ = x.shape
         gate = self.se_fc(x.mean(dim=1))
+        # One cast for the three projections: autocast would cast (and keep for backward)
+        # a copy of x per projection.
+        x = x.to(autocast_dtype(x))
         q, k, v = (proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl)
-        out = signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
+        out = lean_signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
         return self.proj_drop(preserve_features(out, gate))
 
 
@@ -107,8 +120,39 @@ class DWConv(nn.Module):
         return x.flatten(2).transpose(1, 2)
 
 
+class _DepthwiseConvGelu(torch.autograd.Function):
+    """``gelu(conv2d(x, weight, bias))`` (3x3 depthwise, padding 1) keeping only ``x`` for backward.
+
+    Autograd would keep the convolution's input and output (the GELU's input), both
+    ``hidden``-wide maps, besides the GELU output that ``fc2`` keeps; backward here
+    recomputes the convolution (one depthwise pass over ``x``) instead. ``x``,
+    ``weight`` and ``bias`` share one dtype (the caller casts, as autocast would).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight, bias)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.gelu(F.conv2d(x, weight, bias, padding=1, groups=x.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            conv = F.conv2d(x, weight, bias, padding=1, groups=x.shape[1])
+            grad = torch.ops.aten.gelu_backward(grad, conv)
+            del conv
+            return torch.ops.aten.convolution_backward(
+                grad, x, weight, [weight.shape[0]], [1, 1], [1, 1], [1, 1], False, [0, 0], x.shape[1],
+                list(ctx.needs_input_grad))
+
+
 class ConvMlp(nn.Module):
-    """PVTv2 conv-FFN: fc1 -> 3x3 depthwise conv -> GELU -> dropout -> fc2 -> dropout."""
+    """PVTv2 conv-FFN: fc1 -> 3x3 depthwise conv -> GELU -> dropout -> fc2 -> dropout.
+
+    In training the convolution and GELU run as one autograd function that keeps only
+    the convolution's input (:class:`_DepthwiseConvGelu`).
+    """
 
     def __init__(self, dim, hidden_dim, drop=0.0):
         super().__init__()
@@ -119,7 +163,18 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw):
-        x = self.drop(self.act(self.dwconv(self.fc1(x), hw)))
+        x = self.fc1(x)
+        conv = self.dwconv.dwconv
+        lean = (torch.is_grad_enabled() and type(self.act) is nn.GELU and self.act.approximate == 'none'
+                and conv.bias is not None)
+        if not lean:
+            x = self.drop(self.act(self.dwconv(x, hw)))
+            return self.drop(self.fc2(x))
+        b, n, c = x.shape
+        dtype = autocast_dtype(x)
+        x = _DepthwiseConvGelu.apply(x.transpose(1, 2).reshape(b, c, *hw).to(dtype), conv.weight.to(dtype),
+                                     conv.bias.to(dtype))
+        x = self.drop(x.flatten(2).transpose(1, 2))
         return self.drop(self.fc2(x))
 
 

@@ -67,8 +67,36 @@ def signed_clamp(t, min_mag=CLAMP_MIN, max_mag=CLAMP_MAX):
     return t.sign() * t.abs().clamp(min_mag, max_mag)
 
 
-def _maybe_clamp(t, clamp):
-    return signed_clamp(t) if clamp else t
+class SignedClamp(torch.autograd.Function):
+    """:func:`signed_clamp` whose backward keeps one boolean per element.
+
+    Autograd through the formula keeps ``t``, ``|t|``, ``sign(t)`` and the clamped
+    magnitudes (four tensors of ``t``'s size) and runs about ten ops in backward;
+    this keeps where the clamp acted and masks the gradient with one op. Same
+    values; same gradient (1 where ``min_mag <= |t| <= max_mag``, else 0, exact
+    zeros included, as the formula's ``clamp`` backward gives).
+    """
+
+    @staticmethod
+    def forward(ctx, t, min_mag=CLAMP_MIN, max_mag=CLAMP_MAX):
+        magnitude = t.abs()
+        clamped = magnitude.clamp(min_mag, max_mag)
+        # Where the clamp changed |t| (NaNs included, as the formula's ge/le mask).
+        ctx.save_for_backward(clamped != magnitude)
+        return t.sign() * clamped
+
+    @staticmethod
+    def backward(ctx, grad):
+        acted, = ctx.saved_tensors
+        return grad.masked_fill(acted, 0), None, None
+
+
+def lean_signed_clamp(t, clamp=True):
+    """:func:`signed_clamp` where ``clamp`` is set (else ``t``): :class:`SignedClamp` when a
+    gradient will flow through it (one boolean kept per element), else the formula (no mask)."""
+    if not clamp:
+        return t
+    return SignedClamp.apply(t) if torch.is_grad_enabled() and t.requires_grad else signed_clamp(t)
 
 
 def vicinity_positions(height, width, device=None, dtype=torch.float32):
@@ -160,21 +188,55 @@ def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
         weights = vicinity_weights(height, width, q.device, operands)
         qf = vicinity_features(F.relu(q.to(operands)), weights)                    # (B, h, N, 4d)
         kf = vicinity_features(F.relu(k.to(operands)), weights)
-        kv = _maybe_clamp((kf.transpose(-1, -2) @ v.to(operands)).to(compute), clamp)   # (B, h, 4d, d)
+        kv = lean_signed_clamp((kf.transpose(-1, -2) @ v.to(operands)).to(compute), clamp)   # (B, h, 4d, d)
         k_sum = kf.sum(dim=-2, dtype=compute)                                      # (B, h, 4d)
         z = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
-        z = _maybe_clamp(z, clamp)
-        out = _maybe_clamp((qf @ kv.to(operands)).to(compute), clamp)              # (B, h, N, d)
-        out = _maybe_clamp(out * z[..., None], clamp)
+        z = lean_signed_clamp(z, clamp)
+        out = lean_signed_clamp((qf @ kv.to(operands)).to(compute), clamp)              # (B, h, N, d)
+        out = lean_signed_clamp(out * z[..., None], clamp)
     return out.to(out_dtype)
+
+
+class _PreservedFeatures(torch.autograd.Function):
+    """``signed_clamp(out + out * gate)`` keeping ``out``, ``gate`` and one boolean per element.
+
+    Autograd through the formula also keeps the sum, its magnitude, sign and clamped
+    magnitude (four more ``(B, N, C)`` tensors) and runs about fifteen ops in backward;
+    this one runs five.
+    """
+
+    @staticmethod
+    def forward(ctx, out, gate):
+        gate = gate[:, None, :]
+        preserved = out + out * gate
+        magnitude = preserved.abs()
+        clamped = magnitude.clamp(CLAMP_MIN, CLAMP_MAX)
+        ctx.save_for_backward(out, gate, clamped != magnitude)
+        return preserved.sign() * clamped
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, gate, acted = ctx.saved_tensors
+        grad = grad.masked_fill(acted, 0)
+        grad_out = grad_gate = None
+        if ctx.needs_input_grad[0]:
+            grad_out = grad + grad * gate
+        if ctx.needs_input_grad[1]:
+            grad_gate = (grad * out).sum(dim=1, dtype=gate.dtype)
+        return grad_out, grad_gate
 
 
 def preserve_features(out, gate, clamp=True):
     """Feature Preserving Connection: ``out + out * gate``, then the signed clamp.
+
+    When a gradient flows and ``clamp`` is set, one autograd function
+    (:class:`_PreservedFeatures`) keeps only ``out``, ``gate`` and where the clamp acted.
 
     Args:
         out (Tensor): ``(B, N, C)`` attention output after ``out_proj`` (and its clamp).
         gate (Tensor): ``(B, C)`` sigmoid gate computed from the token mean.
         clamp (bool): Apply the signed clamp to the result. Default: True.
     """
-    return _maybe_clamp(out + out * gate[:, None, :], clamp)
+    if clamp and torch.is_grad_enabled() and (out.requires_grad or gate.requires_grad):
+        return _PreservedFeatures.apply(out, gate)
+    return lean_signed_clamp(out + out * gate[:, None, :], clamp)
