@@ -6,7 +6,8 @@ import torch
 
 from visattn_mm.ops.reference import sliding_chunk_attention_dense
 from visattn_mm.ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
-from visattn_mm.ops.sliding_chunk import key_mask, sliding_chunk_attention
+from visattn_mm.ops.impl import attention_impl
+from visattn_mm.ops.sliding_chunk import ChunkGather, key_mask, sliding_chunk_attention
 
 HEADS, DIM = 2, 4
 
@@ -67,6 +68,39 @@ def test_gradients_match_reference():
     grads_ref = torch.autograd.grad(ref.pow(2).sum(), inputs)
     for a, b in zip(grads_fast, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('masking_mode,shift_mode,num_global', [(0, 0, 1), (-1, 0, 2), (1, 0, 0), (0, 5, 1)])
+def test_fast_path_gradients_match_reference(masking_mode, shift_mode, num_global):
+    """The fused path (gathers with their own backward) in float64: output and every gradient."""
+    height, width, window = 10, 11, 3       # 4x4 chunks, the last row and column padded
+    inputs = [t.requires_grad_() for t in random_inputs(height, width, window, num_global, seed=5)]
+    with attention_impl('fast'):
+        fast = run_fast(*inputs[:3], height, width, window, *inputs[3:], masking_mode, shift_mode)
+    ref = run_reference(*inputs[:3], height, width, window, *inputs[3:], masking_mode, shift_mode)
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
+    used = [t for t in inputs if t.numel()]
+    grads_fast = torch.autograd.grad((fast * weights).sum(), used)
+    grads_ref = torch.autograd.grad((ref * weights).sum(), used)
+    for a, b in zip(grads_fast, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_chunk_gather_gradcheck():
+    """Two outputs of two token tensors each, repeated rows and the extra row; float64 gradcheck."""
+    g = torch.Generator().manual_seed(0)
+    tokens = [torch.randn(2, 3, n, 2, generator=g, dtype=torch.float64, requires_grad=True) for n in (1, 4) * 2]
+    index = torch.tensor([5, 0, 1, 1, 4, 2, 5, 3, 1])
+    features = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    extra_row = torch.tensor([[0.0, 0.0, -7.0, 0.0], [0.0, 0.0, 0.0, 2.0]], dtype=torch.float64)
+    keys, values = ChunkGather.apply(index, features, extra_row, *tokens)
+    source = torch.cat(tokens[:2], dim=2).transpose(1, 2)
+    expected = torch.cat([source, features[0].expand(2, 5, 3, 2)], dim=-1)
+    expected = torch.cat([expected, extra_row[0].expand(2, 1, 3, 4)], dim=1)[:, index]
+    assert torch.equal(keys, expected)
+    assert torch.equal(values[:, 0], extra_row[1].expand(2, 3, 4))
+    torch.autograd.gradcheck(lambda *t: ChunkGather.apply(index, features, extra_row, *t), tokens)
 
 
 def test_hidden_keys_are_exactly_the_padding():

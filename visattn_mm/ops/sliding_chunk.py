@@ -24,7 +24,8 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .common import (HIDDEN_KEY_LOGIT, chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32,
+                     to_chunks)
 from .impl import chosen_path, use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
@@ -54,6 +55,32 @@ def check_modes(masking_mode, shift_mode):
                          f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
 
 
+def neighbour_key_coords(height, width, window, shift_mode):
+    """Where the gathered keys of every chunk lie in the padded map (CPU tensors).
+
+    Keys are the shift mode's neighbour chunks of each query chunk, wrapped around
+    the ``R x C`` chunk grid.
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: ``key_y``, ``key_x``: ``(R, C, nb, w, w)`` absolute
+        row and column of each key; ``in_grid``: ``(R, C, nb)``, whether the neighbour
+        chunk lies in the grid without wrapping.
+    """
+    w = window
+    rows, cols = chunk_grid(height, width, w)
+    blocks = neighbour_blocks(shift_mode)
+    dy = torch.tensor([NEIGHBOUR_OFFSETS[b][0] for b in blocks])
+    dx = torch.tensor([NEIGHBOUR_OFFSETS[b][1] for b in blocks])
+    r = torch.arange(rows)[:, None, None]
+    c = torch.arange(cols)[None, :, None]
+    raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
+    in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
+    inner = torch.arange(w)
+    key_y = ((raw_r % rows) * w)[..., None, None] + inner[:, None]
+    key_x = ((raw_c % cols) * w)[..., None, None] + inner[None, :]
+    return key_y, key_x, in_grid
+
+
 @device_cache
 def key_mask(height, width, window, masking_mode, shift_mode, device):
     """Which gathered keys are hidden from which queries (True = hidden).
@@ -69,19 +96,7 @@ def key_mask(height, width, window, masking_mode, shift_mode, device):
     check_modes(masking_mode, shift_mode)
     w = window
     rows, cols = chunk_grid(height, width, w)
-    blocks = neighbour_blocks(shift_mode)
-    dy = torch.tensor([NEIGHBOUR_OFFSETS[b][0] for b in blocks])
-    dx = torch.tensor([NEIGHBOUR_OFFSETS[b][1] for b in blocks])
-    r = torch.arange(rows)[:, None, None]
-    c = torch.arange(cols)[None, :, None]
-    raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
-    in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
-    wrap_r, wrap_c = raw_r % rows, raw_c % cols
-
-    inner = torch.arange(w)
-    # Absolute key coordinates in the padded image: (R, C, nb, w, w).
-    key_y = (wrap_r * w)[..., None, None] + inner[:, None]
-    key_x = (wrap_c * w)[..., None, None] + inner[None, :]
+    key_y, key_x, in_grid = neighbour_key_coords(height, width, w, shift_mode)
     in_image = (key_y < height) & (key_x < width)
     if masking_mode == -1:
         return (~in_image).reshape(rows * cols, -1).to(device)
@@ -223,28 +238,25 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     """:func:`sliding_chunk_attention` through :func:`fused_attention`.
 
     Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
-    against ``[global | neighbour]`` keys ``(B*R*C, h, G + nb*w*w, d)``, gathered
-    heads-after-chunks in one concatenation. The bias (RPB, local->global bias,
-    exact window) is the same for every chunk; the per-chunk hidden keys are
-    key-only, which :func:`fused_attention` folds into the dot product.
+    against ``[global | neighbour]`` keys ``(B*R*C, h, G + nb*w*w, d)``. Each of the
+    three is one row gather (:class:`ChunkGather`) from the tokens, heads-last,
+    which the fused kernels read as they are. Hidden keys (padding, neighbours
+    beyond the grid) are gathered from an extra all-zero row; the bias (RPB,
+    local->global bias, exact window) is the same for every chunk.
+
+    With a bias, the per-chunk hidden keys are folded into the dot product as in
+    :func:`fused_attention` (queries get an extra feature 1, keys ``0`` or
+    :data:`HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple of 8), but the extra
+    features are written by the gathers themselves: the extra row is the hidden key.
+    Without a bias the hidden keys are a boolean mask.
     """
     check_modes(masking_mode, shift_mode)
     w = window
     blocks = neighbour_blocks(shift_mode)
-    # Mode 1 = the key-only mask of mode 0 plus the chunk-independent window.
-    hidden = key_mask(height, width, w, 0 if masking_mode == 1 else masking_mode, shift_mode, q.device)
-    q_chunks = to_chunks(q, height, width, w)
-    b, heads, rows, cols, chunk, d = q_chunks.shape
-    q_chunks = q_chunks.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, chunk, d)
-
+    b, heads, _, d = q.shape
+    rows, cols = chunk_grid(height, width, w)
+    chunk = w * w
     num_global = 0 if global_k is None else global_k.shape[2]
-
-    def gather(t, global_t):
-        parts = [p.permute(0, 2, 3, 1, 4, 5)
-                 for p in neighbour_chunk_views(to_chunks(t, height, width, w), blocks)]
-        if num_global:
-            parts.insert(0, global_t[:, None, None].expand(b, rows, cols, heads, num_global, d))
-        return torch.cat(parts, dim=4).reshape(b * rows * cols, heads, -1, d)
 
     bias = None
     if local_bias is not None or l2g_bias is not None or masking_mode == 1:
@@ -256,7 +268,164 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
         if num_global:
             to_global = q.new_zeros(heads, 1, num_global) if l2g_bias is None else l2g_bias[:, None, :]
             bias = torch.cat([to_global.expand(heads, chunk, num_global), bias], dim=-1)
-    hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
-    out = fused_attention(q_chunks, gather(k, global_k), gather(v, global_v), bias, hidden, dropout_p)
-    out = out.reshape(b, rows, cols, heads, chunk, d).permute(0, 3, 1, 2, 4, 5)
-    return from_chunks(out, height, width, w)
+    # Mode 1 = the key-only mask of mode 0 plus the chunk-independent window (in the bias).
+    key_masking = 0 if masking_mode == 1 else masking_mode
+    extra = 0 if bias is None else 8 - d % 8
+    q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
+    q_chunks, = ChunkGather.apply(chunk_query_index(height, width, w, q.device), *q_rows, q)
+    keys = (k,) if not num_global else (global_k, k)
+    values = (v,) if not num_global else (global_v, v)
+    k_near, v_near = ChunkGather.apply(
+        neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows,
+        *keys, *values)
+
+    def heads_first(t):
+        return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
+
+    hidden = None
+    if bias is None:
+        hidden = key_mask(height, width, w, key_masking, shift_mode, q.device)
+        hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
+    out = fused_attention(heads_first(q_chunks), heads_first(k_near), heads_first(v_near), bias, hidden, dropout_p)
+    # Back to map tokens: one gather of the in-image query positions (the padding dropped).
+    out = out.transpose(1, 2).reshape(b, rows * cols * chunk, heads, d + extra)
+    out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
+    return out[..., :d].transpose(1, 2)
+
+
+@device_cache
+def chunk_query_index(height, width, window, device):
+    """Which token each chunk position holds, for :class:`ChunkGather`.
+
+    Returns:
+        LongTensor: ``(R*C*w*w,)``: ``y * W + x`` for chunk positions in the image,
+        ``H * W`` (the gather's extra row) for the padding.
+    """
+    w = window
+    rows, cols = chunk_grid(height, width, w)
+    inner = torch.arange(w)
+    y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]      # (R, 1, w, 1)
+    x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]      # (1, C, 1, w)
+    index = torch.where((y < height) & (x < width), y * width + x, height * width)
+    return index.reshape(-1).to(device)
+
+
+@device_cache
+def chunk_token_positions(height, width, window, device):
+    """Inverse of :func:`chunk_query_index`: the chunk position of every map token.
+
+    Returns:
+        LongTensor: ``(H*W,)`` flat indices into ``(R*C*w*w)`` chunk positions, row-major tokens.
+    """
+    w = window
+    cols = chunk_grid(height, width, w)[1]
+    y = torch.arange(height)[:, None]
+    x = torch.arange(width)[None, :]
+    position = ((y // w) * cols + x // w) * (w * w) + (y % w) * w + x % w
+    return position.reshape(-1).to(device)
+
+
+@device_cache
+def neighbour_key_index(height, width, window, masking_mode, shift_mode, num_global, device):
+    """Which token each gathered key is, for :class:`ChunkGather`.
+
+    Per chunk: the ``G`` global tokens (rows ``0..G-1``), then the shift mode's
+    neighbour chunks as :func:`key_mask` orders them (local token ``y * W + x`` at row
+    ``G + y * W + x``); keys that :func:`key_mask` hides point to the extra row
+    ``G + H * W``.
+
+    Returns:
+        LongTensor: ``(R*C*(G + nb*w*w),)``.
+    """
+    rows, cols = chunk_grid(height, width, window)
+    key_y, key_x, _ = neighbour_key_coords(height, width, window, shift_mode)
+    local = num_global + key_y * width + key_x
+    hidden = key_mask(height, width, window, masking_mode, shift_mode, torch.device('cpu'))
+    local = torch.where(hidden, num_global + height * width, local.reshape(hidden.shape))
+    glob = torch.arange(num_global).expand(rows * cols, num_global)
+    return torch.cat([glob, local], dim=1).reshape(-1).to(device)
+
+
+@device_cache
+def gather_fill_rows(head_dim, extra, dtype, device):
+    """The constant parts of the rows that :func:`_fused_sliding_chunk_attention` gathers.
+
+    With ``extra`` features (see :func:`fused_attention`): queries get ``[1, 0, ...]``,
+    keys and values zeros; the extra row is a zero query with the feature 1, the
+    hidden key (zeros, then :data:`HIDDEN_KEY_LOGIT`) and a zero value.
+
+    Returns:
+        tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]: ``(features, extra_row)``
+        of the queries, ``(1, extra)`` and ``(1, head_dim + extra)``, and of the keys
+        and values, ``(2, extra)`` and ``(2, head_dim + extra)``.
+    """
+    q_features = torch.zeros(1, extra, dtype=dtype)
+    kv_features = torch.zeros(2, extra, dtype=dtype)
+    q_row = torch.zeros(1, head_dim + extra, dtype=dtype)
+    kv_row = torch.zeros(2, head_dim + extra, dtype=dtype)
+    if extra:
+        q_features[0, 0] = q_row[0, head_dim] = 1
+        kv_row[0, head_dim] = HIDDEN_KEY_LOGIT
+    return ((q_features.to(device), q_row.to(device)), (kv_features.to(device), kv_row.to(device)))
+
+
+class ChunkGather(torch.autograd.Function):
+    """Rows of token tensors gathered by one index: chunks, their neighbours, global tokens.
+
+    ``P`` outputs (queries; or keys and values) share the index. Output ``p``'s
+    source rows are its ``S`` token tensors concatenated along the tokens, each row
+    extended by ``extra`` constant features, plus one extra constant row at the end
+    (index ``M``, the number of tokens). Every output is gathered heads-last in one
+    op; the backward accumulates every output's gradient into one buffer with one
+    ``index_add_`` each and returns views of it, instead of a zero-filled full-size
+    gradient per neighbour slice and the additions of those.
+
+    Args (of ``apply``):
+        index (LongTensor): ``(K,)`` source rows, each in ``[0, M]``.
+        features (Tensor): ``(P, extra)`` extra features of the token rows.
+        extra_row (Tensor): ``(P, d + extra)`` the last row.
+        *tokens (Tensor): ``P * S`` tensors ``(B, heads, n_s, d)``, output ``p``'s
+            are ``tokens[p*S:(p+1)*S]``, with the same ``n_s`` for every ``p``.
+
+    Returns:
+        tuple[Tensor]: ``P`` tensors ``(B, K, heads, d + extra)``.
+    """
+
+    @staticmethod
+    def forward(ctx, index, features, extra_row, *tokens):
+        outputs, extra = features.shape
+        per_output = len(tokens) // outputs
+        b, heads, _, d = tokens[0].shape
+        counts = [t.shape[2] for t in tokens[:per_output]]
+        total = sum(counts)
+        source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
+        for p in range(outputs):
+            start = 0
+            for t, n in zip(tokens[p * per_output:(p + 1) * per_output], counts):
+                source[:, start:start + n, p, :, :d].copy_(t.transpose(1, 2))
+                start += n
+        if extra:
+            source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
+        source[:, total].copy_(extra_row[:, None, :].expand(b, outputs, heads, d + extra))
+        ctx.save_for_backward(index)
+        ctx.counts, ctx.outputs, ctx.d = counts, outputs, d
+        return tuple(source[:, :, p].index_select(1, index) for p in range(outputs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        index, = ctx.saved_tensors
+        counts, outputs = ctx.counts, ctx.outputs
+        reference = next(g for g in grads if g is not None)
+        b, _, heads, _ = reference.shape
+        d = ctx.d
+        grad = reference.new_zeros(b, sum(counts) + 1, outputs, heads, d)
+        for p, g in enumerate(grads):
+            if g is not None:
+                grad[:, :, p].index_add_(1, index, g[..., :d])
+        token_grads = []
+        for p in range(outputs):
+            start = 0
+            for n in counts:
+                token_grads.append(grad[:, start:start + n, p].transpose(1, 2))
+                start += n
+        return (None, None, None, *token_grads)
