@@ -218,3 +218,16 @@ def test_ape_tables_are_interpolated_in_1d():
     expected = torch.nn.functional.interpolate(source.state_dict()[key].transpose(1, 2), size=24,
                                                mode='linear', align_corners=False).transpose(1, 2)
     torch.testing.assert_close(target.state_dict()[key], expected)
+
+
+def test_convert_tool_refusal_names_its_own_flag(tmp_path, monkeypatch):
+    """The refusal named init_cfg's allow_partial=True, which the tool's command line cannot pass."""
+    from test_tools_cli import _load_tool
+    source = tmp_path / 'resnet.pth'
+    torch.save({'conv1.weight': torch.randn(64, 3, 7, 7), 'fc.weight': torch.randn(1000, 2048)}, source)
+    monkeypatch.setattr(sys, 'argv', ['convert_ckpt.py', str(source), str(tmp_path / 'out.pth'),
+                                      '--backbone', 'type=ViL', 'arch=tiny'])
+    with pytest.raises(SystemExit, match='refusing to load') as err:
+        _load_tool('convert_ckpt').main()
+    assert 'Pass --allow-partial' in str(err.value) and 'allow_partial=True' not in str(err.value)
+    assert not (tmp_path / 'out.pth').exists()
