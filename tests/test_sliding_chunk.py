@@ -159,3 +159,25 @@ def test_invalid_modes_raise_clear_errors():
         key_mask(8, 8, 3, 0, 9, torch.device('cpu'))
     with pytest.raises(ValueError, match='exact'):
         key_mask(8, 8, 3, 1, 4, torch.device('cpu'))
+
+
+@pytest.mark.parametrize('impl', ['fast', 'math'])
+def test_leading_global_tokens_equal_separate_ones(impl):
+    """Global tokens at the front of q, k, v: the same output and gradients as passed apart (float64)."""
+    height, width, window, num_global = 7, 8, 3, 2
+    q, k, v, gk, gv, table, l2g = random_inputs(height, width, window, num_global, seed=7)
+    q_all, k_all, v_all = (torch.cat([g, t], dim=2).requires_grad_() for g, t in ((gk, q), (gk, k), (gv, v)))
+    local_bias = table[sliding_chunk_rpb_index(window)].reshape(9, 9 * 9, HEADS).permute(2, 0, 1)
+    options = dict(local_bias=local_bias, l2g_bias=l2g, impl=impl)
+    joint = sliding_chunk_attention(q_all, k_all, v_all, height, width, window, leading_global=num_global,
+                                    **options)
+    apart = sliding_chunk_attention(q_all[:, :, num_global:], k_all[:, :, num_global:], v_all[:, :, num_global:],
+                                    height, width, window, global_k=k_all[:, :, :num_global],
+                                    global_v=v_all[:, :, :num_global], **options)
+    torch.testing.assert_close(joint, apart, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(joint.shape, generator=torch.Generator().manual_seed(2), dtype=joint.dtype)
+    for a, b in zip(torch.autograd.grad((joint * weights).sum(), (q_all, k_all, v_all)),
+                    torch.autograd.grad((apart * weights).sum(), (q_all, k_all, v_all))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match='leading_global'):
+        sliding_chunk_attention(q_all, k_all, v_all, height, width, window, global_k=gk, leading_global=2)

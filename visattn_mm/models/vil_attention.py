@@ -18,10 +18,36 @@ from ..ops.sliding_chunk import check_modes, sliding_chunk_attention
 DUAL_LN_EPS = 1e-5  # Transformer-LS' DualLN keeps torch's default
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity; backward hands on the gradient as a new contiguous tensor."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone(memory_format=torch.contiguous_format)
+
+
+def with_contiguous_grad(tensor):
+    """``tensor``, whose gradient arrives as a new contiguous tensor, with the strides of a parameter.
+
+    A parameter concatenated with activations gets a slice of the concatenation's gradient. When
+    every dimension but the last is 1 (the g2g bias with one head and one global token is
+    ``(1, 1, 1)``; the global tokens of a batch of one are ``(1, 1, C)``), autograd keeps that slice
+    as the parameter's gradient, since it ignores the strides of size-1 dimensions; DDP compares all
+    of them with its bucket's and warns "Grad strides do not match bucket view strides" (and copies
+    the gradient at every step).
+    """
+    return _ContiguousGrad.apply(tensor)
+
+
 def _global_token_bias(g2l_bias, g2g_bias, num_local):
     """(heads, G, G + N) bias of the global queries: g2g, then g2l[0] for every local key."""
     heads, num_global = g2g_bias.shape[:2]
-    return torch.cat([g2g_bias, g2l_bias[0][..., None].expand(heads, num_global, num_local)], dim=-1)
+    return torch.cat([with_contiguous_grad(g2g_bias), g2l_bias[0][..., None].expand(heads, num_global, num_local)],
+                     dim=-1)
 
 
 def _merge_heads(glob, local, shape):
@@ -136,11 +162,10 @@ class SlidingChunkAttention(RelativePositionBias):
                 global_bias = _global_token_bias(self.g2l_relative_position_bias,
                                                  self.g2g_relative_position_bias, n - g)
         dropout_p = self.attn_drop if self.training else 0.0
+        # The global tokens lead q, k, v: the fused path gathers from the whole tensors.
         out = sliding_chunk_attention(
-            q[:, :, g:], k[:, :, g:], v[:, :, g:], h, w, self.window,
-            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
-            local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
-            shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl)
+            q, k, v, h, w, self.window, local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
+            shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl, leading_global=g)
         glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p) if g else None
         return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))
 

@@ -166,7 +166,7 @@ def gather_neighbour_chunks(chunks, blocks):
 
 def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
                             local_bias=None, l2g_bias=None, masking_mode=0, shift_mode=0,
-                            dropout_p=0.0, impl='auto'):
+                            dropout_p=0.0, impl='auto', leading_global=0):
     """Local tokens attend to their neighbour chunks and to the global tokens.
 
     Args:
@@ -185,10 +185,25 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         shift_mode (int): 0, -1 or 1..8, see the module docstring.
         dropout_p (float): Dropout on the attention probabilities.
         impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
+            ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
+            ``global_v`` must then be None), their queries are not attended with. The fused
+            path then gathers from the whole tensors, so that their gradients need no
+            slicing backward. Default: 0.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if leading_global:
+        if global_k is not None or global_v is not None:
+            raise ValueError('leading_global: the global keys and values are the leading tokens; '
+                             'global_k and global_v must be None')
+        if use_fast_path(q, local_bias, l2g_bias, impl=impl) and chosen_path(
+                q.device.type, impl=impl, op='sliding_chunk') != 'triton':
+            return _fused_sliding_chunk_attention(q, k, v, height, width, window, None, None, local_bias,
+                                                  l2g_bias, masking_mode, shift_mode, dropout_p, leading_global)
+        g = leading_global
+        q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='sliding_chunk') == 'triton':
         from .triton_sliding_chunk import triton_sliding_chunk_attention
         return triton_sliding_chunk_attention(q, k, v, height, width, window, global_k=global_k, global_v=global_v,
@@ -234,7 +249,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
 
 
 def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias, l2g_bias,
-                                   masking_mode, shift_mode, dropout_p):
+                                   masking_mode, shift_mode, dropout_p, leading_global=0):
     """:func:`sliding_chunk_attention` through :func:`fused_attention`.
 
     Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
@@ -248,7 +263,9 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     :func:`fused_attention` (queries get an extra feature 1, keys ``0`` or
     :data:`HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple of 8), but the extra
     features are written by the gathers themselves: the extra row is the hidden key.
-    Without a bias the hidden keys are a boolean mask.
+    Without a bias the hidden keys are a boolean mask. With ``leading_global`` tokens
+    (see :func:`sliding_chunk_attention`) the global keys and values are the first rows
+    of ``k`` and ``v``, and the queries are gathered past them.
     """
     check_modes(masking_mode, shift_mode)
     w = window
@@ -256,7 +273,7 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     b, heads, _, d = q.shape
     rows, cols = chunk_grid(height, width, w)
     chunk = w * w
-    num_global = 0 if global_k is None else global_k.shape[2]
+    num_global = leading_global or (0 if global_k is None else global_k.shape[2])
 
     bias = None
     if local_bias is not None or l2g_bias is not None or masking_mode == 1:
@@ -272,9 +289,9 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     key_masking = 0 if masking_mode == 1 else masking_mode
     extra = 0 if bias is None else 8 - d % 8
     q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
-    q_chunks, = ChunkGather.apply(chunk_query_index(height, width, w, q.device), *q_rows, q)
-    keys = (k,) if not num_global else (global_k, k)
-    values = (v,) if not num_global else (global_v, v)
+    q_chunks, = ChunkGather.apply(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
+    keys = (k,) if leading_global or not num_global else (global_k, k)
+    values = (v,) if leading_global or not num_global else (global_v, v)
     k_near, v_near = ChunkGather.apply(
         neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows,
         *keys, *values)
@@ -294,12 +311,15 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
 
 
 @device_cache
-def chunk_query_index(height, width, window, device):
+def chunk_query_index(height, width, window, first, device):
     """Which token each chunk position holds, for :class:`ChunkGather`.
 
+    Args:
+        first (int): Tokens before the map's (the leading global ones).
+
     Returns:
-        LongTensor: ``(R*C*w*w,)``: ``y * W + x`` for chunk positions in the image,
-        ``H * W`` (the gather's extra row) for the padding.
+        LongTensor: ``(R*C*w*w,)``: ``first + y * W + x`` for chunk positions in the image,
+        ``first + H * W`` (the gather's extra row) for the padding.
     """
     w = window
     rows, cols = chunk_grid(height, width, w)
@@ -307,7 +327,7 @@ def chunk_query_index(height, width, window, device):
     y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]      # (R, 1, w, 1)
     x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]      # (1, C, 1, w)
     index = torch.where((y < height) & (x < width), y * width + x, height * width)
-    return index.reshape(-1).to(device)
+    return (first + index).reshape(-1).to(device)
 
 
 @device_cache
