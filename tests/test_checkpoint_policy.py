@@ -158,6 +158,8 @@ def test_partial_evaluation_on_purpose_loads_what_matches(build_detector):
     detector = build_detector(0, **{'model.bbox_head.num_classes': 3})
     other = build_detector(1, **{'model.bbox_head.num_classes': 80})
     random_head = detector.bbox_head.retina_cls.weight.detach().clone()
+    with pytest.raises(CheckpointError, match='the checkpoint predicts 80 classes'):
+        load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test')
     report = load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test',
                                    allow_partial=True)
     assert report.missing == ['bbox_head.retina_cls.weight', 'bbox_head.retina_cls.bias']

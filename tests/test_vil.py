@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from visattn_mm.models import Classifier, ViL, set_random_shift
+from visattn_mm.models import Classifier, ViL, ViLLS, set_random_shift
 from visattn_mm.models.vil_attention import FullAttention, SlidingChunkAttention
 from visattn_mm.ops.common import dense_attention
 from visattn_mm.ops.rel_pos import cached_full_attention_rpb_index, full_attention_rpb_index, resize_rpb_grid
@@ -153,3 +153,15 @@ def test_full_attention_of_another_size_trains_after_an_inference_mode_evaluatio
         attn(x, (5, 6))
     attn(x, (5, 6)).sum().backward()
     assert attn.local_relative_position_bias_table.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('model_class', [ViL, ViLLS])
+def test_every_gradient_has_its_parameters_strides(model_class):
+    """DDP warned "Grad strides do not match bucket view strides": it compares all strides of a gradient
+    with its parameter's, autograd only those of dimensions larger than 1. With one head and one global
+    token the g2g bias is (1, 1, 1), and a batch of one makes the global tokens' gradient a slice too."""
+    torch.manual_seed(0)
+    model = model_class(arch=TINY_ARCH)
+    sum(out.mean() for out in model(torch.randn(1, 3, 64, 64))).backward()
+    strides = {name: (p.stride(), p.grad.stride()) for name, p in model.named_parameters()}
+    assert {name: pair for name, pair in strides.items() if pair[0] != pair[1]} == {}

@@ -26,7 +26,7 @@ from ..ops.sliding_chunk import SHIFT_MODES, check_modes
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
 from .layers import (Mlp, check_attn_impl, check_int, check_mlp_ratio, check_stage_lengths, init_transformer_weights,
                      pad_to_multiple)
-from .vil_attention import FullAttention, LongShortAttention, SlidingChunkAttention
+from .vil_attention import FullAttention, LongShortAttention, SlidingChunkAttention, with_contiguous_grad
 
 ARCH_ZOO = with_aliases({
     'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
@@ -232,7 +232,7 @@ class ViLPatchEmbed(nn.Module):
             glob = self.cls_token
             if self.use_ape:
                 glob = glob + self.cls_pos_embed
-            x = torch.cat([glob.expand(b, -1, -1), x], dim=1)
+            x = torch.cat([with_contiguous_grad(glob).expand(b, -1, -1), x], dim=1)
         return self.pos_drop(x), (h, w)
 
 

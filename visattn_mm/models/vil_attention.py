@@ -6,6 +6,7 @@ calling a pure function of :mod:`visattn_mm.ops` for the attention itself. All t
 """
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops.common import dense_attention
@@ -289,37 +290,65 @@ class LongShortAttention(RelativePositionBias):
         # Global tokens have no biases here: the official long-short layer has none.
         self._init_bias_tables(use_rpb, long_short_rpb_index(window), long_short_rpb_table_size(window), num_heads)
 
-    def _project(self, weights, x):
-        """``K_bar`` or ``V_bar``: ``P x`` per head, then ``dual_ln_dp`` over all channels.
+    def _project(self, weights, kv):
+        """``K_bar`` and ``V_bar``: ``P k`` and ``P v`` per head, then ``dual_ln_dp`` over all channels.
+
+        One product of ``P``'s rows of every head with the channels of every head reads the
+        local keys and values where they are (no per-head copy of them, which a product
+        per head needs); the blocks of matching heads are kept.
 
         Args:
             weights (Tensor): ``P``, ``(B, heads, r, N)``.
-            x (Tensor): Local keys or values, ``(B, heads, N, d)``.
+            kv (Tensor): ``(B, N, 2, C)`` local keys and values, heads-last.
 
         Returns:
-            Tensor: ``(B, heads, r, d)``.
+            tuple[Tensor, Tensor]: ``K_bar`` and ``V_bar``, ``(B, heads, r, d)`` each.
         """
-        b, heads, rank, _ = weights.shape
-        merged = (weights.to(x.dtype) @ x).transpose(1, 2).reshape(b, rank, -1)
-        return self.dual_ln_dp(merged).reshape(b, rank, heads, -1).transpose(1, 2)
+        b, heads, rank, n = weights.shape
+        products = weights.to(kv.dtype).reshape(b, heads * rank, n) @ kv.reshape(b, n, -1)
+        products = products.reshape(b, heads, rank, 2, heads, -1).diagonal(dim1=1, dim2=4)  # (B, r, 2, d, heads)
+        merged = self.dual_ln_dp(products.permute(0, 1, 2, 4, 3).reshape(b, rank, 2, -1))
+        return tuple(merged[:, :, i].reshape(b, rank, heads, -1).transpose(1, 2) for i in range(2))
+
+    def _dual_ln_full(self, kv):
+        """``dual_ln_full`` of the keys and values, ``(B, n, 2, C)``, in one call.
+
+        Under autocast their low-precision input is normalised as it is (the kernels
+        accumulate in float32) into a low-precision output, which is all that its users,
+        the autocast matrix products and fused attention, read: autocast's float32
+        layer norm would keep a float32 copy for backward and a float32 output, each
+        twice the size, to be cast back.
+        """
+        device = kv.device.type
+        if torch.is_autocast_enabled(device) and kv.dtype == torch.get_autocast_dtype(device):
+            norm = self.dual_ln_full
+            with torch.autocast(device, enabled=False):
+                return F.layer_norm(kv, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return self.dual_ln_full(kv)
 
     def forward(self, x, hw):
         """x: (B, G + H*W, C) with the global tokens first; hw: (H, W)."""
         b, n, c = x.shape
         g, heads = self.num_global, self.num_heads
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        k, v = self.dual_ln_full(k), self.dual_ln_full(v)
-        q, k, v = (t.reshape(b, n, heads, -1).transpose(1, 2) for t in (q * self.scale, k, v))
-        weights = dynamic_projection(self.to_dynamic_projection(x[:, g:]), heads)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            # Cast once for both products of x below (autocast would cast it once per product).
+            x = x.to(torch.get_autocast_dtype(device))
+        qkv = self.qkv(x)
+        kv = self._dual_ln_full(qkv[..., c:].unflatten(-1, (2, c)))              # (B, n, 2, C)
+        q = (qkv[..., :c] * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
+        k, v = (kv[:, :, i].reshape(b, n, heads, -1).transpose(1, 2) for i in range(2))
+        # The projection's logits of every token, global ones dropped after the product (a
+        # slice of its small output, not a copy of x's local tokens).
+        weights = dynamic_projection(self.to_dynamic_projection(x)[:, g:], heads)
         local_bias = None
         if self.use_rpb:
             local_bias = self.local_relative_position_bias_table[self.relative_position_index]
             local_bias = local_bias.permute(2, 0, 1)          # (heads, w*w, (w+2p)^2)
+        k_bar, v_bar = self._project(weights, kv[:, g:])
         out = long_short_attention(
-            q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, self.window,
-            k_bar=self._project(weights, k[:, :, g:]), v_bar=self._project(weights, v[:, :, g:]),
-            global_k=k[:, :, :g] if g else None, global_v=v[:, :, :g] if g else None,
-            local_bias=local_bias, dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
+            q, k, v, *hw, self.window, k_bar=k_bar, v_bar=v_bar, local_bias=local_bias,
+            dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl, leading_global=g)
         glob = None
         if g:
             glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
