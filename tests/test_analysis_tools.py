@@ -69,10 +69,17 @@ def test_table_flags_only_rows_off_by_more_than_two_percent(zoo):
     assert vil_t[9] == '41.4 / 38.1' and vil_t[10] == ''  # our AP stays empty
     vil_s = lines['maskrcnn_vil_s_1x'].split(' | ')
     assert vil_s[3] == '45.50' and vil_s[5] == ''
-    # Planned but not measured (missing config): named, paper numbers still shown.
-    assert 'no config yet' in lines['maskrcnn_vil_b_1x']
+    # Planned, not measured, its config present: named without a label, paper numbers still shown.
+    assert lines['maskrcnn_vil_b_1x'].startswith('| `maskrcnn_vil_b_1x` | ViL-B |')
     assert '76.1' in lines['maskrcnn_vil_b_1x']
     assert lines['maskrcnn_vvt_l_1x'].count('|') == 13  # no paper row: empty cells
+
+
+def test_planned_config_without_a_file_is_labelled(zoo, tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo, 'CONFIG_DIR', tmp_path)
+    (line,) = [line for line in zoo.table('upernet', zoo.planned_configs(['upernet']), {}).splitlines()
+               if f'`{SEG_STEM}`' in line]
+    assert line.startswith(f'| `{SEG_STEM}` (no config yet) |')
 
 
 def test_paper_rows_cite_a_source_and_name_planned_configs(zoo):
@@ -143,6 +150,7 @@ def test_tool_writes_the_page(zoo, tmp_path, capsys):
     # 55.50M ours against the paper's 55.5M: within 2%, so not flagged.
     assert cells[3] == '55.50' and cells[4] == '55.5' and cells[9] == '46.8'
     assert '55.50M params' in capsys.readouterr().out
+    assert 'no config yet' not in text   # the rows this run did not measure have configs
     with pytest.raises(SystemExit, match='not in the planned matrix'):
         zoo.main(['--configs', 'maskrcnn_vil_t_2x', '--out', str(out)])
 

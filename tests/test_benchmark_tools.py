@@ -130,12 +130,22 @@ def test_dense_memory_estimate_is_the_fp32_score_matrices():
     (['--dtypes', 'fp8'], '--dtypes'),
     (['--repeats', '0'], '--repeats'),
     (['--batches', 'two'], '--batches'),
+    (['--batches', '2,0'], '--batches: batch sizes must be >= 1'),
     (['--device', 'tpu'], '--device'),
 ])
 def test_benchmark_rejects_bad_options(argv, message):
     with pytest.raises(SystemExit, match=message):
         args = benchmark.parse_args(argv)
         common.resolve_device(args.device)
+
+
+def test_benchmark_help_lists_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(['--help'])
+    text = ' '.join(capsys.readouterr().out.split())
+    for option, choices in (('--modes', 'any of: fwd, fwd+bwd'), ('--batches', 'batch sizes (ints >= 1)'),
+                            ('--warmup', 'calls before the timed ones, an int >= 0')):
+        assert choices in text.split(f'{option} {option[2:].upper()}', 1)[1], option
 
 
 def test_attention_benchmark_rejects_odd_heads_for_pale():

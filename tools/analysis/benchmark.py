@@ -175,14 +175,17 @@ def parse_args(argv=None):
                         help=f'comma-separated, or "all": {", ".join(MODEL_ZOO)}')
     parser.add_argument('--baseline', default='swin-t', help='model the ratios refer to')
     parser.add_argument('--sizes', default=','.join(DEFAULT_SIZES), help='HEIGHTxWIDTH list')
-    parser.add_argument('--batches', default='1,2')
+    parser.add_argument('--batches', default='1,2', help='comma-separated batch sizes (ints >= 1), e.g. 1,2,8')
     parser.add_argument('--dtypes', default='fp32,bf16',
                         help='fp32, bf16, fp16 (the last two under autocast)')
     parser.add_argument('--impls', default='math,fast',
                         help='attention implementations of our backbones: math, fast, auto, triton (CUDA)')
-    parser.add_argument('--modes', default=','.join(common.MODES))
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--modes', default=','.join(common.MODES),
+                        help=f'comma-separated, any of: {", ".join(common.MODES)} (forward; forward + backward)')
+    parser.add_argument('--warmup', type=int, default=1,
+                        help='untimed calls before the timed ones, an int >= 0 (default: %(default)s)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='timed calls, an int >= 1; the median is reported (default: %(default)s)')
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
@@ -195,6 +198,8 @@ def parse_args(argv=None):
         args.models.append(args.baseline)
     args.sizes = [common.parse_size(s, '--sizes') for s in common.parse_list(args.sizes)]
     args.batches = common.parse_list(args.batches, int, '--batches')
+    if min(args.batches) < 1:
+        raise SystemExit(f'--batches: batch sizes must be >= 1, got {args.batches}')
     common.check_run_options(args)
     return args
 

@@ -347,7 +347,8 @@ def table(task: str, rows: list, measurements: dict,
         cells[2] = SCHEDULE_TITLES[schedule]
         found = measurements.get(stem)
         if found is None:
-            cells[0] = f'`{stem}` (no config yet)'
+            # Not measured by this run: a planned config without a file yet is labelled as such.
+            cells[0] = f'`{stem}`' + ('' if (CONFIG_DIR / f'{stem}.py').is_file() else ' (no config yet)')
         else:
             cells[0] = f'`{stem}`'
             params_m = found.params / 1e6 if found.params is not None else None
