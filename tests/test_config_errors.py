@@ -40,6 +40,8 @@ def _common_cases(cls):
         (dict(drop_path_rate=-0.1), r'drop_path_rate=-0.1 must be a number in \[0, 1\)'),
         (dict(drop_path_rate=1.0), r'drop_path_rate=1.0 must be a number in \[0, 1\)'),
         (dict(drop_path_rate='0.1'), r"drop_path_rate='0.1' must be a number"),
+        (dict(in_channels=0), r'in_channels=0 must be an int >= 1'),
+        (dict(in_channels=-3), r'in_channels=-3 must be an int >= 1'),
     ]
 
 
@@ -53,6 +55,7 @@ SPECIFIC_CASES = {
         (dict(window_size=True), r'window_size\[0\]=True must be an int'),
         (dict(window_size=(7, 7)), 'window_size needs 1 or 4 entries'),
         (dict(num_global_tokens=(1, 1, -1, 0)), r'num_global_tokens\[2\]=-1 must be an int >= 0'),
+        (dict(num_global_tokens=-1), r'num_global_tokens=-1 must be an int >= 0'),
         (dict(arch=_arch(ViL, patch_sizes=(4, 2, 0, 2))), r'patch_sizes\[2\]=0 must be an int >= 1'),
         (dict(masking_mode=2), r'masking_mode must be one of \(0, -1, 1\)'),
         (dict(masking_mode=1, random_shift=True), 'exact'),
@@ -69,6 +72,8 @@ SPECIFIC_CASES = {
         (dict(dp_rank=0), r'dp_rank\[0\]=0 must be an int >= 1'),
         (dict(dp_rank=None), r'dp_rank\[0\]=None must be an int >= 1'),
         (dict(dp_rank=(8, 8)), r'dp_rank needs 1 or 4 entries'),
+        (dict(num_global_tokens=-1), r'num_global_tokens=-1 must be an int >= 0'),
+        (dict(num_global_tokens=(1, -2, 1, 0)), r'num_global_tokens\[1\]=-2 must be an int >= 0'),
         (dict(mlp_ratio=0), r'mlp_ratio=0 must be a number > 0 giving the \d+-channel MLP'),
         (dict(mlp_ratio=-4.0), r'mlp_ratio=-4.0 must be a number > 0'),
         (dict(mlp_ratio='4'), r"mlp_ratio='4' must be a number > 0"),

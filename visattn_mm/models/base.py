@@ -27,7 +27,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
-from .layers import check_arch, check_mlp_ratio, check_stage_args, check_stage_lengths, linear_drop_path_rates
+from .layers import (check_arch, check_int, check_mlp_ratio, check_stage_args, check_stage_lengths,
+                     linear_drop_path_rates)
 
 
 CPU_FP16_WARNING = (
@@ -137,11 +138,12 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             check_mlp_ratio(ratio, f'mlp_ratios[{i}]', name, spec['embed_dims'][i])
         return spec
 
-    def init_stages(self, depths, embed_dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
-                    strides=None):
+    def init_stages(self, in_channels, depths, embed_dims, out_indices, frozen_stages, drop_path_rate, norm_eval,
+                    with_cp, strides=None):
         """Validate and store the standard surface; return the stochastic depth of every block.
 
         Args:
+            in_channels (int): Input image channels.
             depths (Sequence[int]): Blocks per stage, of the whole arch.
             embed_dims (Sequence[int]): Channels per stage.
             out_indices (Sequence[int]): Stages (0-based) returned as maps.
@@ -156,6 +158,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             list[float]: Drop-path rate of every block of the whole arch.
         """
         num_stages = len(depths)
+        check_int(in_channels, 'in_channels', type(self).__name__)
         self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages,
                                             drop_path_rate)
         # Stages after the last output would receive no gradient: they are not built.

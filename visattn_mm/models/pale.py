@@ -216,7 +216,8 @@ class PaleTransformer(DenseBackbone):
             if h % 2:
                 raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
                                  f'attend within row groups, half within column groups)')
-        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp)
+        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
+                                      norm_eval, with_cp)
         self.pale_sizes = tuple(pale_sizes[:self.num_stages])
 
         in_dim = in_channels

@@ -321,6 +321,8 @@ class ViL(DenseBackbone):
         num_stages = len(depths)
         if num_global_tokens is None:
             num_global_tokens = spec['num_global_tokens']
+        elif not isinstance(num_global_tokens, (list, tuple)):   # e.g. -1: say that, not just the length
+            check_int(num_global_tokens, 'num_global_tokens', name, minimum=0)
         check_stage_lengths(name, num_stages, num_global_tokens=num_global_tokens)
         windows = self._per_stage(window_size, num_stages, 'window_size')
         attn_types = self._per_stage(attn_types, num_stages, 'attn_types')
@@ -343,8 +345,8 @@ class ViL(DenseBackbone):
         except ValueError as err:
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
-        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp,
-                                      strides=strides)
+        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
+                                      norm_eval, with_cp, strides=strides)
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 

@@ -267,7 +267,8 @@ class VVT(DenseBackbone):
                                  f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        drop_paths = self.init_stages(depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp)
+        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
+                                      norm_eval, with_cp)
 
         in_dim = in_channels
         for i in range(self.num_stages):

@@ -26,6 +26,16 @@ but growing like ``N^1.5``. The fused ('fast', default on CPU and CUDA) path run
 the groups through ``scaled_dot_product_attention`` and stores no scores, so its
 memory is linear in N (see :mod:`visattn_mm.ops.impl`). Only the grouping axis is
 padded; the other axis is used at its full size.
+
+:func:`pale_attention`'s fused path (sizes known, i.e. not under torch.export with
+dynamic shapes) pads nothing: one ``index_select`` per tensor gathers the tokens of
+both halves at once, group by group, and one more scatters the outputs back. An axis
+whose groups differ in size (``side`` not a multiple of the stride) holds its longer
+groups first and those one line shorter after them; each kind is
+one attention call without a key mask. From the projections' channels-last output
+(what :class:`~visattn_mm.models.pale.PaleAttention` passes) that is three gathers, at
+most four attention calls, a concatenation and a scatter per layer, where padding,
+regrouping and transposing took about 30 copies and a boolean mask.
 """
 import torch
 import torch.nn.functional as F
@@ -156,6 +166,115 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
+    # Sizes are symbols under torch.export with dynamic shapes: the padded path's one graph serves every size.
+    if use_fast_path(q, impl=impl) and all(type(size) is int for size in (*q.shape, height, width)):
+        return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
     row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
     col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)
     return torch.cat([row, col], dim=1)
+
+
+@device_cache
+def pale_gather_index(batch, height, width, pale_size, device):
+    """Token order of :func:`gathered_pale_attention`: one gather serves both halves.
+
+    The source is the ``(B * N * 2, heads / 2, d)`` view of token-major q, k or v:
+    position ``(b * N + n) * 2 + half`` holds token ``n`` of image ``b`` for the row
+    (``half = 0``) or the column half. The gathered order lists four blocks -- row
+    groups holding ``m = ceil(side / stride)`` lines, row groups holding ``m - 1`` lines
+    (the last ones when ``side`` is no multiple of the stride), then the same for the
+    columns -- each
+    ``(B, groups, lines, line length)``: group ``g`` holds lines ``g, g + stride, ...``
+    ``< side``, a row line all ``W`` tokens of its row, a column line all ``H`` tokens of
+    its column. Every token of each half appears exactly once, so no padding is gathered
+    and none has to be masked.
+
+    Args:
+        batch (int): Images ``B``.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        pale_size (tuple[int, int]): ``(s_r, s_c)``.
+        device (torch.device): Where the indices live.
+
+    Returns:
+        tuple: ``(index, inverse, blocks)``: LongTensors ``(B * N * 2,)`` with
+        ``gathered = source[index]`` and ``source = gathered[inverse]``, and
+        ``((groups, tokens per group), ...)`` of the non-empty blocks, in order.
+    """
+    n = height * width
+    images = torch.arange(batch)[:, None] * (2 * n)
+    pieces, blocks = [], []
+    for half, (side, other, s, line_start, line_step) in enumerate((
+            (height, width, pale_size[0], lambda line: line * width, 1),
+            (width, height, pale_size[1], lambda line: line, width))):
+        _, stride, _ = interlace_stride(side, s)
+        # Group g holds ceil((side - g) / stride) lines: ``size`` for the first ``full`` groups, one less
+        # for the others (``size`` can be below s_eff, e.g. 5 lines per group for side 10, s 7, stride 2).
+        size = -(-side // stride)
+        full = side - (size - 1) * stride
+        lines = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]    # (stride, size)
+        along = torch.arange(other) * line_step
+        for groups, count in ((lines[:full], size), (lines[full:, :size - 1], size - 1)):
+            if groups.numel() == 0:
+                continue
+            tokens = line_start(groups)[..., None] + along                              # (groups, lines, other)
+            pieces.append((images + 2 * tokens.reshape(1, -1) + half).reshape(-1))
+            blocks.append((groups.shape[0], count * other))
+    index = torch.cat(pieces)
+    inverse = torch.empty_like(index)
+    inverse[index] = torch.arange(index.numel())
+    return index.to(device), inverse.to(device), tuple(blocks)
+
+
+class RowPermutation(torch.autograd.Function):
+    """``x.index_select(0, index)`` for a permutation ``index`` of ``x``'s rows.
+
+    Its gradient is the gradient's rows gathered by the inverse permutation: one
+    gather, where ``index_select``'s own backward zero-fills a buffer and scatters
+    into it (``index_add``), two kernels that make no use of every row being hit
+    exactly once.
+
+    Args (of ``apply``):
+        x (Tensor): ``(M, ...)``.
+        index (LongTensor): ``(M,)``, a permutation of ``range(M)``.
+        inverse (LongTensor): ``(M,)``, its inverse: ``index[inverse] == arange(M)``.
+
+    Returns:
+        Tensor: ``x[index]``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(index, inverse)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        index, inverse = ctx.saved_tensors
+        # Through apply (not a bare index_select), so that a double backward is a gather too.
+        return RowPermutation.apply(grad, inverse, index), None, None
+
+
+def gathered_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
+    """The fused path of :func:`pale_attention` for known sizes, as one gather per tensor.
+
+    Arguments and result as :func:`pale_attention` (``pale_size`` a pair); the gathers
+    read q, k and v in place when they are token-major (``(B, N, heads, d)`` memory,
+    the projections' channels-last output), and the result is token-major, so that
+    ``out.transpose(1, 2).reshape(B, N, C)`` is a view.
+    """
+    b, heads, n, _ = q.shape
+    half = heads // 2
+    index, inverse, blocks = pale_gather_index(b, height, width, pale_size, q.device)
+    sizes = [b * groups * length for groups, length in blocks]
+
+    def gather(t):
+        # Each block as (B * groups, heads / 2, tokens, d): a view of the gathered tensor.
+        rows = RowPermutation.apply(t.transpose(1, 2).reshape(b * n * 2, half, t.shape[-1]), index, inverse)
+        return [part.view(-1, length, half, t.shape[-1]).transpose(1, 2)
+                for part, (_, length) in zip(rows.split(sizes), blocks)]
+
+    outs = [fused_attention(*group, dropout_p=dropout_p).transpose(1, 2).reshape(-1, half, v.shape[-1])
+            for group in zip(gather(q), gather(k), gather(v))]
+    out = RowPermutation.apply(torch.cat(outs), inverse, index)
+    return out.view(b, n, heads, v.shape[-1]).transpose(1, 2)
