@@ -222,12 +222,14 @@ def test_lock_pins_satisfy_the_compatible_ranges():
         name = requirement.name.lower()
         assert name in pins, f'{name} is required by setup.cfg but not pinned in the lock'
         assert requirement.specifier.contains(pins[name]), (str(requirement), pins[name])
-    python_requires = setup_cfg['options']['python_requires']
+    python_requires = Requirement(f"python{setup_cfg['options']['python_requires']}").specifier
     bootstrap = (TOOLS / 'bootstrap.sh').read_text()
     for version in ('3.11', '3.12'):
         assert f'Python :: {version}' in setup_cfg['metadata']['classifiers']
-        assert Requirement(f'python{python_requires}').specifier.contains(f'{version}.0')
     assert 'SUPPORTED_PYTHONS="3.11 3.12"' in bootstrap
+    # pip must accept exactly the versions the bootstrap sets up (it accepted 3.13, which the bootstrap refuses).
+    accepted = [f'3.{minor}' for minor in range(8, 16) if python_requires.contains(f'3.{minor}.0')]
+    assert accepted == ['3.11', '3.12'], python_requires
 
 
 # --------------------------------------------------------------------------
