@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from visattn_mm.ops.pale import (interlace_stride, interlaced_column_attention, interlaced_row_attention,
-                                 pale_attention)
+from visattn_mm.ops.pale import (RowPermutation, interlace_stride, interlaced_column_attention,
+                                 interlaced_row_attention, pale_attention)
 from visattn_mm.ops.reference import pale_attention_dense
 
 from test_vicinity import OpRecorder
@@ -104,3 +104,46 @@ def test_half_precision_softmax_is_finite(dtype):
     q, k, v = (t.to(dtype) * 20 for t in qkv(10, 12, dtype=torch.float32))
     out = pale_attention(q, k, v, 10, 12, 7)
     assert out.dtype == dtype and torch.isfinite(out).all()
+
+
+def test_row_permutation_gradients_in_float64():
+    """RowPermutation's hand-written backward (a gather by the inverse) against autograd's numerics."""
+    x = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([3, 0, 5, 1, 4, 2])
+    inverse = torch.empty_like(index)
+    inverse[index] = torch.arange(6)
+    torch.testing.assert_close(RowPermutation.apply(x, index, inverse), x[index])
+    assert torch.autograd.gradcheck(lambda t: RowPermutation.apply(t, index, inverse), (x, ))
+    assert torch.autograd.gradgradcheck(lambda t: RowPermutation.apply(t, index, inverse), (x, ))
+
+
+@pytest.mark.parametrize('height,width,pale_size', [
+    (5, 4, (2, 3)),     # groups of 2 and 1 rows, of 2 and 1 columns: four attention calls
+    (4, 6, 2),          # every group full
+    (3, 2, 7),          # smaller than the pale size: one group per half
+])
+def test_gathered_path_gradcheck_in_float64(height, width, pale_size):
+    q, k, v = (t.requires_grad_() for t in qkv(height, width, heads=2, dim=2, batch=2))
+    assert torch.autograd.gradcheck(lambda *t: pale_attention(*t, height, width, pale_size, impl='fast'), (q, k, v))
+
+
+def test_gathered_path_on_token_major_inputs_moves_no_padding():
+    """What PaleAttention passes (channels-last projections): each of q, k, v is read in place by one
+    gather, the output is one concatenation and one scatter, backward one concatenation and one gather
+    per tensor; no pad, no mask, no other copy. Padded sizes (10 x 23) included; equal to the dense reference."""
+    b, heads, height, width, d = 2, 4, 10, 23, 3
+    n = height * width
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, n, heads, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    pale_attention(q, k, v, height, width, 7, impl='fast')     # builds the cached indices
+    recorder = OpRecorder()
+    with recorder:
+        out = pale_attention(q, k, v, height, width, 7, impl='fast')
+        out.backward(torch.ones_like(out))
+    names = [name for name, _, _ in recorder.calls]
+    assert names.count('index_select') == 4 + 4, names
+    assert names.count('cat') == 1 + 3, names     # the attention outputs; backward: each tensor's blocks
+    assert not {'constant_pad_nd', 'clone', 'masked_fill', 'index_add', 'copy_'} & set(names), names
+    assert out.transpose(1, 2).is_contiguous()    # the model's (B, N, C) reshape is a view
+    torch.testing.assert_close(out, pale_attention_dense(q, k, v, height, width, 7), rtol=1e-5, atol=1e-5)
