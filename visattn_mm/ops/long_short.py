@@ -28,11 +28,15 @@ table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` i
 smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
 share rows (w=7: 361 offsets on 253 rows).
 """
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
+from .sliding_chunk import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows
 
 
 def segment_pad(window):
@@ -160,7 +164,7 @@ def dynamic_projection(logits, num_heads):
 
 def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
                          global_k=None, global_v=None, local_bias=None, dropout_p=0.0,
-                         impl='auto'):
+                         impl='auto', leading_global=0):
     """Local queries attend to ``[projected keys | their segment's patch | global keys]``.
 
     Args:
@@ -178,10 +182,25 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
             ``table[long_short_rpb_index(w)]`` with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.
         impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
+            ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
+            ``global_v`` must then be None), their queries are not attended with. The fused
+            path then gathers from the whole tensors, so that their gradients need no
+            slicing backward. Default: 0.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    if leading_global:
+        if global_k is not None or global_v is not None:
+            raise ValueError('leading_global: the global keys and values are the leading tokens; '
+                             'global_k and global_v must be None')
+        fused = use_fast_path(q, local_bias, impl=impl)
+        if fused and chosen_path(q.device.type, impl=impl, op='long_short') != 'triton':
+            return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias,
+                                               dropout_p, leading_global)
+        g = leading_global
+        q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='long_short') == 'triton':
         from .triton_long_short import triton_long_short_attention
         return triton_long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar,
@@ -222,33 +241,103 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
 
 
 def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias,
-                                dropout_p):
+                                dropout_p, leading_global=0):
     """:func:`long_short_attention` through :func:`fused_attention`.
 
     Segments become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
-    against ``[projected | patch | global]`` keys. The window RPB is the same
-    for every segment; the outside-the-image keys are key-only per segment,
-    which :func:`fused_attention` folds into the dot product.
+    against ``[projected | patch | global]`` keys. Queries and keys+values are each one
+    row gather (:class:`~visattn_mm.ops.sliding_chunk.ChunkGather`) from the tokens,
+    heads-last, whose backward accumulates into one buffer; keys outside the image are
+    gathered from the gather's extra row, the hidden key. The window RPB is the same for
+    every segment. While training, the gathered keys and values (``(w + 2p)^2 / w^2``
+    times the tokens, 3.4x for w=7) are not kept for backward: they are gathered again
+    there (:func:`_without_gathers_saved`).
     """
     w = window
-    q_seg = to_chunks(q, height, width, w)
-    b, heads, rows, cols, segment, d = q_seg.shape
-    q_seg = q_seg.permute(0, 2, 3, 1, 4, 5).reshape(-1, heads, segment, d)
+    b, heads, _, d = q.shape
+    rows, cols = chunk_grid(height, width, w)
+    segment = w * w
     num_bar = 0 if k_bar is None else k_bar.shape[2]
-    num_global = 0 if global_k is None else global_k.shape[2]
-
-    def keys(t, bar, glob):
-        patches = _segment_patch_view(t, height, width, w).permute(0, 2, 3, 1, 5, 6, 4)
-        parts = [patches.reshape(b, rows * cols, heads, -1, d)]
-        for extra, first in ((bar, True), (glob, False)):
-            if extra is not None and extra.shape[2]:
-                extra = extra[:, None].expand(b, rows * cols, *extra.shape[1:])
-                parts.insert(0 if first else len(parts), extra)
-        return torch.cat(parts, dim=3).reshape(b * rows * cols, heads, -1, d)
-
+    num_global = leading_global or (0 if global_k is None else global_k.shape[2])
+    # Every row is gathered in the queries' dtype, the one the fused kernel computes in
+    # (autocast's), so that nothing is gathered in float32 to be cast afterwards.
+    keys = [t.to(q.dtype) for t in (k_bar, global_k, k) if t is not None]
+    values = [t.to(q.dtype) for t in (v_bar, global_v, v) if t is not None]
     bias = None if local_bias is None else F.pad(local_bias, (num_bar, num_global))
-    hidden = window_key_mask(height, width, w, q.device)
-    hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
-    out = fused_attention(q_seg, keys(k, k_bar, global_k), keys(v, v_bar, global_v), bias, hidden, dropout_p)
-    out = out.reshape(b, rows, cols, heads, segment, d).permute(0, 3, 1, 2, 4, 5)
-    return from_chunks(out, height, width, w)
+    extra = 0 if bias is None else 8 - d % 8
+    q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
+    q_index = chunk_query_index(height, width, w, leading_global, q.device)
+    kv_index = segment_key_index(height, width, w, num_bar, num_global, q.device)
+
+    def attend(*tensors):
+        q_seg, = ChunkGather.apply(q_index, *q_rows, tensors[0])
+        k_win, v_win = ChunkGather.apply(kv_index, *kv_rows, *tensors[1:])
+
+        def heads_first(t):
+            return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
+
+        hidden = None
+        if bias is None:
+            hidden = window_key_mask(height, width, w, q.device)
+            hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
+        return fused_attention(heads_first(q_seg), heads_first(k_win), heads_first(v_win), bias, hidden, dropout_p)
+
+    tensors = (q, *keys, *values)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(t.requires_grad for t in tensors):
+        out = _without_gathers_saved(attend, *tensors)
+    else:
+        out = attend(*tensors)
+    # Back to map tokens: one gather of the in-image query positions (the padding dropped).
+    out = out.transpose(1, 2).reshape(b, rows * cols * segment, heads, d + extra)
+    out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
+    return out[..., :d].transpose(1, 2)
+
+
+# What :func:`_without_gathers_saved` recomputes in backward: the gathers' ops.
+_REGATHERED = ('copy_', 'index_select', 'new_empty', 'empty', 'expand', 'transpose', 'select', 'slice', 'view',
+               '_unsafe_view', 'reshape', 'unsqueeze', 'permute', 'alias', 'detach', 'clone', 'constant_pad_nd')
+
+
+def _regather_policy(ctx, op, *args, **kwargs):
+    """Selective-checkpoint policy: gathers are recomputed, everything else (the fused kernel) kept."""
+    if op.overloadpacket.__name__ in _REGATHERED:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+def _without_gathers_saved(function, *tensors):
+    """``function(*tensors)`` under selective checkpointing: what it gathers is not saved for backward.
+
+    The fused kernel saves its inputs, the gathered queries, keys and values (the keys
+    and values 3.4x the tokens' size for w=7); here only the tokens they are gathered
+    from stay (they live on anyway), and backward gathers again before it runs the
+    kernel's backward on the kernel's saved outputs. Nothing recomputed draws random
+    numbers, so no RNG state is kept.
+    """
+    return checkpoint(function, *tensors, use_reentrant=False, preserve_rng_state=False,
+                      context_fn=functools.partial(create_selective_checkpoint_contexts, _regather_policy))
+
+
+@device_cache
+def segment_key_index(height, width, window, num_bar, num_global, device):
+    """Which row each gathered key is, for :class:`~visattn_mm.ops.sliding_chunk.ChunkGather`.
+
+    The gather's source rows are the ``r`` projected keys, the ``G`` global tokens, then
+    the ``H*W`` map tokens (row-major), then the hidden key. Per segment, the keys are
+    ``[projected | patch (row-major) | global]``; patch keys outside the image point to
+    the hidden key.
+
+    Returns:
+        LongTensor: ``(R*C*(r + (w + 2p)**2 + G),)``.
+    """
+    w, p = window, segment_pad(window)
+    rows, cols = chunk_grid(height, width, w)
+    span = torch.arange(-p, w + p)
+    ys = (torch.arange(rows)[:, None] * w + span)[:, None, :, None]        # (R, 1, K, 1)
+    xs = (torch.arange(cols)[:, None] * w + span)[None, :, None, :]        # (1, C, 1, K)
+    first = num_bar + num_global
+    patch = torch.where((ys >= 0) & (ys < height) & (xs >= 0) & (xs < width), first + ys * width + xs,
+                        first + height * width).reshape(rows * cols, -1)
+    bar = torch.arange(num_bar).expand(rows * cols, num_bar)
+    glob = torch.arange(num_bar, first).expand(rows * cols, num_global)
+    return torch.cat([bar, patch, glob], dim=1).reshape(-1).to(device)
