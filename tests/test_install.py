@@ -232,6 +232,17 @@ def test_lock_pins_satisfy_the_compatible_ranges():
     assert accepted == ['3.11', '3.12'], python_requires
 
 
+def test_lock_pins_the_deploy_extra_within_its_ranges():
+    """The bootstrap installs the deploy extra (export tests run in CI) at versions its ranges allow."""
+    setup_cfg = configparser.ConfigParser()
+    setup_cfg.read(ROOT / 'setup.cfg')
+    extra = [Requirement(line) for line in setup_cfg['options.extras_require']['deploy'].strip().splitlines()]
+    assert {r.name for r in extra} == {'onnx', 'onnxruntime', 'onnxscript'}
+    pins = _lock_pins()
+    for requirement in extra:
+        assert requirement.specifier.contains(pins[requirement.name.lower()]), (str(requirement), pins)
+
+
 # --------------------------------------------------------------------------
 # mim: model index, package layout, search and train
 # --------------------------------------------------------------------------

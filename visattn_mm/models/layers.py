@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from mmengine.logging import print_log
 from timm.layers import trunc_normal_
 
+from ..ops.common import is_symbolic
 from ..ops.impl import ATTENTION_IMPLS, describe_impl
 
 
@@ -28,7 +29,8 @@ def pad_to_multiple(x, multiple):
     """Zero-pad an NCHW map at the bottom/right so both sides divide ``multiple``."""
     h, w = x.shape[-2:]
     pad_h, pad_w = -h % multiple, -w % multiple
-    if pad_h or pad_w:
+    # An exported graph pads always (by zero where the sides divide): it serves every size.
+    if is_symbolic(pad_h, pad_w) or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 
 _DEVICE_CACHES = []
+# Sizes that are symbols while torch.export traces with dynamic shapes.
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def device_cache(build):
@@ -17,12 +19,31 @@ def device_cache(build):
     shared: do not modify them. :func:`clear_device_caches` empties every such cache.
     """
     @functools.lru_cache(maxsize=64)
-    @functools.wraps(build)
     def cached(*args, **kwargs):
         with torch.inference_mode(False):
             return build(*args, **kwargs)
-    _DEVICE_CACHES.append(cached)
-    return cached
+
+    @functools.wraps(build)
+    def lookup(*args, **kwargs):
+        # While torch.export traces, tensors are fake (a cached one would poison later
+        # eager calls) and dynamic sizes are symbols (unhashable): build in the graph.
+        if torch.compiler.is_exporting() or is_symbolic(*args, *kwargs.values()):
+            return build(*args, **kwargs)
+        return cached(*args, **kwargs)
+
+    lookup.cache_clear = cached.cache_clear
+    lookup.cache_info = cached.cache_info
+    _DEVICE_CACHES.append(lookup)
+    return lookup
+
+
+def is_symbolic(*values):
+    """Whether any of ``values`` is a symbolic size (torch.export tracing with dynamic shapes).
+
+    Code that skips work for some sizes (no padding needed, nothing to mask) must take
+    the general branch for a symbol: the exported graph serves every size.
+    """
+    return any(isinstance(value, SYMBOLIC_TYPES) for value in values)
 
 
 def clear_device_caches():

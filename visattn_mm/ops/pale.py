@@ -40,7 +40,7 @@ regrouping and transposing took about 30 copies and a boolean mask.
 import torch
 import torch.nn.functional as F
 
-from .common import dense_attention, device_cache, fused_attention
+from .common import dense_attention, device_cache, fused_attention, is_symbolic
 from .impl import chosen_path, use_fast_path
 
 
@@ -69,7 +69,13 @@ def interlace_stride(side, pale_size):
     """
     if not isinstance(pale_size, int) or pale_size < 1:
         raise ValueError(f'pale_size must be a positive int, got {pale_size!r}')
-    size = min(pale_size, side)
+    if is_symbolic(side):
+        # An exported graph holds one grouping: it serves maps at least one pale wide
+        # (checked at run time), which keeps the symbolic sizes solvable.
+        torch._check(side >= pale_size, lambda: f'exported Pale attention needs map sides >= {pale_size}')
+        size = pale_size
+    else:
+        size = min(pale_size, side)
     stride = -(-side // size)
     return size, stride, stride * size
 
@@ -81,9 +87,11 @@ def padded_key_mask(side, length, pale_size, device):
     Returns ``None`` when the axis needs no padding, else a BoolTensor
     ``(stride, 1, s_eff * length)``: key ``k * length + x`` of group ``g`` is line
     ``k * stride + g`` of the padded axis, hidden when that line is ``>= side``.
+    A symbolic ``side`` (torch.export) always gets the mask, all False where nothing
+    is padded, so that one exported graph serves padded and unpadded sizes.
     """
     size, stride, padded = interlace_stride(side, pale_size)
-    if padded == side:
+    if not is_symbolic(side) and padded == side:
         return None
     line = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]    # (stride, s)
     hidden = (line >= side)[:, :, None].expand(stride, size, length)

@@ -55,6 +55,14 @@ def check_modes(masking_mode, shift_mode):
                          f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
 
 
+def wrap_once(index, size):
+    """``index % size`` for indices in ``[-size, 2 * size)`` (the neighbours of a chunk).
+
+    Written with comparisons: the ONNX exporter cannot take a remainder by a dynamic size.
+    """
+    return torch.where(index < 0, index + size, torch.where(index >= size, index - size, index))
+
+
 def neighbour_key_coords(height, width, window, shift_mode):
     """Where the gathered keys of every chunk lie in the padded map (CPU tensors).
 
@@ -76,8 +84,8 @@ def neighbour_key_coords(height, width, window, shift_mode):
     raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
     in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
     inner = torch.arange(w)
-    key_y = ((raw_r % rows) * w)[..., None, None] + inner[:, None]
-    key_x = ((raw_c % cols) * w)[..., None, None] + inner[None, :]
+    key_y = (wrap_once(raw_r, rows) * w)[..., None, None] + inner[:, None]
+    key_x = (wrap_once(raw_c, cols) * w)[..., None, None] + inner[None, :]
     return key_y, key_x, in_grid
 
 
@@ -289,10 +297,12 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     key_masking = 0 if masking_mode == 1 else masking_mode
     extra = 0 if bias is None else 8 - d % 8
     q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
-    q_chunks, = ChunkGather.apply(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
+    # torch.export needs functional ops: there the gathers are plain concatenations + index_select.
+    chunk_gather = gather_rows if torch.compiler.is_exporting() else ChunkGather.apply
+    q_chunks, = chunk_gather(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
     keys = (k,) if leading_global or not num_global else (global_k, k)
     values = (v,) if leading_global or not num_global else (global_v, v)
-    k_near, v_near = ChunkGather.apply(
+    k_near, v_near = chunk_gather(
         neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows,
         *keys, *values)
 
@@ -387,6 +397,21 @@ def gather_fill_rows(head_dim, extra, dtype, device):
         q_features[0, 0] = q_row[0, head_dim] = 1
         kv_row[0, head_dim] = HIDDEN_KEY_LOGIT
     return ((q_features.to(device), q_row.to(device)), (kv_features.to(device), kv_row.to(device)))
+
+
+def gather_rows(index, features, extra_row, *tokens):
+    """What :class:`ChunkGather` computes, in functional ops (for torch.export; no custom backward)."""
+    outputs, extra = features.shape
+    per_output = len(tokens) // outputs
+    b, heads, _, d = tokens[0].shape
+    gathered = []
+    for p in range(outputs):
+        rows = torch.cat([t.transpose(1, 2) for t in tokens[p * per_output:(p + 1) * per_output]], dim=1)
+        if extra:
+            rows = torch.cat([rows, features[p].expand(b, rows.shape[1], heads, extra)], dim=-1)
+        rows = torch.cat([rows, extra_row[p].expand(b, 1, heads, d + extra)], dim=1)
+        gathered.append(rows.index_select(1, index))
+    return tuple(gathered)
 
 
 class ChunkGather(torch.autograd.Function):
