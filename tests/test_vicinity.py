@@ -6,7 +6,8 @@ from torch.utils._pytree import tree_flatten
 
 from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops import attention_impl
-from visattn_mm.ops.vicinity import signed_clamp, vicinity_attention, vicinity_positions, vicinity_weights
+from visattn_mm.ops.vicinity import (SignedClamp, preserve_features, signed_clamp, vicinity_attention,
+                                     vicinity_positions, vicinity_weights)
 
 SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
 
@@ -171,7 +172,8 @@ def test_memory_is_linear_in_the_number_of_tokens():
 
 def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradients():
     """Recompute mode saves the three inputs alone (not the fp32 4d-wide features) and gives
-    the stored mode's outputs and gradients bit for bit."""
+    the stored mode's outputs bit for bit and its gradients to round-off (its backward is
+    written by hand, autograd's is not)."""
     q, k, v = (t.requires_grad_() for t in inputs(8, 8, seed=4))
     weights = torch.linspace(-1, 1, q.numel(), dtype=q.dtype).reshape(q.shape)
     results = {}
@@ -190,7 +192,65 @@ def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradient
     assert results[False][2] > 4 * input_bytes
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
     for a, b in zip(results[True][1], results[False][1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize('scale,acting', [(1.0, ()), (1e-3, ('kv',)), (30.0, ('z',))])
+def test_hand_written_backward_passes_gradcheck_with_the_clamps(scale, acting):
+    """float64 gradcheck of the default training path (its own backward) with the clamps on,
+    where they act (their masks zero gradients) and where they do not."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 6, 3, generator=g, dtype=torch.float64) * scale for _ in range(3))
+    q, k = q.abs() + 0.1 * scale, k.abs() + 0.1 * scale    # away from the ReLU's kink
+    kv = torch.einsum('bhnd,bhne->bhde', k, v)   # unweighted: the 4d-wide KV is its weighted form
+    z_inverse = torch.einsum('bhnd,bhmd->bhn', q, k)
+    assert ((kv.abs() < 1e-4).any().item() if 'kv' in acting else True)
+    assert ((z_inverse > 1e4).any().item() if 'z' in acting else True)
+    args = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda *t: vicinity_attention(*t, 2, 3), args)
+    stored = torch.autograd.grad(vicinity_attention(*args, 2, 3, recompute=False).sum(), args)
+    for a, b in zip(torch.autograd.grad(vicinity_attention(*args, 2, 3).sum(), args), stored):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_signed_clamp_function_keeps_a_mask_and_matches_the_formula():
+    """SignedClamp: the formula's values bit for bit and its gradient (crafted values, both
+    boundaries, zeros), keeping one boolean per element instead of four tensors."""
+    t = torch.tensor([0.0, -0.0, 1e-9, -1e-6, 1e-4, -1e-4, 0.5, -3.0, 1e4, -1e4, 2e5, -1e9, float('inf')],
+                     dtype=torch.float64)
+    grads = []
+    for fn in (signed_clamp, SignedClamp.apply):
+        x = t.clone().requires_grad_()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s.dtype) or s, lambda s: s):
+            out = fn(x)
+        (out * torch.arange(1.0, 14.0, dtype=torch.float64)).sum().backward()
+        grads.append((out.detach(), x.grad, saved))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=0)
+    assert grads[1][2] == [torch.bool] and len(grads[0][2]) >= 3
+
+
+def test_preserve_features_function_matches_the_formula():
+    """The Feature Preserving Connection's autograd function: the formula's values bit for bit,
+    float64 gradcheck of out and gate, and its gradients with clamps acting (tiny and huge
+    values) equal the formula's."""
+    g = torch.Generator().manual_seed(6)
+    out = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    gate = torch.rand(2, 4, generator=g, dtype=torch.float64)
+    out[0, 0, 0], out[0, 1, 1], out[1, 2, 3] = 1e-7, -3e4, 0.0
+    args = (out.requires_grad_(), gate.requires_grad_())
+    formula = lambda o, s: signed_clamp(o + o * s[:, None, :])  # noqa: E731
+    weights = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    results = []
+    for fn in (formula, preserve_features):
+        y = fn(*args)
+        results.append((y.detach(), torch.autograd.grad((y * weights).sum(), args)))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+    assert torch.autograd.gradcheck(preserve_features, (out.detach()[:, 3:].clone().requires_grad_(),
+                                                        gate.detach().clone().requires_grad_()))
 
 
 def test_weights_are_the_cosines_and_sines_of_the_positions_built_once():

@@ -121,7 +121,8 @@ class DWConv(nn.Module):
 
 
 class _DepthwiseConvGelu(torch.autograd.Function):
-    """``gelu(conv2d(x, weight, bias))`` (3x3 depthwise, padding 1) keeping only ``x`` for backward.
+    """``gelu(conv2d(x, weight, bias))`` (3x3 depthwise, padding 1) as ``(B, H*W, C)`` tokens, keeping
+    only the ``(B, C, H, W)`` map ``x`` for backward.
 
     Autograd would keep the convolution's input and output (the GELU's input), both
     ``hidden``-wide maps, besides the GELU output that ``fc2`` keeps; backward here
@@ -130,21 +131,25 @@ class _DepthwiseConvGelu(torch.autograd.Function):
     """
 
     @staticmethod
+    def _tokens(x, weight, bias):
+        # The GELU runs on the tokens' (transposed) view, as in DWConv + GELU: its CPU kernel
+        # rounds differently on a contiguous map.
+        return F.conv2d(x, weight, bias, padding=1, groups=x.shape[1]).flatten(2).transpose(1, 2)
+
+    @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight, bias)
         with torch.autocast(x.device.type, enabled=False):
-            return F.gelu(F.conv2d(x, weight, bias, padding=1, groups=x.shape[1]))
+            return F.gelu(_DepthwiseConvGelu._tokens(x, weight, bias))
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, bias = ctx.saved_tensors
         with torch.autocast(x.device.type, enabled=False):
-            conv = F.conv2d(x, weight, bias, padding=1, groups=x.shape[1])
-            grad = torch.ops.aten.gelu_backward(grad, conv)
-            del conv
+            grad = torch.ops.aten.gelu_backward(grad, _DepthwiseConvGelu._tokens(x, weight, bias))
             return torch.ops.aten.convolution_backward(
-                grad, x, weight, [weight.shape[0]], [1, 1], [1, 1], [1, 1], False, [0, 0], x.shape[1],
-                list(ctx.needs_input_grad))
+                grad.transpose(1, 2).reshape(x.shape), x, weight, [weight.shape[0]], [1, 1], [1, 1], [1, 1], False,
+                [0, 0], x.shape[1], list(ctx.needs_input_grad))
 
 
 class ConvMlp(nn.Module):
@@ -172,9 +177,8 @@ class ConvMlp(nn.Module):
             return self.drop(self.fc2(x))
         b, n, c = x.shape
         dtype = autocast_dtype(x)
-        x = _DepthwiseConvGelu.apply(x.transpose(1, 2).reshape(b, c, *hw).to(dtype), conv.weight.to(dtype),
-                                     conv.bias.to(dtype))
-        x = self.drop(x.flatten(2).transpose(1, 2))
+        x = self.drop(_DepthwiseConvGelu.apply(x.transpose(1, 2).reshape(b, c, *hw).to(dtype),
+                                               conv.weight.to(dtype), conv.bias.to(dtype)))
         return self.drop(self.fc2(x))
 
 

@@ -168,6 +168,8 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
     operands = matmul_dtype(q.dtype, resolve_impl(impl))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if recompute and needs_grad and operands == torch.promote_types(q.dtype, torch.float32):
+        return _VicinityAttention.apply(q, k, v, height, width, eps, clamp)
     if recompute and needs_grad:
         return checkpoint(_vicinity_attention, q, k, v, height, width, eps, clamp, operands, use_reentrant=False)
     return _vicinity_attention(q, k, v, height, width, eps, clamp, operands)
@@ -181,20 +183,98 @@ def matmul_dtype(dtype, impl='auto'):
     return torch.promote_types(dtype, torch.float32)
 
 
-def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
-    out_dtype = q.dtype
+def _clamp_keeping_mask(t, clamp):
+    """``(signed_clamp(t), where it acted)``: the clamp's values and the mask its backward needs
+    (``None`` without ``clamp``)."""
+    if not clamp:
+        return t, None
+    magnitude = t.abs()
+    clamped = magnitude.clamp(CLAMP_MIN, CLAMP_MAX)
+    return t.sign() * clamped, clamped != magnitude
+
+
+def _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=False):
+    """The forward of :func:`vicinity_attention` (autocast off), returning ``(out, parts)``.
+
+    ``parts`` is ``None``, or with ``keep`` the intermediates and clamp masks that
+    :class:`_VicinityAttention`'s backward needs. The ReLU runs on the inputs' dtype
+    and the products with the (``operands``-dtype) weights promote: the same values as
+    casting first, one op fewer per input.
+    """
     compute = torch.promote_types(q.dtype, torch.float32)
+    clamped = (lambda t: _clamp_keeping_mask(t, clamp)) if keep else (lambda t: (lean_signed_clamp(t, clamp), None))
+    weights = vicinity_weights(height, width, q.device, operands)
+    qf = vicinity_features(F.relu(q), weights)                                             # (B, h, N, 4d)
+    kf = vicinity_features(F.relu(k), weights)
+    # Contiguous: the products would copy a strided v anyway (in forward and in backward).
+    values = v.to(operands, memory_format=torch.contiguous_format)
+    kv, kv_acted = clamped((kf.transpose(-1, -2) @ values).to(compute))                   # (B, h, 4d, d)
+    k_sum = kf.sum(dim=-2, dtype=compute)                                                  # (B, h, 4d)
+    reciprocal = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
+    z, z_acted = clamped(reciprocal)
+    numerator, numerator_acted = clamped((qf @ kv.to(operands)).to(compute))              # (B, h, N, d)
+    if not keep:
+        return lean_signed_clamp(numerator * z[..., None], clamp).to(q.dtype), None
+    out = numerator * z[..., None]
+    # Only where the last clamp acts is needed, not its values.
+    out_acted = out.abs().clamp(CLAMP_MIN, CLAMP_MAX) != out.abs() if clamp else None
+    return None, dict(qf=qf, kf=kf, values=values, kv=kv, kv_acted=kv_acted, k_sum=k_sum, reciprocal=reciprocal,
+                      z=z, z_acted=z_acted, numerator=numerator, numerator_acted=numerator_acted,
+                      out_acted=out_acted, weights=weights)
+
+
+def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
     with torch.autocast(device_type=q.device.type, enabled=False):
-        weights = vicinity_weights(height, width, q.device, operands)
-        qf = vicinity_features(F.relu(q.to(operands)), weights)                    # (B, h, N, 4d)
-        kf = vicinity_features(F.relu(k.to(operands)), weights)
-        kv = lean_signed_clamp((kf.transpose(-1, -2) @ v.to(operands)).to(compute), clamp)   # (B, h, 4d, d)
-        k_sum = kf.sum(dim=-2, dtype=compute)                                      # (B, h, 4d)
-        z = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
-        z = lean_signed_clamp(z, clamp)
-        out = lean_signed_clamp((qf @ kv.to(operands)).to(compute), clamp)              # (B, h, N, d)
-        out = lean_signed_clamp(out * z[..., None], clamp)
-    return out.to(out_dtype)
+        return _vicinity_parts(q, k, v, height, width, eps, clamp, operands)[0]
+
+
+def _masked(grad, acted):
+    return grad if acted is None else grad.masked_fill(acted, 0)
+
+
+class _VicinityAttention(torch.autograd.Function):
+    """Vicinity attention computed in ``q``'s dtype promoted to at least fp32 ('auto', 'math'),
+    keeping only ``q``, ``k``, ``v`` for backward.
+
+    Backward recomputes the forward's intermediates (with the clamps' masks) and
+    applies the chain rule by hand: about half the ops of autograd through a
+    recomputed forward (its clamps alone run ten ops each), the same ``4d``-wide
+    tensors, none of them kept between forward and backward.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, height, width, eps, clamp):
+        ctx.save_for_backward(q, k, v)
+        ctx.map_args = (height, width, eps, clamp)
+        operands = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return _vicinity_parts(q, k, v, height, width, eps, clamp, operands)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        height, width, eps, clamp = ctx.map_args
+        operands = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            _, p = _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=True)
+            grad = _masked(grad, p['out_acted'])                                # through out = numerator * z
+            grad_z = _masked((grad * p['numerator']).sum(dim=-1), p['z_acted'])
+            grad_numerator = _masked(grad * p['z'][..., None], p['numerator_acted'])
+            # z = 1 / den: d den = -grad_z / den^2 = -grad_z * z^2 (z unclamped).
+            grad_den = grad_z * p['reciprocal'] * p['reciprocal']                 # negated below
+            qf, kf = p['qf'], p['kf']
+            grad_qf = torch.addcmul(grad_numerator @ p['kv'].transpose(-1, -2), grad_den[..., None],
+                                    p['k_sum'][..., None, :], value=-1)
+            grad_kv = _masked(qf.transpose(-1, -2) @ grad_numerator, p['kv_acted'])
+            grad_k_sum = (grad_den[..., None, :] @ qf)                            # negated below
+            grad_kf = torch.sub(p['values'] @ grad_kv.transpose(-1, -2), grad_k_sum)
+            grad_v = kf @ grad_kv
+            grads = []
+            for x, grad_features in ((q, grad_qf), (k, grad_kf)):
+                # Through x' = relu(x) w: sum the four weighted blocks, then the ReLU's mask.
+                grad_x = (grad_features.unflatten(-1, (4, -1)) * p['weights'][:, :, None]).sum(dim=-2)
+                grads.append(torch.ops.aten.threshold_backward(grad_x, x, 0).to(x.dtype))
+        return grads[0], grads[1], grad_v.to(v.dtype), None, None, None, None
 
 
 class _PreservedFeatures(torch.autograd.Function):
