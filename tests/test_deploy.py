@@ -28,15 +28,7 @@ def first_stage(cls):
     return build_tiny(cls, out_indices=(0, ), attn_impl='fast').eval()
 
 
-# ViL-LS: torch.export's constraint solver fails on the long-short attention's symbolic
-# sizes (AssertionError 'Cannot create Dim with inconsistent min=0, max=...'); open, see
-# docs/deploy.md. strict: the day it exports, this test says so.
-LONG_SHORT_OPEN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                    reason='long-short attention: dynamic H/W export not solved yet')
-
-
-@pytest.mark.parametrize('cls', [ViL, pytest.param(ViLLS, marks=LONG_SHORT_OPEN), VVT, PaleTransformer],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize('cls', [ViL, ViLLS, VVT, PaleTransformer], ids=lambda c: c.__name__)
 def test_onnx_matches_eager_at_two_sizes(cls, tmp_path):
     model = first_stage(cls)
     shapes = deploy.image_dynamic_shapes(min_side=32, max_side=1024, max_batch=8)
