@@ -28,11 +28,8 @@ table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` i
 smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
 share rows (w=7: 361 offsets on 253 rows).
 """
-import functools
-
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
@@ -249,9 +246,7 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
     row gather (:class:`~visattn_mm.ops.sliding_chunk.ChunkGather`) from the tokens,
     heads-last, whose backward accumulates into one buffer; keys outside the image are
     gathered from the gather's extra row, the hidden key. The window RPB is the same for
-    every segment. While training, the gathered keys and values (``(w + 2p)^2 / w^2``
-    times the tokens, 3.4x for w=7) are not kept for backward: they are gathered again
-    there (:func:`_without_gathers_saved`).
+    every segment.
     """
     w = window
     b, heads, _, d = q.shape
@@ -282,40 +277,11 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
             hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
         return fused_attention(heads_first(q_seg), heads_first(k_win), heads_first(v_win), bias, hidden, dropout_p)
 
-    tensors = (q, *keys, *values)
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(t.requires_grad for t in tensors):
-        out = _without_gathers_saved(attend, *tensors)
-    else:
-        out = attend(*tensors)
+    out = attend(q, *keys, *values)
     # Back to map tokens: one gather of the in-image query positions (the padding dropped).
     out = out.transpose(1, 2).reshape(b, rows * cols * segment, heads, d + extra)
     out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
     return out[..., :d].transpose(1, 2)
-
-
-# What :func:`_without_gathers_saved` recomputes in backward: the gathers' ops.
-_REGATHERED = ('copy_', 'index_select', 'new_empty', 'empty', 'expand', 'transpose', 'select', 'slice', 'view',
-               '_unsafe_view', 'reshape', 'unsqueeze', 'permute', 'alias', 'detach', 'clone', 'constant_pad_nd')
-
-
-def _regather_policy(ctx, op, *args, **kwargs):
-    """Selective-checkpoint policy: gathers are recomputed, everything else (the fused kernel) kept."""
-    if op.overloadpacket.__name__ in _REGATHERED:
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE
-
-
-def _without_gathers_saved(function, *tensors):
-    """``function(*tensors)`` under selective checkpointing: what it gathers is not saved for backward.
-
-    The fused kernel saves its inputs, the gathered queries, keys and values (the keys
-    and values 3.4x the tokens' size for w=7); here only the tokens they are gathered
-    from stay (they live on anyway), and backward gathers again before it runs the
-    kernel's backward on the kernel's saved outputs. Nothing recomputed draws random
-    numbers, so no RNG state is kept.
-    """
-    return checkpoint(function, *tensors, use_reentrant=False, preserve_rng_state=False,
-                      context_fn=functools.partial(create_selective_checkpoint_contexts, _regather_policy))
 
 
 @device_cache
