@@ -68,11 +68,13 @@ ALLOCATION_ROUNDING = 512     # bytes; CUDA's caching allocator rounds every blo
 # Op classes, by ATen op name (the overload packet's); everything else is 'elementwise'.
 OP_CLASSES = {
     'layout': ('copy_', 'clone', 'cat', 'stack', 'constant_pad_nd', 'reflection_pad2d', 'replication_pad2d',
-               'index', '_unsafe_index', 'index_select', 'gather', 'scatter', 'scatter_add', 'index_put',
-               '_index_put_impl_', '_unsafe_index_put', 'index_add', 'slice_backward', 'select_backward',
+               'index', '_unsafe_index', 'index_select', 'gather', 'scatter', 'scatter_', 'scatter_add',
+               'scatter_add_', 'scatter_reduce', 'scatter_reduce_', 'index_put', 'index_put_', '_index_put_impl_',
+               '_unsafe_index_put', 'index_add', 'index_add_', 'index_copy', 'index_copy_', 'index_reduce',
+               'index_reduce_', 'slice_backward', 'select_backward',
                'narrow_copy', 'slice_scatter', 'select_scatter', 'as_strided_scatter', 'diagonal_backward',
                'unfold_backward', 'roll', 'repeat', 'flip', 'expand_copy', 'permute_copy', 'im2col', 'col2im',
-               'masked_scatter', 'split_with_sizes_copy', 'unbind_copy', 'embedding',
+               'masked_scatter', 'masked_scatter_', 'split_with_sizes_copy', 'unbind_copy', 'embedding',
                'embedding_dense_backward', 'pixel_shuffle', 'pixel_unshuffle', 'channel_shuffle'),
     'matmul': ('mm', 'bmm', 'addmm', 'baddbmm', 'addbmm', 'convolution', '_convolution', 'convolution_backward'),
     'attention': ('_scaled_dot_product_efficient_attention', '_scaled_dot_product_efficient_attention_backward',
