@@ -49,12 +49,12 @@ def test_peak_counts_the_storages_alive_at_once():
 
 
 def test_views_launch_nothing_and_broadcasts_are_read_once():
-    cost = _trace(lambda m, x: x.transpose(1, 2).flatten(2) + torch.ones(1, 1, 1))
+    cost = _trace(lambda m, x: x.transpose(1, 2).flatten(2) + torch.ones(192).expand(40, 192))
     ops = cost.ops
     assert ops['transpose'].launched == 0 and ops['transpose'].bytes_written == 0
     assert ops['add'].launched == 1
-    # The transposed input is read in full, the broadcast one-element tensor once.
-    assert ops['add'].bytes_read == ELEMENTS * 4 + 4
+    # The transposed input is read in full, the expanded row once.
+    assert ops['add'].bytes_read == ELEMENTS * 4 + 192 * 4
     assert ops['add'].bytes_written == ELEMENTS * 4
     assert cost.summary()['launched'] == sum(op.launched for op in ops.values())
 
@@ -163,3 +163,34 @@ def test_step_cost_tool_end_to_end(tmp_path, capsys):
 def test_step_cost_tool_refuses_bad_options(argv, message):
     with pytest.raises(SystemExit, match=message):
         step_cost_tool.parse_args(argv)
+
+
+# Ceilings of each backbone's step at batch 8, 800x1333, bf16 autocast, forward + backward, as ratios to
+# Swin-T traced in the same run: just above what tools/analysis/step_cost.py gives today, so that a change
+# that makes a backbone heavier fails here (the counts are deterministic). Lower them when a change lowers
+# the figures. (peak memory, layout-op bytes, ops launched)
+CEILINGS = {
+    ('vil-s', 'auto'): (1.61, 1.43, 1.32),
+    ('vil-s', 'triton'): (0.88, 0.49, 1.08),
+    ('vil-ls-s', 'auto'): (1.47, 1.38, 1.39),
+    ('vil-ls-s', 'triton'): (0.92, 0.61, 1.15),
+    ('pale-t', 'auto'): (1.21, 0.53, 2.29),
+    ('pale-t', 'triton'): (1.17, 0.11, 2.03),
+    ('vvt-s', 'auto'): (1.35, 0.98, 3.03),
+    ('vvt-s', 'triton'): (1.35, 0.10, 1.76),
+}
+
+
+@pytest.fixture(scope='module')
+def swin_t_step():
+    return trace_step(step_cost_tool.build_backbone('swin-t').train(), (8, 3, 800, 1333)).summary()
+
+
+@pytest.mark.parametrize('model, impl', sorted(CEILINGS))
+def test_backbone_step_stays_under_its_ceilings(model, impl, swin_t_step):
+    from visattn_mm.ops.impl import attention_impl
+    with attention_impl(impl):
+        step = trace_step(step_cost_tool.build_backbone(model).train(), (8, 3, 800, 1333)).summary()
+    ratios = tuple(round(step[key] / swin_t_step[key], 3) for key in ('peak_bytes', 'layout_bytes', 'launched'))
+    ceilings = CEILINGS[model, impl]
+    assert all(ratio <= ceiling for ratio, ceiling in zip(ratios, ceilings)), (ratios, ceilings)
