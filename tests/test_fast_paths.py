@@ -249,13 +249,13 @@ def test_vvt_attn_impl_sets_the_precision_of_its_products(monkeypatch):
     from visattn_mm.models import VVT
     from visattn_mm.models.vvt import VicinityAttention
     operands = []
-    run = vicinity._vicinity_attention
+    run = vicinity._vicinity_parts    # the products of every path but Triton's, forward and recomputed
 
-    def spy(*args):
-        operands.append(args[-1])
-        return run(*args)
+    def spy(q, k, v, height, width, eps, clamp, dtype, **kwargs):
+        operands.append(dtype)
+        return run(q, k, v, height, width, eps, clamp, dtype, **kwargs)
 
-    monkeypatch.setattr(vicinity, '_vicinity_attention', spy)
+    monkeypatch.setattr(vicinity, '_vicinity_parts', spy)
     images = torch.randn(1, 3, 45, 61)
     outputs = {}
     for attn_impl in ATTENTION_IMPLS:
