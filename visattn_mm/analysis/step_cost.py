@@ -111,6 +111,7 @@ _SOFTMAXES = {F.softmax: aten._softmax, torch.softmax: aten._softmax, torch.Tens
 # Ops CUDA autocast runs in 16 bits that CPU autocast leaves alone.
 _LOW_PRECISION = (torch.einsum, torch.mv, torch.Tensor.mv, torch.addmv, torch.addr, torch.chain_matmul)
 _HALVES = (torch.float16, torch.bfloat16)
+_TENSOR_BACKWARD = torch.Tensor.backward
 
 
 @dataclasses.dataclass
@@ -288,7 +289,7 @@ class CudaDispatchEmulation(TorchFunctionMode):
         autocasting = self.autocast_dtype is not None and torch.is_autocast_enabled('cpu')
         if func is F.scaled_dot_product_attention:
             return self._sdpa(*args, **kwargs)
-        if func is Tensor_backward:
+        if func is _TENSOR_BACKWARD:
             with self:     # backward's recomputations (checkpoints) run under the same emulation
                 return _run_backward(*args, **kwargs)
         if not autocasting:
@@ -317,9 +318,8 @@ class CudaDispatchEmulation(TorchFunctionMode):
         with torch.autocast('cpu', enabled=False):
             needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             if attn_mask is None and query.dtype in _HALVES:
-                out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, False, False,
-                                                               scale=scale)[0]
-                return out
+                return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, False, False,
+                                                                scale=scale)[0]
             if attn_mask is not None:
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, -math.inf)
@@ -330,9 +330,6 @@ class CudaDispatchEmulation(TorchFunctionMode):
                 attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, needs_grad, dropout_p,
                                                                 False, scale=scale)[0]
-
-
-Tensor_backward = torch.Tensor.backward
 
 
 def _run_backward(tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
