@@ -175,7 +175,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
     # Sizes are symbols under torch.export with dynamic shapes: the padded path's one graph serves every size.
-    if use_fast_path(q, impl=impl) and all(type(size) is int for size in (*q.shape, height, width)):
+    if use_fast_path(q, impl=impl) and not is_symbolic(*q.shape, height, width):
         return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
     row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
     col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)
