@@ -1,5 +1,5 @@
 # Mask R-CNN ViL-LS-S, COCO 3x+MS.
-# Paper numbers: none (the Transformer-LS paper reports no dense prediction; SPEC 5).
+# Paper numbers: none (the Transformer-LS paper reports no dense prediction: its Sec. 5 leaves it to future work).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/vil.py']
 model = dict(
     backbone=dict(_base_.vil_ls_backbone, arch='small', drop_path_rate=0.2,

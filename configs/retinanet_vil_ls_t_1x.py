@@ -1,5 +1,5 @@
 # RetinaNet ViL-LS-T, COCO 1x.
-# Paper numbers: none (the Transformer-LS paper reports no dense prediction; SPEC 5).
+# Paper numbers: none (the Transformer-LS paper reports no dense prediction: its Sec. 5 leaves it to future work).
 _base_ = ['./_base_/retinanet_1x.py', './_base_/vil.py']
 model = dict(
     backbone=dict(_base_.vil_ls_backbone, arch='tiny', drop_path_rate=0.1, out_indices=(1, 2, 3),

@@ -72,12 +72,13 @@ def assert_unchanged(model, before):
 
 
 def official_vil_layout_checkpoint(spec, local_attention, seed=0, img_size=224, best_acc=0.0):
-    """An official ViL-family classification checkpoint, written from SPEC 1.2 / 2.2 (not from our code).
+    """An official ViL-family classification checkpoint, written from the official layout (not from our code).
 
-    ``net`` container, ``module.`` prefix, ``layerN`` sequentials (0 = patch embedding with
-    ``norm_embed`` and ``cls_token``, 2j+1 = attention block, 2j+2 = MLP block), patch sizes
-    4,2,2,2, global tokens 1,1,1,0, full-attention stages 3-4 (fused qkv, (2n-1)^2 tables,
-    g2l/g2g biases where the stage has global tokens), final norm and 1000-class head.
+    The layout (docs/backbones.md#official-checkpoint-layouts): ``net`` container, ``module.``
+    prefix, ``layerN`` sequentials (0 = patch embedding with ``norm_embed`` and ``cls_token``,
+    2j+1 = attention block, 2j+2 = MLP block), patch sizes 4,2,2,2, global tokens 1,1,1,0,
+    full-attention stages 3-4 (fused qkv, (2n-1)^2 tables, g2l/g2g biases where the stage has
+    global tokens), final norm and 1000-class head.
 
     Args:
         spec (dict): ``depths``, ``dims``, ``heads``.

@@ -41,7 +41,8 @@ MATRIX = [name for name in ALL_CONFIGS if NAME.fullmatch(name)]
 DETECTION = [name for name in MATRIX if not name.startswith('upernet')]
 SEGMENTATION = [name for name in MATRIX if name.startswith('upernet')]
 
-# Paper recipes (SPEC 1.6 / ViL Table 10, SPEC 3.2); ViL-LS takes ViL's; VVT's are our choices.
+# Paper recipes (ViL paper, Table 10; Pale paper, appendix "Detailed Experimental Settings"); ViL-LS takes ViL's;
+# VVT's are our choices.
 VIL_DROP_PATH = dict(t=0.1, s=0.2, m=0.3, b=0.3)
 DROP_PATH = dict(vil=VIL_DROP_PATH, vil_ls=VIL_DROP_PATH, vvt=dict(t=0.1, s=0.2, m=0.3, l=0.3),
                  pale=dict(t=0.2, s=0.3, b=0.5))
@@ -296,9 +297,10 @@ def test_model_trains_one_iteration(group):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-# Paper totals (SPEC 5/6). The ViL paper's detector counts include the official backbone's unused
-# ImageNet head (1000 x C_last + 1000): with it Mask R-CNN and RetinaNet ViL-T/S land within
-# 0.25% of the paper, without it 1-2.5% low. Our detectors drop that head, so it is added back.
+# Paper totals (ViL paper, Tables 6-7; Pale paper, Tables 3-4; VVT paper, Table 5). The ViL paper's
+# detector counts include the official backbone's unused ImageNet head (1000 x C_last + 1000): with it
+# Mask R-CNN and RetinaNet ViL-T/S land within 0.25% of the paper, without it 1-2.5% low. Our detectors
+# drop that head, so it is added back.
 PAPER_PARAMS_M = [
     ('maskrcnn_vil_t_1x.py', 26.9, True),
     ('maskrcnn_vil_s_1x.py', 45.0, True),

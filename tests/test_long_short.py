@@ -87,8 +87,11 @@ def test_gradients_match_reference():
 
 
 def dense_layer_reference(attn, x, hw, dp_padding=0):
-    """The whole layer from SPEC 2.2, densely; ``dp_padding`` > 0 builds the WRONG variant whose
-    dynamic projection also runs over that many zero (padding) tokens, as a control."""
+    """The whole layer, densely, as the official code computes it (docs/backbones.md#the-vil-ls-long-short-layer).
+
+    ``dp_padding`` > 0 builds the WRONG variant whose dynamic projection also runs over that
+    many zero (padding) tokens, as a control.
+    """
     g, heads = attn.num_global, attn.num_heads
     rank = attn.to_dynamic_projection.out_features // heads
     b, n, c = x.shape

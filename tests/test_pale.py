@@ -39,7 +39,7 @@ def classifier_macs(arch, size=224):
 
 @pytest.mark.parametrize('arch,paper_m,port_m', [('tiny', 22, 21.8), ('small', 48, 48.3), ('base', 85, 85.4)])
 def test_classification_parameter_counts(arch, paper_m, port_m):
-    """SPEC 6 / paper Table 2: 1000-class head on the pooled last stage.
+    """Pale paper, Table 2: 1000-class head on the pooled last stage.
 
     Within 2% of the paper, and equal after rounding to 0.1M to the unofficial port
     (the BatchNorm inside the q/k/v separable convs and the depthwise biases are

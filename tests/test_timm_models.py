@@ -25,7 +25,8 @@ NAMES = ([f'vil_{s}' for s in ('tiny', 'small', 'medium', 'base')]
          + [f'vil_ls_{s}' for s in ('tiny', 'small', 'medium', 'base')]
          + [f'vvt_{s}' for s in ('tiny', 'small', 'medium', 'large')]
          + [f'pale_{s}' for s in ('tiny', 'small', 'base')])
-# SPEC 6 (classification, 1000-class head), in millions: (expected, tolerance)
+# Classification with a 1000-class head, in millions: (expected, tolerance). The papers' tables and the
+# two decimals: docs/backbones.md#parameter-counts-to-two-decimals
 PARAMS_M = {'vil_tiny': (6.72, 0.01), 'vil_small': (24.66, 0.01), 'vil_medium': (39.78, 0.01),
             'vil_base': (55.80, 0.01), 'vil_ls_medium': (39.80, 0.01), 'vil_ls_base': (55.83, 0.01),
             'vvt_tiny': (12.88, 0.01), 'vvt_small': (25.49, 0.01), 'vvt_medium': (47.91, 0.01),

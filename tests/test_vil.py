@@ -20,7 +20,10 @@ from helpers import assert_same_gradients
 
 @pytest.mark.parametrize('arch,expected_m', [('tiny', 6.72), ('small', 24.66), ('medium', 39.78), ('base', 55.80)])
 def test_classification_parameter_counts(arch, expected_m):
-    """SPEC 6: official classification layout (full attention in stages 3-4 at 224) + 1000-class head."""
+    """ViL paper, Table 4: official classification layout (full attention in stages 3-4 at 224) + 1000-class head.
+
+    The two decimals: docs/backbones.md#parameter-counts-to-two-decimals.
+    """
     model = Classifier(arch=arch, num_classes=1000, attn_types=('sliding_chunk',) * 2 + ('full',) * 2)
     count = sum(p.numel() for p in model.parameters()) / 1e6
     assert abs(count - expected_m) / expected_m < 0.005, count

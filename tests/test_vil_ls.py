@@ -49,7 +49,7 @@ def official_vil_ls_checkpoint(spec, seed=0, img_size=224, window=7, rank=8):
 
 @pytest.mark.parametrize('arch,expected_m', [('medium', 39.80), ('base', 55.83)])
 def test_classification_parameter_counts(arch, expected_m):
-    """SPEC 6: LS in stages 1-2, full attention in 3-4 at 224, 1000-class head."""
+    """Transformer-LS paper, Table 5: LS in stages 1-2, full attention in 3-4 at 224, 1000-class head."""
     model = Classifier(backbone_type='ViLLS', arch=arch, num_classes=1000, attn_types=CLS_LAYOUT)
     count = sum(p.numel() for p in model.parameters()) / 1e6
     assert abs(count - expected_m) / expected_m < 0.005, count

@@ -26,7 +26,7 @@ VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), 
 @pytest.mark.parametrize('arch,expected_m', [('tiny', 12.88), ('small', 25.49), ('medium', 47.91),
                                              ('large', 61.85)])
 def test_classification_parameter_counts(arch, expected_m):
-    """SPEC 6: backbone (with all four stage norms) + mean-pooled last stage + 1000-class head.
+    """VVT paper, Table 2: backbone (with all four stage norms) + mean-pooled last stage + 1000-class head.
 
     Built on the meta device: same module tree, no initialisation cost.
     """
@@ -55,12 +55,12 @@ def test_upernet_config_parameter_count_and_maskrcnn_config_build():
 
 
 def official_vvt_checkpoint(spec, seed=0, container=True, num_classes=1000):
-    """An official VVT classification checkpoint, written from SPEC 4.2 (not from our code).
+    """An official VVT classification checkpoint, written from the official layout (not from our code).
 
-    ``patch_embed{i}.proj`` (7x7 then 3x3 convs) / ``.norm``; ``block{i}.{j}.norm1``,
-    ``attn.{q,k,v}_proj`` Linear(C, C/2), ``attn.out_proj`` Linear(C/2, C),
-    ``attn.se_fc.0`` / ``.2`` Linear(C, C) without bias, ``norm2``, ``mlp.fc1``,
-    ``mlp.dwconv.dwconv`` (depthwise 3x3), ``mlp.fc2``; ``norm{i}``; ``head``.
+    The layout (docs/backbones.md#official-checkpoint-layouts): ``patch_embed{i}.proj`` (7x7
+    then 3x3 convs) / ``.norm``; ``block{i}.{j}.norm1``, ``attn.{q,k,v}_proj`` Linear(C, C/2),
+    ``attn.out_proj`` Linear(C/2, C), ``attn.se_fc.0`` / ``.2`` Linear(C, C) without bias,
+    ``norm2``, ``mlp.fc1``, ``mlp.dwconv.dwconv`` (depthwise 3x3), ``mlp.fc2``; ``norm{i}``; ``head``.
     """
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=gen) * 0.02  # noqa: E731

@@ -1,4 +1,4 @@
-# COCO 3x + multi-scale for the detectors (the ViL paper's recipe, SPEC 1.6): 36 epochs, steps
+# COCO 3x + multi-scale for the detectors (ViL paper, Appendix A.2 and Table 10): 36 epochs, steps
 # at 27 and 33, same optimiser and warm-up as 1x. The detector bases swap their training
 # Resize for `multiscale_resize`: shorter side drawn from {640, 672, ..., 800}, longer side at
 # most 1333, no crop. Testing stays single scale (1333, 800).

@@ -1,13 +1,15 @@
-# ViL and ViL-LS backbones for dense prediction (SPEC 1.6, the official detection layout):
-# sliding-chunk attention in all four stages (ViL-LS: long-short in stages 1-2), window 7,
-# masking mode 0 ("sliding chunk without padding"), global tokens 1,1,1,0, every stage output.
+# ViL and ViL-LS backbones for dense prediction in the official detection layout
+# (docs/backbones.md#vil-layouts; ViL paper, Sec. 4.3 and Appendix C): sliding-chunk attention
+# in all four stages (ViL-LS: long-short in stages 1-2), window 7, masking mode 0 ("sliding
+# chunk without padding"), global tokens 1,1,1,0, every stage output.
 # Final configs add the size: `dict(_base_.vil_backbone, arch=..., drop_path_rate=...,
 # init_cfg=...)`; RetinaNet also sets out_indices=(1, 2, 3).
 # Per size (ViL paper Table 10, upper ends): drop path 0.1 (T), 0.2 (S), 0.3 (M, B); Base
 # uses lr 8e-5. The ViL paper has no segmentation recipe: UperNet uses the shared ADE20K recipe
 # with these drop-path values.
-# ViL-LS has no paper dense-prediction numbers or recipe (SPEC 5): it uses ViL's recipe for the
-# same size (drop path, gradient clipping, schedules).
+# ViL-LS has no paper dense-prediction numbers or recipe (the Transformer-LS paper leaves dense
+# prediction to future work, Sec. 5): it uses ViL's recipe for the same size (drop path,
+# gradient clipping, schedules).
 vil_backbone = dict(
     _delete_=True,
     type='ViL',
@@ -19,4 +21,5 @@ vil_backbone = dict(
     with_cp=False,
     # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
     attn_impl='auto')
-vil_ls_backbone = dict(vil_backbone, type='ViLLS', dp_rank=8)  # dynamic projection rank 8 (SPEC 2.1)
+# dynamic projection rank 8 (Transformer-LS paper, Sec. 4.3)
+vil_ls_backbone = dict(vil_backbone, type='ViLLS', dp_rank=8)

@@ -1,5 +1,7 @@
-# VVT backbone for dense prediction (SPEC 4): every stage output (after its `norm{i}`). Final
-# configs add the size: `dict(_base_.vvt_backbone, arch=..., drop_path_rate=..., init_cfg=...)`.
+# VVT backbone for dense prediction (VVT paper, Sec. 4.3 and Table 1): every stage output, after
+# the LayerNorm `norm{i}` that closes each stage in the official code
+# (docs/backbones.md#official-checkpoint-layouts). Final configs add the size:
+# `dict(_base_.vvt_backbone, arch=..., drop_path_rate=..., init_cfg=...)`.
 # The VVT paper publishes no dense-prediction drop path or detection recipe: drop path 0.1 (T),
 # 0.2 (S), 0.3 (M, L) and, for detection, gradient clipping at 1.0 are our choices.
 # The official VVT ImageNet release (`model` container) loads as is.
