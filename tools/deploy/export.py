@@ -6,9 +6,10 @@ Usage::
     python tools/deploy/export.py backbone ViL --arch tiny --out-dir work_dirs/deploy
     # a timm classifier
     python tools/deploy/export.py timm vil_tiny --out-dir work_dirs/deploy
-    # a whole RetinaNet / UperNet in the library's tensor mode (raw head outputs)
+    # a whole RetinaNet / UperNet in the library's tensor mode (raw head outputs); Mask R-CNN
+    # up to its RPN head (the rest runs in PyTorch, docs/deploy.md); evaluate with evaluate.py
     python tools/deploy/export.py config configs/retinanet_vil_t_1x.py --checkpoint CKPT \\
-        --side-multiple 32 --out-dir work_dirs/deploy
+        --out-dir work_dirs/deploy
 
 Writes ``NAME.pt2`` (``torch.export``) and ``NAME.onnx`` (torch's dynamo exporter),
 both with a dynamic batch, height and width in ``[--min-side, --max-side]``, then runs
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import _cli_common as common  # noqa: E402
+from mmengine.config import DictAction  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('target', help='backbone type (ViL, ViLLS, VVT, PaleTransformer), timm name, '
                                        'or config file')
     parser.add_argument('--arch', default='tiny', help='backbone arch (kind backbone). Default: tiny')
-    parser.add_argument('--checkpoint', help='weights to load (default: random init)')
+    parser.add_argument('--checkpoint', help="weights to load (default: random init); kind config: the "
+                                             "model's own checkpoint, loaded exactly as tools/test.py does")
     parser.add_argument('--out-dir', default='work_dirs/deploy')
     parser.add_argument('--name', help='file stem (default: from the target)')
     parser.add_argument('--example-size', type=int, nargs=2, default=(480, 640), metavar=('H', 'W'),
@@ -44,60 +47,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--batch', type=int, default=2, help='batch traced with (not 1). Default: 2')
     parser.add_argument('--min-side', type=int, default=224)
     parser.add_argument('--max-side', type=int, default=2048)
-    parser.add_argument('--side-multiple', type=int, default=1,
-                        help="sides the graph accepts are multiples of this (mmdet's size_divisor 32)")
     parser.add_argument('--static', action='store_true', help='export for --example-size only')
     parser.add_argument('--check-size', type=int, nargs=2, action='append', metavar=('H', 'W'),
                         help='onnxruntime vs eager at this size (repeatable). Default: the example size')
     parser.add_argument('--tolerance', type=float, default=1e-4,
                         help='largest relative difference accepted at the check sizes. Default: 1e-4')
     parser.add_argument('--no-onnx', action='store_true', help='write only the .pt2 program')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='config overrides (kind config), as in tools/test.py')
     return parser.parse_args(argv)
 
 
 def build_model(args):
-    """The model to export and its file stem."""
-    import torch
-
+    """The model to export (eval mode, ``attn_impl='fast'``, weights of ``--checkpoint``) and its file stem."""
     common.import_plugin()
+    from visattn_mm.checkpoint import load_pretrained
+
+    if args.kind == 'config':
+        from visattn_mm.deploy import build_tensor_mode
+        cfg = common.load_config(args.target, args.cfg_options, 'none')
+        common.register_scope_modules(cfg)
+        return build_tensor_mode(cfg, args.checkpoint), args.name or Path(args.target).stem
     if args.kind == 'backbone':
         from mmdet.registry import MODELS
         model = MODELS.build(dict(type=args.target, arch=args.arch, attn_impl='fast'))
         name = f'{args.target}_{args.arch}'
-    elif args.kind == 'timm':
+    else:
         import timm
         model = timm.create_model(args.target, attn_impl='fast')
         name = args.target
-    else:
-        from visattn_mm.deploy import TensorMode
-        cfg = common.load_config(args.target, None, 'none')
-        scope = common.register_scope_modules(cfg)
-        from mmengine.registry import init_default_scope
-        init_default_scope(scope)
-        cfg.model.backbone.attn_impl = 'fast'
-        cfg.model.backbone.pop('init_cfg', None)
-        registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
-        model = TensorMode(registry.build(cfg.model))
-        name = Path(args.target).stem
     if args.checkpoint:
-        from mmengine.runner import load_checkpoint
-        load_checkpoint(model.model if args.kind == 'config' else model, args.checkpoint, map_location='cpu')
-    return model.eval(), args.name or name, torch
+        load_pretrained(model, args.checkpoint)
+    return model.eval(), args.name or name
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    model, name, torch = build_model(args)
+    model, name = build_model(args)
+    import torch
+
     from visattn_mm import deploy
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     example = torch.randn(args.batch, 3, *args.example_size)
-    shapes = False if args.static else deploy.image_dynamic_shapes(
-        args.min_side, args.max_side, side_multiple=args.side_multiple)
+    shapes = False if args.static else deploy.image_dynamic_shapes(args.min_side, args.max_side)
     program = deploy.export_program(model, example, shapes)
     torch.export.save(program, out_dir / f'{name}.pt2')
     report = dict(pt2=str(out_dir / f'{name}.pt2'), range_constraints=str(program.range_constraints))
+    if isinstance(model, deploy.TensorMode):
+        # tools/deploy/evaluate.py regroups the graph's flat outputs with this.
+        report['output_groups'] = list(model.output_groups)
     print(f'wrote {report["pt2"]}')
     if not args.no_onnx:
         onnx_path = out_dir / f'{name}.onnx'

@@ -116,8 +116,12 @@ def fused_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
     if mask is not None:
         # A mask with fewer dims than q makes PyTorch (2.12, CPU) skip the fused kernel.
         mask = mask.reshape((1, ) * (q.dim() - mask.dim()) + tuple(mask.shape))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
-    return out[..., :head_dim]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)[..., :head_dim]
+    if torch.compiler.is_exporting():
+        # The traced kernel's output is heads-last in memory, its decomposition (for ONNX) is
+        # not: one fixed layout keeps the callers' reshapes valid views in both graphs.
+        out = out.contiguous()
+    return out
 
 
 def dense_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):

@@ -131,8 +131,12 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
     out = attend(*(group(t).flatten(0, 1) for t in (q, k, v)),
                  hidden=padded_key_mask(height, width, pale_size, q.device), dropout_p=dropout_p)
     d = v.shape[-1]
-    out = out.reshape(b, heads, stride, size, width, d).transpose(2, 3)
-    return out.reshape(b, heads, padded, width, d)[:, :, :height].reshape(b, heads, n, d)
+    out = out.reshape(b, heads, stride, size, width, d).transpose(2, 3).reshape(b, heads, padded * width, d)
+    if is_symbolic(n):
+        # One exported graph serves padded and unpadded maps: a gathered crop is a new tensor
+        # either way, where a slice's layout (and the graph's guards) would depend on it.
+        return out.index_select(2, torch.arange(n, device=out.device))
+    return out[:, :, :n]
 
 
 def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'):
@@ -277,6 +281,10 @@ def gathered_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
     sizes = [b * groups * length for groups, length in blocks]
 
     def gather(t):
+        if torch.compiler.is_exporting():
+            # The traced projections are channels-last, their ONNX decomposition is not: one
+            # layout keeps the reshape below a valid view (or a copy) in both graphs.
+            t = t.contiguous()
         # Each block as (B * groups, heads / 2, tokens, d): a view of the gathered tensor.
         rows = RowPermutation.apply(t.transpose(1, 2).reshape(b * n * 2, half, t.shape[-1]), index, inverse)
         return [part.view(-1, length, half, t.shape[-1]).transpose(1, 2)
