@@ -14,6 +14,7 @@ import torch
 ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
 sys.path.insert(0, str(ANALYSIS))
 import _bench_common as common  # noqa: E402
+
 from test_tools_cli import DET_CONFIG, _run, toy  # noqa: E402
 
 MIB = 2 ** 20

@@ -10,12 +10,11 @@ import torch
 from mmengine.config import Config
 
 import visattn_mm  # noqa: F401
+from helpers import VIL_TINY_ARCH as TINY_ARCH
+from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
 from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state_dict
 from visattn_mm.models import Classifier, ViL
 from visattn_mm.ops.rel_pos import resize_rpb_grid, resize_rpb_table
-
-from helpers import VIL_TINY_ARCH as TINY_ARCH
-from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(depths=(1, 2, 8, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))

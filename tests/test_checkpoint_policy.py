@@ -17,7 +17,7 @@ from helpers import TINY_ARCHS, VIL_TINY_ARCH, assert_unchanged, snapshot
 from test_tools_cli import DET_CONFIG, TOOLS, toy
 from visattn_mm.checkpoint import CheckpointError, load_model_checkpoint
 from visattn_mm.checkpoint.policy import REFUSED_ACTION
-from visattn_mm.models import VVT, Classifier, ViL
+from visattn_mm.models import Classifier, ViL, VVT
 
 ROOT = Path(__file__).resolve().parents[1]
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')   # the official classification layout

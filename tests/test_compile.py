@@ -12,10 +12,10 @@ import importlib
 import pytest
 import torch
 import torch._dynamo
-from helpers import build_tiny
 from triton_harness import interpreted_fixture, launch_snapshot, launches_since, main, mismatches
 
-from visattn_mm.models import VVT, PaleTransformer, ViL, ViLLS
+from helpers import build_tiny
+from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 BACKBONES = (ViL, ViLLS, VVT, PaleTransformer)
 # The modules of the Triton ops (each defines its op as ``_<name>_op``).

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_ARCHS
 from mmengine.config import Config
-from test_tools_cli import TOOLS, _free_port, _log_text, _run, _test_metrics, _tool, toy
 
+from helpers import TINY_ARCHS
+from test_tools_cli import TOOLS, _free_port, _log_text, _run, _test_metrics, _tool, toy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops import attention_impl
 

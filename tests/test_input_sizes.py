@@ -18,11 +18,11 @@ padded H, W; an SE gate over all tokens) and Pale, whose interlaced row/column g
 stride ceil(H / s) of the padded size, so that no Pale output is exact in a padded batch.
 """
 import pytest
+import test_long_short as ls_tests
+import test_sliding_chunk as sc_tests
 import torch
 import torch.nn.functional as F
 
-import test_long_short as ls_tests
-import test_sliding_chunk as sc_tests
 from helpers import BACKBONES, PALE_TINY_ARCH, TINY_ARCHS, assert_dense_outputs, build_tiny
 from visattn_mm.models import PaleTransformer, ViL
 from visattn_mm.ops.long_short import long_short_attention, segment_pad

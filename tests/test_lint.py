@@ -1,4 +1,4 @@
-"""The tree passes the linter configured in pyproject.toml (ruff: pycodestyle + pyflakes)."""
+"""The tree passes the linter configured in pyproject.toml (ruff: pycodestyle, pyflakes, import order)."""
 import shutil
 import subprocess
 import sys

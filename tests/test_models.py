@@ -23,11 +23,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import visattn_mm  # noqa: F401  (registers the backbones and the timm names)
+from helpers import STRIDES, TINY_ARCHS, assert_dense_outputs, assert_same_gradients, assert_trains_at_size, outputs
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.common import clear_device_caches
-
-from helpers import STRIDES, TINY_ARCHS, assert_dense_outputs, assert_same_gradients, assert_trains_at_size, outputs
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import visattn_mm  # noqa: F401  (registration)
-from visattn_mm.models import PaleTransformer
-from visattn_mm.models import Classifier
-from visattn_mm.models.pale import PaleAttention
-from visattn_mm.ops.reference import pale_attention_dense
-
 from helpers import PALE_TINY_ARCH as TINY_ARCH
 from helpers import build_config_model_on_meta
+from visattn_mm.models import Classifier, PaleTransformer
+from visattn_mm.models.pale import PaleAttention
+from visattn_mm.ops.reference import pale_attention_dense
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,12 +1,16 @@
 """PS-Attention (parallel pale-shaped attention): the gathered fast path against dense references."""
 import pytest
 import torch
-
-from visattn_mm.ops.pale import (RowPermutation, interlace_stride, interlaced_column_attention,
-                                 interlaced_row_attention, pale_attention)
-from visattn_mm.ops.reference import pale_attention_dense
-
 from test_vicinity import OpRecorder
+
+from visattn_mm.ops.pale import (
+    RowPermutation,
+    interlace_stride,
+    interlaced_column_attention,
+    interlaced_row_attention,
+    pale_attention,
+)
+from visattn_mm.ops.reference import pale_attention_dense
 
 
 def qkv(height, width, heads=4, dim=3, batch=2, seed=0, dtype=torch.float64):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_tiny
 
+from helpers import build_tiny
 from visattn_mm.analysis.step_cost import ALLOCATION_ROUNDING, trace_step
 from visattn_mm.models import ViL
 

@@ -9,13 +9,13 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import build_tiny
-from test_tools_cli import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool, toy
 
 import visattn_mm.models as models
 import visattn_mm.ops.long_short
 import visattn_mm.ops.pale
 import visattn_mm.ops.sliding_chunk
+from helpers import build_tiny
+from test_tools_cli import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool, toy
 from visattn_mm.collect_env import BACKBONE_ATTENTIONS, attention_paths, plugin_env
 from visattn_mm.engine import RngStateHook
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_finite_grads, build_tiny
 from mmengine.config import Config
-from test_tools_cli import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool, toy
 
 import visattn_mm  # noqa: F401  (registration)
+from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_finite_grads, build_tiny
+from test_tools_cli import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool, toy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 AMP_DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'

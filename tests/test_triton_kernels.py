@@ -9,9 +9,18 @@ import sys
 
 import pytest
 import torch
-from triton_harness import (COMMON, assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compare_paths, compiling_launches, interpreted_fixture,
-                            low_precision_errors, main)
+from triton_harness import (
+    COMMON,
+    assert_cuda_within_tolerance,
+    assert_fp16_within_tolerance,
+    assert_kernels_matched,
+    compare_backbone,
+    compare_paths,
+    compiling_launches,
+    interpreted_fixture,
+    low_precision_errors,
+    main,
+)
 
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL

@@ -8,8 +8,16 @@ window RPB) with the math path, and counts the launches of each kernel.
 """
 import pytest
 import torch
-from triton_harness import (assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
+from triton_harness import (
+    assert_cuda_within_tolerance,
+    assert_fp16_within_tolerance,
+    assert_kernels_matched,
+    compare_backbone,
+    compiling_launches,
+    interpreted_fixture,
+    low_precision_errors,
+    main,
+)
 
 from visattn_mm.models import ViLLS
 from visattn_mm.ops.long_short import long_short_attention, long_short_rpb_index, long_short_rpb_table_size, segment_pad

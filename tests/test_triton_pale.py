@@ -10,8 +10,17 @@ import contextlib
 
 import pytest
 import torch
-from triton_harness import (COMMON, assert_cuda_within_tolerance, assert_fp16_within_tolerance, assert_kernels_matched,
-                            compare_backbone, compiling_launches, interpreted_fixture, low_precision_errors, main)
+from triton_harness import (
+    COMMON,
+    assert_cuda_within_tolerance,
+    assert_fp16_within_tolerance,
+    assert_kernels_matched,
+    compare_backbone,
+    compiling_launches,
+    interpreted_fixture,
+    low_precision_errors,
+    main,
+)
 
 from visattn_mm.models import PaleTransformer
 from visattn_mm.ops.pale import pale_attention

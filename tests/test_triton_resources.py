@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_tiny
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
+
+from helpers import build_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools' / 'analysis'))
 import triton_resources  # noqa: E402

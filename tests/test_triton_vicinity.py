@@ -11,9 +11,18 @@ import contextlib
 
 import pytest
 import torch
-from triton_harness import (COMMON, TOLERANCES, assert_cuda_within_tolerance, assert_fp16_within_tolerance,
-                            assert_kernels_matched, compare_backbone, compiling_launches, interpreted_fixture,
-                            low_precision_errors, main)
+from triton_harness import (
+    COMMON,
+    TOLERANCES,
+    assert_cuda_within_tolerance,
+    assert_fp16_within_tolerance,
+    assert_kernels_matched,
+    compare_backbone,
+    compiling_launches,
+    interpreted_fixture,
+    low_precision_errors,
+    main,
+)
 
 import visattn_mm.ops.vicinity as vicinity
 from visattn_mm.models import VVT

@@ -10,12 +10,11 @@ import torch
 from mmengine.config import Config
 
 import visattn_mm  # noqa: F401
+from helpers import VIL_TINY_ARCH as TINY_ARCH
+from helpers import official_vil_layout_checkpoint
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, ViLLS
 from visattn_mm.models.vil_attention import LongShortAttention, SlidingChunkAttention
-
-from helpers import VIL_TINY_ARCH as TINY_ARCH
-from helpers import official_vil_layout_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CLS_LAYOUT = ('long_short', 'long_short', 'full', 'full')

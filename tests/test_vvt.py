@@ -9,15 +9,13 @@ import pytest
 import torch
 
 import visattn_mm  # noqa: F401  (registration)
+from helpers import VVT_TINY_ARCH as TINY_ARCH
+from helpers import build_config_model_on_meta
 from visattn_mm.checkpoint import load_pretrained
-from visattn_mm.models import VVT
-from visattn_mm.models import Classifier
+from visattn_mm.models import Classifier, VVT
 from visattn_mm.models.vvt import VicinityAttention
 from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import signed_clamp
-
-from helpers import VVT_TINY_ARCH as TINY_ARCH
-from helpers import build_config_model_on_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))

@@ -14,12 +14,12 @@ import logging
 import os
 import os.path as osp
 
-import _cli_common as common  # puts the checkout on sys.path
 import torch
-import visattn_mm  # noqa: F401  (registers the backbones)
 from mmengine.config import Config, DictAction
 from mmengine.registry import MODELS
 
+import _cli_common as common  # puts the checkout on sys.path
+import visattn_mm  # noqa: F401  (registers the backbones)
 from visattn_mm.checkpoint import load_pretrained
 
 CONVERT_ADVICE = ('is it a checkpoint of another backbone or size? Pass --allow-partial to write the '

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / 'tools'))
 sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
 
 import plot_curves  # noqa: E402
+
 from make_toy_data import make_coco_instances  # noqa: E402
 
 CONFIG = ROOT / 'configs' / 'demo' / 'maskrcnn_vil_t_toy.py'
@@ -80,10 +81,10 @@ def schedule_options(max_iters, warmup_iters, logger_interval):
 def save_untrained_checkpoint(cfg, path):
     """The model exactly as training starts it (same config, initial weights)."""
     import torch
+    from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
     import visattn_mm  # noqa: F401
-    from mmdet.registry import MODELS
 
     init_default_scope('mmdet')
     torch.manual_seed(0)

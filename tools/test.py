@@ -30,8 +30,9 @@ from __future__ import annotations
 import argparse
 import copy
 
-import _cli_common as common
 from mmengine.config import Config, ConfigDict, DictAction
+
+import _cli_common as common
 
 
 def parse_args(argv=None) -> argparse.Namespace:

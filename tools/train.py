@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-import _cli_common as common
 import torch
 from mmengine.config import Config, DictAction
 
+import _cli_common as common
 from visattn_mm.collect_env import format_env, plugin_env
 
 

@@ -5,7 +5,7 @@ Importing the package registers the backbones and hooks (see :mod:`visattn_mm.re
 from . import registry  # noqa: F401  (registration side effect)
 from .compat import allow_mmengine_checkpoints
 from .engine import RandomShiftHook, RngStateHook
-from .models import VVT, Classifier, PaleTransformer, ViL, ViLLS
+from .models import Classifier, PaleTransformer, ViL, ViLLS, VVT
 
 allow_mmengine_checkpoints()  # resume works under torch's weights_only default
 

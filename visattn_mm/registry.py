@@ -8,7 +8,7 @@ from mmengine.registry import HOOKS, MODELS, RUNNERS
 
 from . import timm_models  # noqa: F401  (registers the timm.create_model names)
 from .engine import CheckpointPolicyRunner, RandomShiftHook, RngStateHook
-from .models import VVT, PaleTransformer, ViL, ViLLS
+from .models import PaleTransformer, ViL, ViLLS, VVT
 
 try:  # needs mmdet and mmcv's compiled ops; the backbones alone need neither
     from .engine.det_tta import InstanceAwareDetTTAModel

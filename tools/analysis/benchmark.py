@@ -31,7 +31,6 @@ import os.path as osp
 import _bench_common as common
 import torch
 
-
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
 COLUMNS = ('model', 'impl', 'mode', 'dtype', 'batch', 'height', 'width', 'megapixels',
            'params_m', 'time_ms', 'peak_mem_mib', 'time_ms_vs_{b}', 'peak_mem_mib_vs_{b}',

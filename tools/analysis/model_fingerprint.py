@@ -69,7 +69,7 @@ def fingerprint_classifiers(entry):
 
     import visattn_mm  # noqa: F401  (registers the names)
     from visattn_mm.checkpoint import load_pretrained
-    from visattn_mm.models import VVT, PaleTransformer, ViL, ViLLS
+    from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
     from visattn_mm.timm_models import VARIANTS
 
     for name in VARIANTS:

@@ -147,8 +147,9 @@ def is_flagged(ours: float | None, paper: float | None, tolerance: float = TOLER
 
 def build_model(config_path: str | Path, device: str = 'cpu'):
     """Build the config's model in eval mode (no weights loaded); returns (model, task scope)."""
-    import _cli_common as common
     from mmengine.registry import MODELS, init_default_scope
+
+    import _cli_common as common
 
     common.import_plugin()
     cfg = common.load_config(str(config_path), None, 'none')

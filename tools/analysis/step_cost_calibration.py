@@ -54,7 +54,8 @@ def trace_baselines():
 def _load_tracer_into(package):
     """Today's tracer as ``<package>.analysis.step_cost`` of an older package, with the two names it
     imports from the package supplied where the old package lacks them."""
-    from visattn_mm.ops import common as ops_common, impl
+    from visattn_mm.ops import common as ops_common
+    from visattn_mm.ops import impl
     if not hasattr(ops_common, 'clear_device_caches'):
         def clear_device_caches():
             for module in list(sys.modules.values()):

@@ -68,8 +68,9 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         where the candidate did not compile for that kernel. The label of a kernel that spreads atomics
         over bias-gradient copies names their count.
     """
-    import visattn_mm.ops.triton_common as tc
     from triton.runtime.errors import OutOfResources
+
+    import visattn_mm.ops.triton_common as tc
 
     cuda = image.device.type == 'cuda'
     launches, labels, failed = [], {}, set()

@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-import _cli_common as common  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
+
+import _cli_common as common  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

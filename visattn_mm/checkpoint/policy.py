@@ -17,8 +17,15 @@ Two rules, by purpose:
   (``meta`` with the epoch and iteration, ``message_hub``).
 """
 from .formats import CheckpointError, find_state_dict
-from .loader import (MIN_LOADED_FRACTION, LoadReport, load_matched, load_pretrained, load_state_dict_with_report,
-                     match_state_dict, read_pretrained)
+from .loader import (
+    MIN_LOADED_FRACTION,
+    LoadReport,
+    load_matched,
+    load_pretrained,
+    load_state_dict_with_report,
+    match_state_dict,
+    read_pretrained,
+)
 
 PURPOSES = ('load_from', 'test', 'resume')
 

@@ -17,8 +17,8 @@ A backbone declares where its modules live (``stage_layout``: module names diffe
 per backbone because they follow the official checkpoints) and builds its stages.
 """
 import re
-from typing import NamedTuple, Optional
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 import torch.utils.checkpoint as cp
@@ -27,9 +27,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
-from .layers import (check_arch, check_int, check_mlp_ratio, check_stage_args, check_stage_lengths,
-                     linear_drop_path_rates)
-
+from .layers import (
+    check_arch,
+    check_int,
+    check_mlp_ratio,
+    check_stage_args,
+    check_stage_lengths,
+    linear_drop_path_rates,
+)
 
 CPU_FP16_WARNING = (
     'fp16 autocast on the CPU: the backbones run several times slower than in fp32 or bf16 '

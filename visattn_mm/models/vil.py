@@ -24,8 +24,15 @@ from ..ops.long_short import long_short_rpb_table_size
 from ..ops.rel_pos import resize_1d_table, resize_rpb_table
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes
 from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
-from .layers import (Mlp, check_attn_impl, check_int, check_mlp_ratio, check_stage_lengths, init_transformer_weights,
-                     pad_to_multiple)
+from .layers import (
+    Mlp,
+    check_attn_impl,
+    check_int,
+    check_mlp_ratio,
+    check_stage_lengths,
+    init_transformer_weights,
+    pad_to_multiple,
+)
 from .vil_attention import FullAttention, LongShortAttention, SlidingChunkAttention, with_contiguous_grad
 
 ARCH_ZOO = with_aliases({
@@ -102,7 +109,7 @@ def vil_checkpoint_filter(state_dict, target_keys, report):
         state_dict = _convert_official_vil(state_dict, target_keys, report)
     out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report, stage_key=_STAGE_KEY),
                           target_keys, report)
-    for key in target_keys:
+    for key in sorted(target_keys):   # a set: sorted, so that the report reads the same in every run
         if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
             report.fresh[key] = 'output norm; classification checkpoints have only the final one'
     return out

@@ -4,7 +4,6 @@ import functools
 import torch
 import torch.nn.functional as F
 
-
 _DEVICE_CACHES = []
 # Sizes that are symbols while torch.export traces with dynamic shapes.
 SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)

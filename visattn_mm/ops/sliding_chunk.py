@@ -24,8 +24,7 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .common import (HIDDEN_KEY_LOGIT, chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32,
-                     to_chunks)
+from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
 from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
 
