@@ -89,14 +89,91 @@ def _create(variant, pretrained=False, **kwargs):
                                 feature_cfg=feature_cfg, pretrained_filter_fn=_pretrained_filter, **kwargs)
 
 
-def _register(variant):
-    def entrypoint(pretrained=False, **kwargs):
-        return _create(variant, pretrained, **kwargs)
-
-    entrypoint.__name__ = entrypoint.__qualname__ = variant
-    entrypoint.__doc__ = f'{VARIANTS[variant][0]} classifier ({variant}), ImageNet layout, trained at 224x224.'
-    globals()[variant] = register_model(entrypoint)
+@register_model
+def vil_tiny(pretrained=False, **kwargs) -> Classifier:
+    """ViL-Tiny classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_tiny', pretrained, **kwargs)
 
 
-for _variant in VARIANTS:
-    _register(_variant)
+@register_model
+def vil_small(pretrained=False, **kwargs) -> Classifier:
+    """ViL-Small classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_small', pretrained, **kwargs)
+
+
+@register_model
+def vil_medium(pretrained=False, **kwargs) -> Classifier:
+    """ViL-Medium classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_medium', pretrained, **kwargs)
+
+
+@register_model
+def vil_base(pretrained=False, **kwargs) -> Classifier:
+    """ViL-Base classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_base', pretrained, **kwargs)
+
+
+@register_model
+def vil_ls_tiny(pretrained=False, **kwargs) -> Classifier:
+    """ViL-LS-Tiny classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_ls_tiny', pretrained, **kwargs)
+
+
+@register_model
+def vil_ls_small(pretrained=False, **kwargs) -> Classifier:
+    """ViL-LS-Small classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_ls_small', pretrained, **kwargs)
+
+
+@register_model
+def vil_ls_medium(pretrained=False, **kwargs) -> Classifier:
+    """ViL-LS-Medium classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_ls_medium', pretrained, **kwargs)
+
+
+@register_model
+def vil_ls_base(pretrained=False, **kwargs) -> Classifier:
+    """ViL-LS-Base classifier, ImageNet layout, trained at 224x224."""
+    return _create('vil_ls_base', pretrained, **kwargs)
+
+
+@register_model
+def vvt_tiny(pretrained=False, **kwargs) -> Classifier:
+    """VVT-Tiny classifier, ImageNet layout, trained at 224x224."""
+    return _create('vvt_tiny', pretrained, **kwargs)
+
+
+@register_model
+def vvt_small(pretrained=False, **kwargs) -> Classifier:
+    """VVT-Small classifier, ImageNet layout, trained at 224x224."""
+    return _create('vvt_small', pretrained, **kwargs)
+
+
+@register_model
+def vvt_medium(pretrained=False, **kwargs) -> Classifier:
+    """VVT-Medium classifier, ImageNet layout, trained at 224x224."""
+    return _create('vvt_medium', pretrained, **kwargs)
+
+
+@register_model
+def vvt_large(pretrained=False, **kwargs) -> Classifier:
+    """VVT-Large classifier, ImageNet layout, trained at 224x224."""
+    return _create('vvt_large', pretrained, **kwargs)
+
+
+@register_model
+def pale_tiny(pretrained=False, **kwargs) -> Classifier:
+    """Pale-Tiny classifier, ImageNet layout, trained at 224x224."""
+    return _create('pale_tiny', pretrained, **kwargs)
+
+
+@register_model
+def pale_small(pretrained=False, **kwargs) -> Classifier:
+    """Pale-Small classifier, ImageNet layout, trained at 224x224."""
+    return _create('pale_small', pretrained, **kwargs)
+
+
+@register_model
+def pale_base(pretrained=False, **kwargs) -> Classifier:
+    """Pale-Base classifier, ImageNet layout, trained at 224x224."""
+    return _create('pale_base', pretrained, **kwargs)
