@@ -217,7 +217,7 @@ def test_impl_selection_api(monkeypatch):
 @pytest.mark.parametrize('backbone', ['ViL', 'ViLLS', 'PaleTransformer'])
 def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
     """The constructor argument picks the path of every attention op (spy on the fused
-    kernel), a process-wide selection other than 'auto' overrides it, both give the same
+    kernel) whatever the process-wide selection (which steers only 'auto'), both give the same
     output, and a wrong value is refused with the allowed ones."""
     import visattn_mm.models as models
     calls = count_fused_calls(monkeypatch)
@@ -234,7 +234,12 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
         calls.clear()
         with attention_impl('fast' if attn_impl == 'math' else 'math'), torch.no_grad():
             model(images)
-        assert bool(calls) == (attn_impl == 'math')   # the override won
+        assert bool(calls) == (attn_impl == 'fast')   # the explicit value won
+    calls.clear()
+    auto = cls(arch='tiny', attn_impl='auto').double().eval()
+    with attention_impl('math'), torch.no_grad():
+        auto(images)
+    assert not calls                                  # 'auto' follows the process-wide selection
     for fast, math in zip(outputs['fast'], outputs['math']):
         torch.testing.assert_close(fast, math, rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match=r"attn_impl='flash'.*'auto', 'fast', 'math'"):
@@ -282,5 +287,7 @@ def test_backbone_logs_its_attention_implementation_once_at_build(backbone, monk
     assert lines == [f"{backbone}: attn_impl='math': {impl_module.IMPL_SUMMARIES['math']}"]
     lines.clear()
     with attention_impl('fast'):
-        getattr(models, backbone)(arch='tiny', attn_impl='math')
-    assert len(lines) == 1 and "overridden process-wide by 'fast'" in lines[0], lines
+        getattr(models, backbone)(arch='tiny', attn_impl='math')     # explicit: kept, said as such
+        getattr(models, backbone)(arch='tiny', attn_impl='auto')
+    assert len(lines) == 2 and 'process-wide' not in lines[0], lines
+    assert "selected process-wide: 'fast'" in lines[1], lines

@@ -299,7 +299,7 @@ def test_bf16_products_are_opt_in_with_impl_fast():
     assert max(errors['auto']) < 3e-3, errors            # the bf16 rounding of the result
     assert errors['fast'][0] < 5e-3, errors               # output
     assert max(errors['fast'][1:]) < 5e-2, errors         # gradients
-    # The process-wide selection overrides the argument, as for the softmax attentions.
+    # The process-wide selection decides what 'auto' is, as for the softmax attentions.
     with attention_impl('fast'):
         assert _bf16_forward_backward(q, k, v, h, w, 'auto')[1] == {torch.bfloat16}
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from .ops.impl import get_attention_impl
+from .ops.impl import get_attention_impl, resolve_impl
 
 #: Name of the image input of every exported graph.
 INPUT_NAME = 'images'
@@ -33,14 +33,15 @@ def check_exportable(model):
     CPU programs nor ONNX can hold; the same weights export on ``attn_impl='fast'``.
 
     Raises:
-        ValueError: If the process-wide selection or any module's ``attn_impl`` is 'triton'.
+        ValueError: If any module's ``attn_impl`` is 'triton', or 'auto' under a
+            process-wide 'triton' selection.
     """
     triton = [name or type(model).__name__ for name, module in model.named_modules()
-              if getattr(module, 'attn_impl', None) == 'triton']
-    if get_attention_impl() == 'triton' or triton:
-        where = f'modules {triton[:3]}' if triton else 'the process-wide selection'
-        raise ValueError(f"attn_impl='triton' cannot be exported ({where}): its Triton kernels are CUDA "
-                         "custom ops that ONNX and CPU programs cannot hold. Build the model with "
+              if getattr(module, 'attn_impl', None) is not None and resolve_impl(module.attn_impl) == 'triton']
+    if triton:
+        where = 'the process-wide selection' if get_attention_impl() == 'triton' else 'its attn_impl'
+        raise ValueError(f"attn_impl='triton' cannot be exported (modules {triton[:3]}, by {where}): its Triton "
+                         "kernels are CUDA custom ops that ONNX and CPU programs cannot hold. Build the model with "
                          "attn_impl='fast' (the same weights and outputs) and export that.")
 
 

@@ -27,9 +27,10 @@ never picked by 'auto', since its gradients are coarser: see there); 'auto' and
 fp32) on CUDA tensors, and computes like 'auto' elsewhere.
 
 The choice is made per model: the backbones' ``attn_impl`` argument, passed to
-every op as ``impl``. A process-wide selection overrides it when it is not
-'auto' (for benchmarks and tests): :func:`set_attention_impl`, the
-:func:`attention_impl` context manager, or the ``VISATTN_ATTENTION_IMPL``
+every op as ``impl``. An explicit value ('fast', 'math', 'triton') is what runs; a
+process-wide selection decides what 'auto' resolves to (for benchmarks and tests, as
+NATTEN's global setting steers only its automatic choice): :func:`set_attention_impl`,
+the :func:`attention_impl` context manager, or the ``VISATTN_ATTENTION_IMPL``
 environment variable read at import.
 """
 import contextlib
@@ -82,7 +83,7 @@ def get_attention_impl():
 
 
 def set_attention_impl(name):
-    """Selects the implementation for all ops, process-wide.
+    """Selects what 'auto' resolves to, process-wide (explicit choices are kept).
 
     Args:
         name (str): One of :data:`ATTENTION_IMPLS`.
@@ -96,7 +97,7 @@ def set_attention_impl(name):
 
 @contextlib.contextmanager
 def attention_impl(name):
-    """Context manager forcing an implementation, restoring the previous one.
+    """Context manager selecting what 'auto' resolves to, restoring the previous selection.
 
     Args:
         name (str): One of :data:`ATTENTION_IMPLS`.
@@ -112,21 +113,20 @@ def attention_impl(name):
 def resolve_impl(impl='auto'):
     """The implementation in force for an op asked to use ``impl``.
 
-    The process-wide selection (:func:`set_attention_impl`, :func:`attention_impl`,
-    ``VISATTN_ATTENTION_IMPL``) overrides ``impl`` unless it is 'auto'.
+    An explicit ``impl`` is kept; 'auto' becomes the process-wide selection
+    (:func:`set_attention_impl`, :func:`attention_impl`, ``VISATTN_ATTENTION_IMPL``).
 
     Raises:
         ValueError: If ``impl`` is not one of :data:`ATTENTION_IMPLS`.
     """
-    _checked(impl)
-    return impl if _selected == 'auto' else _selected
+    return _selected if _checked(impl) == 'auto' else impl
 
 
 def describe_impl(impl):
-    """One line saying what ``impl`` computes, and which process-wide selection overrides it, if any."""
+    """One line saying what ``impl`` computes, and what a process-wide selection makes of 'auto', if any."""
     line = f'attn_impl={_checked(impl)!r}: {IMPL_SUMMARIES[impl]}'
-    if _selected not in ('auto', impl):
-        line += f'; overridden process-wide by {_selected!r}: {IMPL_SUMMARIES[_selected]}'
+    if impl == 'auto' and _selected != 'auto':
+        line += f'; selected process-wide: {_selected!r}: {IMPL_SUMMARIES[_selected]}'
     return line
 
 

@@ -154,8 +154,8 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             docstring); 'triton' runs the Triton kernels on CUDA tensors
             (:func:`~visattn_mm.ops.impl.chosen_path`); any other value of
             :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere,
-            computes in at least fp32. The process-wide selection overrides it
-            (:func:`~visattn_mm.ops.impl.resolve_impl`). Default: 'auto'.
+            computes in at least fp32. The process-wide selection decides what
+            'auto' is (:func:`~visattn_mm.ops.impl.resolve_impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, N, d)`` in the dtype of ``q``.
