@@ -21,6 +21,19 @@ def build_tiny(cls, **kwargs):
     return cls(arch=TINY_ARCHS[cls], **kwargs)
 
 
+def use_tiny_backbone(cfg):
+    """Give an mmdet / mmseg config's backbone its tiny arch (no pretrained weights), and
+    its neck or decode head (and auxiliary head) the matching ``in_channels``."""
+    backbone = cfg.model.backbone
+    arch = next(a for cls, a in TINY_ARCHS.items() if cls.__name__ == backbone.type)
+    backbone.update(arch=arch, init_cfg=None)
+    dims = [arch['embed_dims'][i] for i in backbone.get('out_indices', (0, 1, 2, 3))]
+    head = cfg.model.get('neck') or cfg.model.decode_head
+    head.in_channels = dims
+    if 'auxiliary_head' in cfg.model:
+        cfg.model.auxiliary_head.in_channels = dims[2]
+
+
 def assert_dense_outputs(outs, batch, size, dims, strides=STRIDES):
     """Each output is ``(batch, dim, ceil(H / stride), ceil(W / stride))`` and finite."""
     h, w = size

@@ -13,11 +13,11 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from helpers import TINY_ARCHS, VIL_TINY_ARCH, assert_unchanged, snapshot
+from helpers import VIL_TINY_ARCH, assert_unchanged, snapshot, use_tiny_backbone
 from test_tools_cli import DET_CONFIG, TOOLS, toy
 from visattn_mm.checkpoint import CheckpointError, load_model_checkpoint
 from visattn_mm.checkpoint.policy import REFUSED_ACTION
-from visattn_mm.models import Classifier, ViL, VVT
+from visattn_mm.models import Classifier, ViL
 
 ROOT = Path(__file__).resolve().parents[1]
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')   # the official classification layout
@@ -41,14 +41,7 @@ def build_config_model(config, seed, **options):
     cfg = Config.fromfile(ROOT / 'configs' / config)
     importlib.import_module(f'{cfg.default_scope}.utils').register_all_modules(init_default_scope=False)
     init_default_scope(cfg.default_scope)
-    backbone = cfg.model.backbone
-    tiny = TINY_ARCHS[{'ViL': ViL, 'VVT': VVT}[backbone.type]]
-    backbone.update(arch=tiny, init_cfg=None)
-    dims = [tiny['embed_dims'][i] for i in backbone.get('out_indices', (0, 1, 2, 3))]
-    head = cfg.model.get('neck') or cfg.model.decode_head
-    head.in_channels = dims
-    if 'auxiliary_head' in cfg.model:
-        cfg.model.auxiliary_head.in_channels = dims[2]
+    use_tiny_backbone(cfg)
     cfg.merge_from_dict(options)
     torch.manual_seed(seed)
     return importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)

@@ -17,7 +17,7 @@ import torch
 from mmengine.config import Config
 from torch import nn
 
-from helpers import PALE_TINY_ARCH, VIL_TINY_ARCH, VVT_TINY_ARCH, build_tiny
+from helpers import PALE_TINY_ARCH, VIL_TINY_ARCH, VVT_TINY_ARCH, build_tiny, use_tiny_backbone
 from visattn_mm import deploy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.impl import attention_impl
@@ -168,13 +168,10 @@ def tiny_toy_config(config, data, path):
     """``configs/<config>`` with VVT's tiny arch, small heads, small test images of the toy data, batch 2."""
     cfg = Config.fromfile(ROOT / 'configs' / config)
     toy.use_toy_data(cfg, data[cfg.default_scope])
-    cfg.model.backbone.update(arch=VVT_TINY_ARCH, init_cfg=None)
-    dims = [VVT_TINY_ARCH['embed_dims'][i] for i in cfg.model.backbone.get('out_indices', range(4))]
+    use_tiny_backbone(cfg)
     if 'decode_head' in cfg.model:
-        cfg.model.decode_head.update(in_channels=dims, channels=32)
-        cfg.model.auxiliary_head.update(in_channels=VVT_TINY_ARCH['embed_dims'][2], channels=16)
-    else:
-        cfg.model.neck.in_channels = dims
+        cfg.model.decode_head.channels = 32
+        cfg.model.auxiliary_head.channels = 16
     if 'rpn_head' in cfg.model:
         cfg.model.test_cfg.rcnn.score_thr = 0.0     # detections from an untrained model
         cfg.model.test_cfg.rpn.max_per_img = 100

@@ -22,11 +22,11 @@ def _bin_averages(length, bins, like):
     Bin ``i`` covers ``[floor(i * L / n), ceil((i + 1) * L / n))``; ``length`` is a dynamic
     scalar, ``bins`` a Python int.
     """
-    index = op.Constant(value_ints=list(range(bins)))
     count = op.Constant(value_int=bins)
-    start = op.Div(op.Mul(index, length), count)
-    end = op.Div(op.Add(op.Mul(op.Add(index, op.Constant(value_int=1)), length), op.Sub(count, op.Constant(
-        value_int=1))), count)
+    # Sizes are non-negative, so Div's truncation is the floor; the ceiling is (a + n - 1) // n.
+    start = op.Div(op.Mul(op.Constant(value_ints=list(range(bins))), length), count)
+    end = op.Div(op.Add(op.Mul(op.Constant(value_ints=list(range(1, bins + 1))), length),
+                        op.Constant(value_int=bins - 1)), count)
     position = op.Unsqueeze(op.Range(op.Constant(value_int=0), length, op.Constant(value_int=1)),
                             op.Constant(value_ints=[0]))
     column = op.Constant(value_ints=[1])
