@@ -1,4 +1,6 @@
 """Helpers shared by the backbone test files: tiny variants, output checks, gradient checks."""
+import re
+
 import torch
 
 import visattn_mm  # noqa: F401  (registration)
@@ -171,3 +173,18 @@ def build_config_model_on_meta(config_name):
     with torch.device('meta'):
         model = importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)
     return cfg, model, sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def numbered_layout_names(state_dict, stage_norm):
+    """``state_dict`` under the numbered names VVT and Pale had before the shared stage layout
+    (``patch_embed{n}``, ``block{n}``, ``norm{n}``, 1-based), written out here independently of
+    the library's renaming."""
+    def old_name(key):
+        stage = re.match(r'stages\.(\d+)\.(patch_embed|blocks|norm)\.(.*)', key)
+        if stage:
+            n, part, rest = int(stage.group(1)) + 1, stage.group(2), stage.group(3)
+            return f'{dict(patch_embed="patch_embed", blocks="block", norm="norm")[part]}{n}.{rest}'
+        norm = re.match(r'norm(\d+)\.(.*)', key)
+        assert not (norm and stage_norm)
+        return f'norm{int(norm.group(1)) + 1}.{norm.group(2)}' if norm else key
+    return {old_name(key): value for key, value in state_dict.items()}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from helpers import VIL_TINY_ARCH, assert_unchanged, snapshot, use_tiny_backbone
+from helpers import VIL_TINY_ARCH, assert_unchanged, numbered_layout_names, snapshot, use_tiny_backbone
 from test_tools_cli import DET_CONFIG, TOOLS, toy
 from visattn_mm.checkpoint import CheckpointError, load_model_checkpoint
 from visattn_mm.checkpoint.policy import REFUSED_ACTION
@@ -340,3 +340,24 @@ def test_unreadable_checkpoint_is_one_line_naming_the_file(workspace, tool, args
     assert 'Traceback' not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f'error: {args[-1]}: ') and problem in last
+
+
+def test_pale_detector_saved_with_the_numbered_layout_is_evaluated_but_not_resumed():
+    """A whole-detector file from before the shared stage layout (``backbone.patch_embed{n}``,
+    ``backbone.block{n}``, ``backbone.norm{n}``): evaluated with every tensor renamed; --resume
+    refused, as its optimizer state follows the old parameter order."""
+    detector, other = (build_config_model('retinanet_pale_t_1x.py', seed) for seed in (0, 1))
+    old = {f'backbone.{k}': v for k, v in numbered_layout_names(other.backbone.state_dict(), False).items()}
+    old.update({k: v for k, v in other.state_dict().items() if not k.startswith('backbone.')})
+    checkpoint = {'state_dict': old, 'meta': {'epoch': 0, 'iter': 4}, 'message_hub': {}}
+    before = snapshot(detector)
+    with pytest.raises(CheckpointError, match='refusing to resume from old.pth: it was saved with an older '
+                                              'layout') as err:
+        load_model_checkpoint(detector, checkpoint, 'old.pth', 'resume')
+    assert '--cfg-options load_from=old.pth' in str(err.value)
+    assert_unchanged(detector, before)
+    report = load_model_checkpoint(detector, checkpoint, 'old.pth', 'test')
+    assert report.missing == [] and report.unexpected == []
+    assert set(report.renamed.values()) == {k for k in old if k.startswith('backbone.')}
+    for key, value in detector.state_dict().items():
+        assert torch.equal(value, other.state_dict()[key]), key

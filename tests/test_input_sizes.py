@@ -42,9 +42,7 @@ def tiny_model(request):
 
 def patch_embed_convs(model):
     """The four patch-embedding convs and whether the stage pads its input to the stride first."""
-    if isinstance(model, ViL):
-        return [(stage.patch_embed.proj, True) for stage in model.stages]
-    return [(getattr(model, f'patch_embed{i + 1}').proj, False) for i in range(model.num_stages)]
+    return [(stage.patch_embed.proj, isinstance(model, ViL)) for stage in model.stages]
 
 
 def conv_output_side(side, conv, pads_to_stride, axis):

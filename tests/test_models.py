@@ -23,28 +23,37 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import visattn_mm  # noqa: F401  (registers the backbones and the timm names)
-from helpers import STRIDES, TINY_ARCHS, assert_dense_outputs, assert_same_gradients, assert_trains_at_size, outputs
+from helpers import (
+    STRIDES,
+    TINY_ARCHS,
+    assert_dense_outputs,
+    assert_same_gradients,
+    assert_trains_at_size,
+    numbered_layout_names,
+    outputs,
+)
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.common import clear_device_caches
+
+STEM = 'stages.0.patch_embed.'   # what ``frozen_stages=0`` freezes
 
 
 @dataclass(frozen=True)
 class Family:
     """A backbone, its timm classifier and how its contract differs from the others'.
 
-    Parameter names are format strings of the 0-based stage ``{i}`` and the 1-based ``{n}``.
+    Every backbone keeps stage ``i`` under ``stages.{i}.`` and its output norm (if built)
+    under ``norm{i}.``.
 
     Attributes:
         cls (type): The backbone class.
         timm_name (str): Its timm classifier; the name's preset arch is the one whose block
             count is ``num_blocks`` (the tiny arch overrides it elsewhere).
         num_blocks (int): Blocks of that preset, for the drop-path schedule.
-        stem (str): Name prefix of the first patch embedding (what ``frozen_stages=0`` freezes).
-        stage_keys (tuple[str]): Name prefixes of one stage's patch embedding and blocks.
-        norm_key (str): Name prefix of a stage's output LayerNorm.
-        norm_in_every_stage (bool): VVT: ``norm{n}`` is part of every built stage (the next
-            stage reads its output). ViL and Pale build the norm only for ``out_indices``.
+        stage_norm (bool): VVT: every built stage ends in a norm (``stages.{i}.norm``) that
+            the next stage reads; no output norms. ViL and Pale build an output norm
+            ``norm{i}`` only for ``out_indices``.
         num_batchnorms (int): BatchNorms in the tiny arch (Pale: q, k and v of every block).
         classifier_layout (str): ``load_pretrained``'s ``layout`` for a classifier checkpoint.
         kwargs (dict): Constructor arguments of every model of the row.
@@ -53,10 +62,7 @@ class Family:
     cls: type
     timm_name: str
     num_blocks: int
-    stem: str
-    stage_keys: tuple
-    norm_key: str
-    norm_in_every_stage: bool
+    stage_norm: bool
     num_batchnorms: int
     classifier_layout: str
     kwargs: dict = field(default_factory=dict)
@@ -65,26 +71,24 @@ class Family:
     def embed_dims(self):
         return TINY_ARCHS[self.cls]['embed_dims']
 
-    def stage_prefixes(self, i):
+    @staticmethod
+    def stage_prefixes(i):
         """Name prefixes of stage ``i``'s parameters, its output norm included."""
-        return tuple(key.format(i=i, n=i + 1) for key in self.stage_keys + (self.norm_key,))
+        return f'stages.{i}.', f'norm{i}.'
 
     def norm_prefix(self, i):
-        return self.norm_key.format(i=i, n=i + 1)
+        """Name prefix of the norm whose output is stage ``i``'s map."""
+        return f'stages.{i}.norm.' if self.stage_norm else f'norm{i}.'
 
 
-_VIL_NAMES = dict(stem='stages.0.patch_embed.', stage_keys=('stages.{i}.',), norm_key='norm{i}.',
-                  norm_in_every_stage=False, num_batchnorms=0,
-                  classifier_layout='ours')
-_NUMBERED_NAMES = dict(stem='patch_embed1.', stage_keys=('patch_embed{n}.', 'block{n}.'), norm_key='norm{n}.')
 FAMILIES = {
-    'ViL': Family(ViL, 'vil_small', 12, **_VIL_NAMES),
+    'ViL': Family(ViL, 'vil_small', 12, stage_norm=False, num_batchnorms=0, classifier_layout='ours'),
     # Two global tokens in stage 2: the family's contract covers a non-default count too.
-    'ViLLS': Family(ViLLS, 'vil_ls_medium', 22, **_VIL_NAMES, kwargs=dict(num_global_tokens=(1, 2, 1, 0))),
-    'VVT': Family(VVT, 'vvt_small', 18, **_NUMBERED_NAMES, norm_in_every_stage=True, num_batchnorms=0,
-                  classifier_layout='vvt'),
-    'PaleTransformer': Family(PaleTransformer, 'pale_tiny', 22, **_NUMBERED_NAMES, norm_in_every_stage=False,
-                              num_batchnorms=3 * 4, classifier_layout='pale'),
+    'ViLLS': Family(ViLLS, 'vil_ls_medium', 22, stage_norm=False, num_batchnorms=0, classifier_layout='ours',
+                    kwargs=dict(num_global_tokens=(1, 2, 1, 0))),
+    'VVT': Family(VVT, 'vvt_small', 18, stage_norm=True, num_batchnorms=0, classifier_layout='vvt'),
+    'PaleTransformer': Family(PaleTransformer, 'pale_tiny', 22, stage_norm=False, num_batchnorms=3 * 4,
+                              classifier_layout='pale'),
 }
 NUM_CLASSES = 5
 SIZE = (64, 96)   # (H, W): not square, not a multiple of 32; Pale's stage 4 has 2x3 values per channel
@@ -181,8 +185,8 @@ def test_out_indices_select_outputs_and_build_only_what_they_need(family, kind, 
     assert model.out_indices == out_indices and model.num_stages == num_built
     assert model.embed_dims == family.embed_dims[:num_built] and model.strides == STRIDES[:num_built]
 
-    normed = range(num_built) if family.norm_in_every_stage else out_indices
-    norms = {name for name, _ in model.named_parameters() if re.match(r'norm\d+\.', name)}
+    normed = range(num_built) if family.stage_norm else out_indices
+    norms = {name for name, _ in model.named_parameters() if re.match(r'(?:norm\d+|stages\.\d+\.norm)\.', name)}
     assert norms == {family.norm_prefix(i) + p for i in normed for p in ('weight', 'bias')}
     names = {name for name, _ in model.named_parameters()}
     for i in range(4):
@@ -224,7 +228,7 @@ def test_frozen_stages(family, kind, frozen_stages, out_indices):
     model = build(family, kind, **kwargs)
     backbone = backbone_of(model)
     assert backbone.frozen_stages == frozen_stages
-    prefixes = (family.stem,) if frozen_stages >= 0 else ()
+    prefixes = (STEM,) if frozen_stages >= 0 else ()
     prefixes += sum((family.stage_prefixes(i) for i in range(frozen_stages)), ())
     frozen = names_under(model, prefixes)
     assert bool(frozen) == (frozen_stages >= 0)
@@ -410,7 +414,7 @@ def test_classifier_checkpoint_initialises_the_backbone_through_init_cfg(family,
     assert report.container == 'state_dict+backbone.' and report.layout == family.classifier_layout
     assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
     assert set(report.dropped) <= {'head.weight', 'head.bias'}
-    fresh = set() if family.norm_in_every_stage else {
+    fresh = set() if family.stage_norm else {
         family.norm_prefix(i) + p for i in range(3) for p in ('weight', 'bias')}
     assert set(report.fresh) == fresh
     assert set(own) == set(expected) | fresh
@@ -435,3 +439,28 @@ def test_classifier_checkpoint_loads_into_a_backbone_with_fewer_stages(family, k
     expected = classifier.backbone.state_dict()
     for key, value in dense.state_dict().items():
         assert key in report.fresh or torch.equal(value, expected[key]), key
+
+
+
+@pytest.mark.parametrize('family,kind', [p for p in BACKBONES if p.values[0].cls.numbered_layout])
+def test_checkpoint_of_the_numbered_layout_loads_renamed(family, kind):
+    """VVT and Pale files saved with the numbered names load on every path: ``load_state_dict``
+    (strict, through the load pre-hook, as mmengine's load_from) and ``load_pretrained``, whose
+    report lists each rename."""
+    torch.manual_seed(0)
+    source = build(family, kind, out_indices=(1, 3))
+    torch.manual_seed(1)
+    target = build(family, kind, out_indices=(1, 3))
+    old = numbered_layout_names(source.state_dict(), family.stage_norm)
+    assert set(old).isdisjoint(source.state_dict())
+    target.load_state_dict(old)
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key
+    torch.manual_seed(1)
+    target = build(family, kind, out_indices=(1, 3))
+    report = load_pretrained(target, old)
+    assert report.missing == [] and report.unexpected == [] and report.loaded == []
+    assert {old_key: new for new, old_key in report.renamed.items()} == dict(zip(old, source.state_dict()))
+    assert 'renamed from an older layout: ' in report.summary()
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key

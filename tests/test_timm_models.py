@@ -111,7 +111,7 @@ def test_timm_training_step_pale():
     loss.backward()
     optimizer.step()
     changed = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
-    assert 'head.weight' in changed and 'backbone.patch_embed1.proj.weight' in changed
+    assert 'head.weight' in changed and 'backbone.stages.0.patch_embed.proj.weight' in changed
 
 
 def test_vil_weight_decay_groups():
@@ -167,8 +167,7 @@ def _tiny(name):
 
 
 def _num_blocks(model):
-    stages = [model.backbone.stage_modules(i)[1] for i in range(4)]     # ViL: a stage; VVT, Pale: blocks
-    return sum(len(getattr(stage, 'blocks', stage)) for stage in stages)
+    return sum(len(stage.blocks) for stage in model.backbone.stages)
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -276,7 +275,7 @@ def test_official_release_loads_in_one_call(tmp_path):
         via_cfg = timm.create_model(name, **file_cfg)
         via_path = timm.create_model(name, checkpoint_path=str(path), **_tiny(name))
         assert torch.equal(via_cfg.head.weight, official['head.weight'])
-        last_norm = 'norm3' if name.startswith('vil') else 'norm4'
+        last_norm = 'norm3' if name.startswith('vil') else 'stages.3.norm'
         official_norm = official['norm.weight' if name.startswith('vil') else 'norm4.weight']
         assert torch.equal(via_cfg.backbone.state_dict()[f'{last_norm}.weight'], official_norm)
         for key, value in via_cfg.state_dict().items():
@@ -285,8 +284,8 @@ def test_official_release_loads_in_one_call(tmp_path):
         ten = timm.create_model(name, num_classes=10, **file_cfg)
         assert torch.equal(ten.backbone.state_dict()[f'{last_norm}.weight'], official_norm)
         features = timm.create_model(name, features_only=True, **file_cfg)
-        assert torch.equal(features.model.backbone.stage_modules(0)[0].proj.weight,
-                           via_cfg.backbone.stage_modules(0)[0].proj.weight)
+        assert torch.equal(features.model.backbone.stages[0].patch_embed.proj.weight,
+                           via_cfg.backbone.stages[0].patch_embed.proj.weight)
 
 
 def test_official_load_is_reported_and_strict(tmp_path):

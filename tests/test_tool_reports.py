@@ -10,14 +10,14 @@ from unittest import mock
 import pytest
 import torch
 
-import visattn_mm.models as models
 import visattn_mm.ops.long_short
 import visattn_mm.ops.pale
 import visattn_mm.ops.sliding_chunk
 from helpers import build_tiny
 from test_tools_cli import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool, toy
-from visattn_mm.collect_env import BACKBONE_ATTENTIONS, attention_paths, plugin_env
+from visattn_mm.collect_env import attention_paths, plugin_env
 from visattn_mm.engine import RngStateHook
+from visattn_mm.models import BACKBONES
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.impl import chosen_path
 
@@ -48,16 +48,16 @@ def paths_taken(model, training, monkeypatch):
 
 
 @pytest.mark.parametrize('impl', ATTENTION_IMPLS)
-@pytest.mark.parametrize('backbone', tuple(BACKBONE_ATTENTIONS))
+@pytest.mark.parametrize('backbone', tuple(BACKBONES))
 def test_attention_table_matches_the_paths_backbones_take(backbone, impl, monkeypatch):
     """The report's table of ops and biases predicts the path every op of the backbone takes,
     in training (the RPB trains) and at inference."""
-    model = build_tiny(getattr(models, backbone))
+    model = build_tiny(BACKBONES[backbone])
     for training in (True, False):
         with attention_impl(impl):
             taken = paths_taken(model, training, monkeypatch)
             expected = {op: {chosen_path('cpu', has_bias and training)}
-                        for op, has_bias in BACKBONE_ATTENTIONS[backbone] if has_bias is not None}
+                        for op, has_bias in BACKBONES[backbone].attention_ops if has_bias is not None}
         assert taken == expected, (backbone, impl, training)
 
 
@@ -85,7 +85,7 @@ def test_collect_env_tool_prints_the_report(capsys):
     assert lines['MMCV ops'].startswith('import; built with')
     if not torch.cuda.is_available():
         assert lines['CUDA devices'] == '0'
-    for backbone in BACKBONE_ATTENTIONS:
+    for backbone in BACKBONES:
         assert lines[f'attention {backbone}'] == attention_paths(
             'cuda' if torch.cuda.is_available() else 'cpu')[backbone]
 
@@ -113,7 +113,7 @@ def run_without_rng_states(tmp_path_factory):
 def test_train_logs_the_environment(run_without_rng_states):
     log = _log_text(run_without_rng_states['work_dir'])
     assert 'visattn_mm environment:' in log
-    for backbone in BACKBONE_ATTENTIONS:
+    for backbone in BACKBONES:
         assert f'attention {backbone}: ' in log
 
 

@@ -105,10 +105,14 @@ def test_official_checkpoint_loads_completely(vvt_tiny, container):
     assert report.num_loaded_params == report.num_model_params == len(list(vvt_tiny.parameters()))
     sd = checkpoint['model'] if container else checkpoint
     own = vvt_tiny.state_dict()
-    assert set(own) == set(sd) - {'head.weight', 'head.bias'}
-    for key in ('patch_embed1.proj.weight', 'block3.1.attn.se_fc.2.weight', 'block2.0.mlp.dwconv.dwconv.weight',
-                'block4.1.attn.out_proj.bias', 'norm4.weight'):
-        assert torch.equal(own[key], sd[key]), key
+    assert set(report.renamed) == set(own) and set(report.renamed.values()) == set(sd) - {'head.weight', 'head.bias'}
+    for key, official in (('stages.0.patch_embed.proj.weight', 'patch_embed1.proj.weight'),
+                          ('stages.2.blocks.1.attn.se_fc.2.weight', 'block3.1.attn.se_fc.2.weight'),
+                          ('stages.1.blocks.0.mlp.dwconv.dwconv.weight', 'block2.0.mlp.dwconv.dwconv.weight'),
+                          ('stages.3.blocks.1.attn.out_proj.bias', 'block4.1.attn.out_proj.bias'),
+                          ('stages.3.norm.weight', 'norm4.weight')):
+        assert report.renamed[key] == official
+        assert torch.equal(own[key], sd[official]), key
 
 
 def test_official_checkpoint_through_init_cfg_and_truncated_stages(tmp_path):
@@ -119,14 +123,14 @@ def test_official_checkpoint_through_init_cfg_and_truncated_stages(tmp_path):
     torch.save(checkpoint, path)
     model = VVT(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model.init_weights()
-    torch.testing.assert_close(model.block2[0].attn.q_proj.weight,
+    torch.testing.assert_close(model.stages[1].blocks[0].attn.q_proj.weight,
                                checkpoint['model']['module.block2.0.attn.q_proj.weight'])
 
     # out_indices stop at stage 3: stage 4 is not built and its tensors are dropped with a reason.
     short = VVT(arch=TINY_ARCH, out_indices=(1, 2))
     report = load_pretrained(short, str(path))
-    assert not hasattr(short, 'block4') and report.missing == [] and report.unexpected == []
-    dropped = {k for k, why in report.dropped.items() if why.startswith('stage not built')}
+    assert len(short.stages) == 3 and report.missing == [] and report.unexpected == []
+    dropped = {report.renamed[k] for k, why in report.dropped.items() if why.startswith('stage not built')}
     assert dropped == {k[len('module.'):] for k in checkpoint['model']
                        if k.startswith(('module.patch_embed4.', 'module.block4.', 'module.norm4.'))}
     assert len(dropped) == 4 + 20 + 2   # patch embedding, one block, norm4

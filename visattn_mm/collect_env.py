@@ -14,20 +14,9 @@ import importlib
 
 import torch
 
+from .models import BACKBONES
 from .ops.impl import chosen_path, get_attention_impl
 from .ops.vicinity import matmul_dtype
-
-# The attention ops of each backbone's default stages, and whether the op has a
-# learned logit bias (RPB) that trains with the model: that decides 'auto' on
-# the CPU (visattn_mm.ops.impl.chosen_path). None: no softmax (vicinity attention): it runs its
-# Triton kernels, or torch ops whose products' precision the choice sets.
-# tests/test_tool_reports.py checks this table against the paths the backbones take.
-BACKBONE_ATTENTIONS = {
-    'ViL': (('sliding_chunk', True),),
-    'ViLLS': (('long_short', True), ('sliding_chunk', True)),
-    'PaleTransformer': (('pale', False),),
-    'VVT': (('vicinity', None),),
-}
 
 LIBRARIES = (('MMDetection', 'mmdet'), ('MMSegmentation', 'mmseg'), ('timm', 'timm'),
              ('Triton', 'triton'), ('visattn_mm', 'visattn_mm'))
@@ -76,9 +65,9 @@ def attention_paths(device_type):
     inference differ, both are named.
     """
     lines = {}
-    for backbone, ops in BACKBONE_ATTENTIONS.items():
+    for backbone, cls in BACKBONES.items():
         parts = []
-        for op, has_bias in ops:
+        for op, has_bias in cls.attention_ops:
             if has_bias is None:
                 if chosen_path(device_type, op=op) == 'triton':
                     parts.append(f'{op} triton')

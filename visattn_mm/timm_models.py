@@ -27,7 +27,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from .checkpoint import load_pretrained
-from .models.classifier import Classifier, is_classifier_layout
+from .models.classifier import BACKBONES, Classifier, is_classifier_layout
 
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # official classification layout
 VIL_LS_CLS_ATTN = ('long_short', 'long_short', 'full', 'full')
@@ -44,22 +44,13 @@ for _size in ('tiny', 'small', 'medium', 'large'):
 for _size, _drop_path in (('tiny', 0.1), ('small', 0.3), ('base', 0.5)):  # Pale paper's ImageNet drop path
     VARIANTS[f'pale_{_size}'] = ('PaleTransformer', dict(arch=_size, drop_path_rate=_drop_path))
 
-FIRST_CONV = {'ViL': 'backbone.stages.0.patch_embed.proj', 'ViLLS': 'backbone.stages.0.patch_embed.proj',
-              'VVT': 'backbone.patch_embed1.proj', 'PaleTransformer': 'backbone.patch_embed1.proj'}
-
-
-# Evaluation crops of the papers' recipes: ViL and LS follow DeiT, Pale resizes to 256 and
-# crops 224 (both 0.875); VVT follows PVT (0.9).
-CROP_PCT = {'ViL': 0.875, 'ViLLS': 0.875, 'VVT': 0.9, 'PaleTransformer': 0.875}
-
-
 def _cfg(backbone_type):
     # Every variant takes any input size (ViL's full-attention tables are resized), so
     # fixed_input_size is False; pool_size is the last map of a 224 input (stride 32).
     return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7),
-                fixed_input_size=False, crop_pct=CROP_PCT[backbone_type],
+                fixed_input_size=False, crop_pct=BACKBONES[backbone_type].crop_pct,
                 interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-                first_conv=FIRST_CONV[backbone_type], classifier='head')
+                first_conv='backbone.stages.0.patch_embed.proj', classifier='head')
 
 
 default_cfgs = generate_default_cfgs({name: _cfg(spec[0]) for name, spec in VARIANTS.items()})

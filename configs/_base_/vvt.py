@@ -1,6 +1,6 @@
 # VVT backbone for dense prediction (VVT paper, Sec. 4.3 and Table 1): every stage output, after
-# the LayerNorm `norm{i}` that closes each stage in the official code
-# (docs/backbones.md#official-checkpoint-layouts). Final configs add the size:
+# the LayerNorm `stages.{i}.norm` that closes each stage (`norm{i+1}` in the official code,
+# docs/backbones.md#official-checkpoint-layouts). Final configs add the size:
 # `dict(_base_.vvt_backbone, arch=..., drop_path_rate=..., init_cfg=...)`.
 # The VVT paper publishes no dense-prediction drop path or detection recipe: drop path 0.1 (T),
 # 0.2 (S), 0.3 (M, L) and, for detection, gradient clipping at 1.0 are our choices.

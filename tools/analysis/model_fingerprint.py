@@ -11,13 +11,17 @@ features of one fixed 64x96 image in eval mode; for each timm classifier name (a
 tiny custom size for the large ones) the same with logits; and for each backbone the
 load report of its classifier's state dict (built at 224, so ViL/ViL-LS full-attention
 tables are resized on the way in). ``--compare`` exits 1 and lists every difference;
-outputs must be bit-identical.
+outputs must be bit-identical. State-dict keys and load reports may differ only by the
+documented renaming of VVT's and Pale's numbered layout (``patch_embed{n}``,
+``block{n}``, ``norm{n}`` -> ``stages.{n-1}.*``, see ``visattn_mm.models.base``): old
+keys are compared under the names that renaming gives them.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -60,7 +64,8 @@ def fingerprint_configs(entry):
         image = torch.randn(1, 3, *IMAGE)
         with torch.no_grad():
             feats = model.extract_feat(image)
-        entry[f'config/{name}'] = dict(keys=keys, params=params, outputs=[f.clone() for f in feats])
+        entry[f'config/{name}'] = dict(keys=keys, params=params, outputs=[f.clone() for f in feats],
+                                       backbone=type(model.backbone).__name__, prefix='backbone.')
         print(f'{name}: {params} parameters, {len(keys)} tensors', flush=True)
 
 
@@ -80,7 +85,8 @@ def fingerprint_classifiers(entry):
         image = torch.randn(1, 3, *IMAGE)
         with torch.no_grad():
             logits = model(image)
-        entry[f'timm/{name}'] = dict(keys=keys, params=params, outputs=[logits])
+        entry[f'timm/{name}'] = dict(keys=keys, params=params, outputs=[logits], backbone=VARIANTS[name][0],
+                                     prefix='backbone.')
         print(f'{name}: {params} parameters', flush=True)
         if name.endswith('_tiny'):
             dense = {'ViL': ViL, 'ViLLS': ViLLS, 'VVT': VVT, 'PaleTransformer': PaleTransformer}[VARIANTS[name][0]]
@@ -90,7 +96,31 @@ def fingerprint_classifiers(entry):
             with torch.no_grad():
                 outputs = backbone(image)
             entry[f'load/{name}'] = dict(keys=state_summary(backbone)[0], params=report.summary(),
-                                         outputs=list(outputs))
+                                         outputs=list(outputs), backbone=VARIANTS[name][0], prefix='')
+
+
+def renamed_as_documented(old, new):
+    """Fingerprint ``old``'s keys and load report under the names the documented renaming gives
+    them, for the backbone and prefix recorded in ``new`` (an old fingerprint may lack them).
+
+    Returns:
+        tuple: The keys ((name, shape) pairs; sorted if any was renamed, as the renaming also
+        moved Pale's output norms after its stages), the load report or parameter count, and
+        whether any key was renamed.
+    """
+    from visattn_mm.models import BACKBONES
+    from visattn_mm.models.base import rename_numbered_stage_keys, renamed_numbered_key
+
+    shapes = dict(old['keys'])
+    layout = BACKBONES[new['backbone']].numbered_layout if 'backbone' in new else {}
+    rename_numbered_stage_keys(shapes, layout, new.get('prefix', ''))
+    if list(shapes) == [key for key, _ in old['keys']]:
+        return old['keys'], old['params'], False
+    params = old['params']
+    if isinstance(params, str):   # a load report: rename the keys it lists
+        params = re.sub(r'(?<![\w.])(?:patch_embed|block|norm)\d+\.[\w.]+',
+                        lambda m: renamed_numbered_key(m.group(), layout) or m.group(), params)
+    return sorted(shapes.items()), params, True
 
 
 def compare(before, after):
@@ -100,9 +130,10 @@ def compare(before, after):
             problems.append(f'{name}: only in {"after" if name in after else "before"}')
             continue
         old, new = before[name], after[name]
-        if old['keys'] != new['keys']:
+        old_keys, old_params, renamed = renamed_as_documented(old, new)
+        if old_keys != (sorted(new['keys']) if renamed else new['keys']):
             problems.append(f'{name}: state-dict keys or shapes differ')
-        if old['params'] != new['params']:
+        if old_params != new['params']:
             problems.append(f'{name}: parameter count / load report differs:\n{old["params"]}\n{new["params"]}')
         if len(old['outputs']) != len(new['outputs']):
             problems.append(f'{name}: {len(old["outputs"])} outputs before, {len(new["outputs"])} after')

@@ -30,6 +30,7 @@ class LoadReport:
     layout: str = ''
     loaded: list = field(default_factory=list)        # keys loaded unchanged
     converted: dict = field(default_factory=dict)     # new key -> how it was made
+    renamed: dict = field(default_factory=dict)       # new key -> old key (an older layout, values unchanged)
     resized: dict = field(default_factory=dict)       # key -> (old shape, new shape)
     dropped: dict = field(default_factory=dict)       # checkpoint key -> why it was not used
     mismatched: dict = field(default_factory=dict)    # key -> (checkpoint shape, model shape)
@@ -62,6 +63,8 @@ class LoadReport:
             f'  loaded as-is: {len(self.loaded)}',
             f'  converted: {len(self.converted)}' + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})'
                                                    if self.converted else ''),
+            *([f'  renamed from an older layout: {len(self.renamed)} '
+               f'({keys(f"{k} <- {v}" for k, v in self.renamed.items())})'] if self.renamed else []),
             f'  resized: {len(self.resized)}' + (
                 f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
                 if self.resized else ''),
@@ -203,7 +206,7 @@ def match_state_dict(model, state_dict, report):
         elif value.shape != target[key].shape:
             report.mismatched[key] = (tuple(value.shape), tuple(target[key].shape))
         else:
-            if key not in report.converted and key not in report.resized:
+            if key not in report.converted and key not in report.renamed and key not in report.resized:
                 report.loaded.append(key)
             usable[key] = value
     param_names = [name for name, _ in model.named_parameters()]

@@ -94,6 +94,7 @@ def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=Fals
         raise CheckpointError(_inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_option))
     if purpose == 'resume':
         _check_resume_state(checkpoint, source, len(usable))
+        _check_no_renames(report, source)
     load_matched(model, usable, report, logger)
     if report.missing:
         (logger or _current_logger()).warning(
@@ -320,6 +321,22 @@ def _check_resume_state(checkpoint, source, num_tensors):
         'checkpoint tools/train.py wrote while training (work_dir/iter_N.pth or epoch_N.pth). To train on '
         f'from these weights, start a new run: tools/train.py CONFIG --cfg-options load_from={source} '
         '(the schedule starts again at iteration 0). Nothing was loaded.')
+
+
+def _check_no_renames(report, source):
+    """Refuse to resume from a checkpoint whose tensors had to be renamed from an older layout.
+
+    Its weights load, but the optimizer state mmengine resumes is a list in the parameter
+    order of the model that wrote it, and that order changed with the names (Pale's
+    output norms now follow all stages): resumed, momentum could land on other tensors.
+    """
+    if report.renamed:
+        new, old = next(iter(report.renamed.items()))
+        raise CheckpointError(
+            f'refusing to resume from {source}: it was saved with an older layout of the backbone\'s module '
+            f'names ({len(report.renamed)} tensors renamed, e.g. {old} -> {new}); its optimizer state follows '
+            f'that layout\'s parameter order. Start a new run from its weights instead: tools/train.py CONFIG '
+            f'--cfg-options load_from={source}. Nothing was loaded.')
 
 
 def _backbone_load_from_advice(source, model, state_dict):

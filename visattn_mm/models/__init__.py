@@ -1,9 +1,9 @@
 """Backbone skeletons (nn.Modules); attention math lives in visattn_mm.ops."""
-from .classifier import Classifier
+from .classifier import BACKBONES, Classifier
 from .pale import PaleTransformer
 from .vil import ViL, ViLLS, set_random_shift
 from .vil_attention import SlidingChunkAttention
 from .vvt import VVT
 
-__all__ = ['ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'SlidingChunkAttention',
+__all__ = ['BACKBONES', 'ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'SlidingChunkAttention',
            'set_random_shift']

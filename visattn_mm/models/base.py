@@ -13,14 +13,19 @@
   a backbone declares its ``checkpoint_filter`` function and how its tables resize;
   the load pre-hook registered here applies that on every load path.
 
-A backbone declares where its modules live (``stage_layout``: module names differ
-per backbone because they follow the official checkpoints) and builds its stages.
+One module layout for every backbone: ``stages.{i}`` (:class:`Stage`: ``patch_embed``,
+``blocks`` and, where the architecture has one, the ``norm`` the next stage reads) and
+the output norms ``norm{i}`` of the stages in ``out_indices`` (0-based, as mmdet's Swin).
+Official checkpoints of another layout are converted by each backbone's filter; the
+numbered layout of the official VVT code (``patch_embed{n}``, ``block{n}``, ``norm{n}``,
+1-based), which VVT and Pale used before, is renamed on every load path
+(:func:`rename_numbered_stage_keys`).
 """
 import re
 import warnings
-from typing import NamedTuple, Optional
 
 import torch
+import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -62,37 +67,34 @@ def with_aliases(presets, aliases):
     return {**presets, **{alias: presets[name] for alias, name in aliases.items()}}
 
 
-class StageLayout(NamedTuple):
-    """Where a backbone's stage modules live; ``{i}`` is the 0-based stage, ``{n}`` = i + 1.
+class Stage(nn.Module):
+    """One stage: a patch embedding, its blocks and, where the architecture has one, a stage norm.
 
-    The names follow each backbone's official checkpoints, so they differ per backbone.
-
-    Attributes:
-        embed (str): The patch embedding (NCHW map -> ``(tokens, (H, W))``).
-        blocks (str): The ModuleList of blocks, each called as ``block(tokens, hw)``.
-        norm (str): The stage's LayerNorm (may be absent, see ``norm_in_stage``).
-        norm_in_stage (bool): True: the norm is part of the stage and its output also
-            feeds the next stage (VVT). False: it is an output norm, applied only to the
-            returned map and built only for ``out_indices`` (ViL, Pale, mmdet's Swin).
-        container (str, optional): A module holding the whole stage, if there is one
-            (ViL's ``stages.{i}``); it is what freezing and pruning act on.
+    Args:
+        patch_embed (nn.Module): NCHW map -> ``(tokens, (H, W))``.
+        blocks (Sequence[nn.Module]): Each called as ``block(tokens, hw)``.
+        norm (nn.Module, optional): A LayerNorm whose output the next stage reads and the
+            stage returns (VVT). Output norms applied only to the returned map are not
+            part of the stage (``norm{i}`` of the backbone).
     """
 
-    embed: str
-    blocks: str
-    norm: str
-    norm_in_stage: bool = False
-    container: Optional[str] = None
+    def __init__(self, patch_embed, blocks, norm=None):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = norm
 
 
 class DenseBackbone(CheckpointProtocol, BaseModule):
     """Base of the four backbones: presets, the mmdet surface, the stage loop, checkpoints.
 
-    A subclass sets ``arch_zoo``, ``stage_layout`` and (optionally) ``arch_defaults``,
-    ``checkpoint_filter``, ``derived_tensors`` and ``resize_checkpoint_tensor``; in
-    ``__init__`` it resolves its arch (:meth:`resolve_arch`), calls :meth:`init_stages`,
-    registers its modules under the layout's names and ends with ``self._freeze_stages()``.
-    It may override :meth:`check_input`, :meth:`run_block` and :meth:`finish_stage`.
+    A subclass sets ``arch_zoo``, its facts (``attention_ops``, ``crop_pct``) and
+    (optionally) ``arch_defaults``, ``numbered_layout``, ``checkpoint_filter``,
+    ``derived_tensors`` and ``resize_checkpoint_tensor``; in ``__init__`` it resolves its
+    arch (:meth:`resolve_arch`), calls :meth:`init_stages`, appends one :class:`Stage` per
+    built stage to ``self.stages``, calls :meth:`add_output_norms` if it has output norms
+    and ends with ``self._freeze_stages()``. It may override :meth:`check_input`,
+    :meth:`run_block` and :meth:`finish_stage`.
 
     Args:
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -108,7 +110,15 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
     arch_required = ('depths', 'embed_dims', 'num_heads')
     #: Optional per-stage arch keys -> default (one value for every stage, or a tuple).
     arch_defaults = {}
-    stage_layout = None
+    #: The attention ops of the default stages, each with whether it has a learned logit
+    #: bias (RPB) that trains with the model (which decides ``'auto'`` on the CPU, see
+    #: :func:`visattn_mm.ops.impl.chosen_path`), or None for an op without softmax.
+    attention_ops = ()
+    #: Centre-crop fraction of the paper's ImageNet evaluation (timm's ``crop_pct``).
+    crop_pct = 0.875
+    #: Where the numbered layout's keys go (``{i}`` 0-based): ``patch_embed``, ``block`` and
+    #: ``norm`` -> format strings; empty if the backbone never had that layout.
+    numbered_layout = {}
 
     def __init__(self, pretrained=None, init_cfg=None):
         name = type(self).__name__
@@ -174,25 +184,22 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         self.embed_dims = tuple(embed_dims[:self.num_stages])
         strides = strides or [4 * 2 ** i for i in range(num_stages)]
         self.strides = tuple(strides[:self.num_stages])
+        self.stages = nn.ModuleList()
         return linear_drop_path_rates(drop_path_rate, depths)
 
-    def stage_part(self, i, part):
-        """Module ``part`` (a :class:`StageLayout` field) of stage ``i``, or None if not built."""
-        name = getattr(self.stage_layout, part).format(i=i, n=i + 1)
-        try:
-            return self.get_submodule(name)
-        except AttributeError:
-            return None
+    def add_output_norms(self, make_norm):
+        """Add the output norm ``norm{i}`` (``make_norm(embed_dims[i])``) of every stage in ``out_indices``."""
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', make_norm(self.embed_dims[i]))
 
     def stage_modules(self, i):
-        """The modules of stage ``i`` (0-based), its patch embedding first, its norm (if built) last."""
-        body = 'container' if self.stage_layout.container else 'blocks'
-        modules = (self.stage_part(i, 'embed'), self.stage_part(i, body), self.stage_part(i, 'norm'))
-        return tuple(m for m in modules if m is not None)
+        """The modules of stage ``i`` (0-based): the stage, then its output norm if it has one."""
+        norm = self.output_norm(i)
+        return (self.stages[i],) if norm is None else (self.stages[i], norm)
 
     def output_norm(self, i):
         """The LayerNorm that turns stage ``i``'s tokens into its output map, or None."""
-        return None if self.stage_layout.norm_in_stage else self.stage_part(i, 'norm')
+        return getattr(self, f'norm{i}', None)
 
     def check_input(self, x):
         """Raise a ValueError for an NCHW batch this backbone cannot run (default: any runs)."""
@@ -204,8 +211,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         return block(tokens, hw, *args)
 
     def finish_stage(self, i, tokens):
-        """Stage ``i``'s tokens as the next stage reads them (default: through an in-stage norm)."""
-        return self.stage_part(i, 'norm')(tokens) if self.stage_layout.norm_in_stage else tokens
+        """Stage ``i``'s tokens as the next stage reads them (default: through its stage norm, if any)."""
+        norm = self.stages[i].norm
+        return tokens if norm is None else norm(tokens)
 
     def iter_stages(self, x):
         """Run the built stages in turn on an NCHW batch (the classifier's timm interface uses this).
@@ -221,9 +229,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape {tuple(x.shape)}')
         warn_once_on_cpu_fp16_autocast(x)
         self.check_input(x)
-        for i in range(self.num_stages):
-            tokens, hw = self.stage_part(i, 'embed')(x)
-            for block in self.stage_part(i, 'blocks'):
+        for i, stage in enumerate(self.stages):
+            tokens, hw = stage.patch_embed(x)
+            for block in stage.blocks:
                 tokens = self.run_block(block, tokens, hw)
             tokens = self.finish_stage(i, tokens)
             yield i, tokens, hw
@@ -244,23 +252,28 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         For models that use only early stages (timm's ``features_only`` pruning);
         parameters they would never use would otherwise get no gradient.
         """
-        doomed = [m for i in range(num_stages, self.num_stages) for m in self.stage_modules(i)]
+        del self.stages[num_stages:]
+        doomed = range(self.num_stages) if not keep_output_norms else range(num_stages, self.num_stages)
+        for i in doomed:
+            if self.output_norm(i) is not None:
+                delattr(self, f'norm{i}')
         if not keep_output_norms:
-            doomed += [self.output_norm(i) for i in range(num_stages) if self.output_norm(i) is not None]
             self.out_indices = ()
-        for parent in list(self.modules()):
-            for name, child in list(parent.named_children()):
-                if any(child is m for m in doomed):
-                    delattr(parent, name)
         self.num_stages = num_stages
         self.out_indices = tuple(i for i in self.out_indices if i < num_stages)
         self.embed_dims, self.strides = self.embed_dims[:num_stages], self.strides[:num_stages]
         self.frozen_stages = min(self.frozen_stages, num_stages)
 
     def _adapt_loaded_state_dict(self, state_dict, prefix, *args):
-        # Every load path (init_cfg, load_from, resume, load_state_dict) drops derived
-        # tensors and resizes tables; the loader has done so already for its own loads.
+        # Every load path (init_cfg, load_from, resume, load_state_dict) renames the numbered
+        # layout, drops derived tensors and resizes tables; the loader has done so already
+        # for its own loads.
         self.adapt_state_dict(state_dict, prefix)
+
+    def adapt_state_dict(self, state_dict, prefix='', report=None):
+        """Rename the numbered layout (:func:`rename_numbered_stage_keys`), then as the protocol does."""
+        rename_numbered_stage_keys(state_dict, self.numbered_layout, prefix, report)
+        super().adapt_state_dict(state_dict, prefix, report)
 
     def init_weights(self):
         """Random init happens in ``__init__``; ``Pretrained`` entries load through our loader.
@@ -296,7 +309,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         Called in ``__init__`` (so DistributedDataParallel never sees these
         parameters as trainable) and again in ``train()``.
         """
-        frozen = [self.stage_modules(0)[0]] if self.frozen_stages >= 0 else []
+        frozen = [self.stages[0].patch_embed] if self.frozen_stages >= 0 else []
         for i in range(self.frozen_stages):
             frozen.extend(self.stage_modules(i))
         for module in frozen:
@@ -319,31 +332,72 @@ def tokens_to_map(tokens, hw):
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()
 
 
-_NUMBERED_STAGE_KEY = re.compile(r'(?:patch_embed|block|norm)(\d+)\.')
+_STAGE_KEY = re.compile(r'(?:stages\.|norm)(\d+)\.')   # stages.{i}.*, norm{i}.*
+_NUMBERED_KEY = re.compile(r'(patch_embed|block|norm)(\d+)\.')
 
 
-def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None, stage_key=_NUMBERED_STAGE_KEY):
+def rename_numbered_stage_keys(state_dict, layout, prefix='', report=None):
+    """Rename, in place, the keys of a state_dict in the numbered layout to the stage layout.
+
+    The numbered layout is the official VVT code's (``patch_embed{n}.``, ``block{n}.{j}.``,
+    ``norm{n}.``, ``n`` 1-based), which VVT and Pale checkpoints used before the four
+    backbones shared :class:`Stage`. A state_dict is in it if it has a ``patch_embed{n}.``
+    key under ``prefix``; then every ``{part}{n}.`` key under ``prefix`` becomes
+    ``layout[part].format(i=n - 1) + '.'``. A state_dict in the stage layout has no such
+    key, so it is left as it is.
+
+    Args:
+        state_dict (dict): Checkpoint tensors, keyed as in the model holding the backbone.
+        layout (dict): ``'patch_embed'``, ``'block'``, ``'norm'`` -> new prefix format
+            (a backbone's ``numbered_layout``); empty: nothing to rename.
+        prefix (str): The backbone's prefix in ``state_dict`` (e.g. ``'backbone.'``).
+        report (LoadReport, optional): Each rename is noted in ``report.renamed``.
+    """
+    if not layout or not any(key.startswith(prefix) and (match := _NUMBERED_KEY.match(key, len(prefix)))
+                             and match.group(1) == 'patch_embed' for key in state_dict):
+        return
+    renamed = {}   # set after all pops: Pale's norm{n} -> norm{n-1} would overwrite a key not yet renamed
+    for key in list(state_dict):
+        new = renamed_numbered_key(key, layout, prefix)
+        if new is not None:
+            renamed[new] = state_dict.pop(key)
+            if report is not None:
+                report.renamed[new] = key
+    state_dict.update(renamed)
+
+
+def renamed_numbered_key(key, layout, prefix=''):
+    """``key``'s stage-layout name if it is a numbered-layout key of a part in ``layout``, else None.
+
+    Only the key itself is looked at: :func:`rename_numbered_stage_keys` decides whether a
+    state_dict is in the numbered layout at all.
+    """
+    match = _NUMBERED_KEY.match(key, len(prefix)) if key.startswith(prefix) else None
+    if match is None or match.group(1) not in layout:
+        return None
+    return prefix + layout[match.group(1)].format(i=int(match.group(2)) - 1) + '.' + key[match.end():]
+
+
+def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None):
     """The common part of the backbones' checkpoint filters.
 
     Drops, with the reason in ``report``, the classification ``head`` and the tensors of
-    stages the model does not build (stages after the last ``out_indices``).
+    stages the model does not build (``stages.{i}.*`` and ``norm{i}.*`` after the last
+    ``out_indices``).
 
     Args:
         state_dict (dict): Checkpoint tensors, under the model's names.
         target_keys (set[str]): The model's keys.
         report (LoadReport): Where the drops are noted.
         other_reason (callable, optional): ``key -> reason or None``: further tensors to drop.
-        stage_key (re.Pattern): Matches the start of a stage's tensor names, its group 1
-            being the stage number. Default: ``patch_embed{n}.``, ``block{n}.`` and
-            ``norm{n}.`` (VVT, Pale).
 
     Returns:
         dict: The tensors kept.
     """
-    built = {int(m.group(1)) for m in map(stage_key.match, target_keys) if m}
+    built = {int(m.group(1)) for m in map(_STAGE_KEY.match, target_keys) if m}
     out = {}
     for key, value in state_dict.items():
-        match = stage_key.match(key)
+        match = _STAGE_KEY.match(key)
         if key.startswith('head.'):
             report.dropped[key] = 'classification head'
         elif match and int(match.group(1)) not in built:
@@ -353,4 +407,3 @@ def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=N
         else:
             out[key] = value
     return out
-

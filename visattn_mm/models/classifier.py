@@ -1,8 +1,8 @@
 """Classification forms of the backbones: the dense backbone plus a linear head.
 
 The head reads the mean of the last stage's tokens after that stage's output
-norm (``norm3`` of ViL/ViL-LS plays the part of the official final ``norm``;
-VVT's ``norm4`` and Pale's last norm likewise), so the classifier's state_dict is
+norm (``norm3`` of ViL/ViL-LS and Pale plays the part of the official final ``norm``;
+VVT's last stage norm ``stages.3.norm`` likewise), so the classifier's state_dict is
 the dense backbone's under ``backbone.`` plus ``head.*``, and our ImageNet
 checkpoints load into the dense backbones as they are.
 
@@ -34,21 +34,13 @@ GLOBAL_POOLS = ('avg', '')
 
 # Parameter groups for timm's layer-wise lr decay, in timm's group_matcher format: the first
 # patch embedding, then one group per block (a stage's patch embedding joins its first block,
-# an output norm its last block, as timm's Swin does); the head, unmatched, comes last.
-_VIL_GROUPS = dict(
-    stem=r'^backbone\.stages\.0\.patch_embed',
-    coarse=r'^backbone\.(?:stages\.|norm)(\d+)',
-    fine=[(r'^backbone\.stages\.(\d+)\.patch_embed', (0,)),
-          (r'^backbone\.stages\.(\d+)\.blocks\.(\d+)', None),
-          (r'^backbone\.norm(\d+)', (99999,))])
-_NUMBERED_STAGE_GROUPS = dict(          # VVT and Pale: patch_embed{i}, block{i}.{j}, norm{i}
-    stem=r'^backbone\.patch_embed1\.',
-    coarse=r'^backbone\.(?:patch_embed|block|norm)(\d+)',
-    fine=[(r'^backbone\.patch_embed(\d+)', (0,)),
-          (r'^backbone\.block(\d+)\.(\d+)', None),
-          (r'^backbone\.norm(\d+)', (99999,))])
-GROUPS = {'ViL': _VIL_GROUPS, 'ViLLS': _VIL_GROUPS, 'VVT': _NUMBERED_STAGE_GROUPS,
-          'PaleTransformer': _NUMBERED_STAGE_GROUPS}
+# a stage or output norm its last block, as timm's Swin does); the head, unmatched, comes last.
+STEM_GROUP = r'^backbone\.stages\.0\.patch_embed'
+STAGE_GROUPS = r'^backbone\.(?:stages\.|norm)(\d+)'
+BLOCK_GROUPS = [(r'^backbone\.stages\.(\d+)\.patch_embed', (0,)),
+                (r'^backbone\.stages\.(\d+)\.blocks\.(\d+)', None),
+                (r'^backbone\.stages\.(\d+)\.norm', (99999,)),
+                (r'^backbone\.norm(\d+)', (99999,))]
 
 
 def stage_indices(num_stages, indices):
@@ -116,7 +108,7 @@ class Classifier(CheckpointProtocol, nn.Module):
         self.backbone_type = backbone_type
         self.num_features = self.head_hidden_size = self.backbone.embed_dims[-1]
         self.feature_info = [
-            dict(num_chs=dim, reduction=stride, module=f'backbone.{self._stage_name(i)}')
+            dict(num_chs=dim, reduction=stride, module=f'backbone.stages.{i}')
             for i, (dim, stride) in enumerate(zip(self.backbone.embed_dims, self.backbone.strides))]
         self.global_pool = 'avg'
         self.reset_classifier(num_classes, global_pool)
@@ -130,11 +122,6 @@ class Classifier(CheckpointProtocol, nn.Module):
             if 'pretrain_img_size' in backbone_kwargs:
                 raise ValueError('Classifier: set img_size or pretrain_img_size (the same thing), not both')
             backbone_kwargs['pretrain_img_size'] = sides
-
-    def _stage_name(self, i):
-        """Name (in the backbone) of stage ``i``'s blocks."""
-        names = {id(m): n for n, m in self.backbone.named_modules()}
-        return names[id(self.backbone.stage_modules(i)[1])]
 
     @torch.jit.ignore
     def get_classifier(self):
@@ -166,8 +153,7 @@ class Classifier(CheckpointProtocol, nn.Module):
     def group_matcher(self, coarse=False):
         """Parameter groups for timm's layer-wise lr decay (``--layer-decay``): stages if
         ``coarse``, else blocks."""
-        groups = GROUPS[self.backbone_type]
-        return dict(stem=groups['stem'], blocks=groups['coarse'] if coarse else groups['fine'])
+        return dict(stem=STEM_GROUP, blocks=STAGE_GROUPS if coarse else BLOCK_GROUPS)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable=True):
@@ -285,5 +271,6 @@ class Classifier(CheckpointProtocol, nn.Module):
         report.layout = backbone_report.layout
         report.dropped.update(backbone_report.dropped)
         report.converted.update({prefix + k: v for k, v in backbone_report.converted.items()})
+        report.renamed.update({prefix + k: prefix + v for k, v in backbone_report.renamed.items()})
         report.fresh.update({prefix + k: v for k, v in backbone_report.fresh.items()})
         return {**{prefix + k: v for k, v in converted.items()}, **head}

@@ -3,22 +3,23 @@
 Paper: "Pale Transformer: A General Vision Transformer Backbone with Pale-Shaped
 Attention" (Wu et al., AAAI 2022). No official code or weights were ever released;
 this implementation follows the paper (method section, Table 1) and the CvT/CSWin
-conventions it cites where it is silent. Four stages, each:
+conventions it cites where it is silent. Four stages ``stages.{i}``, each:
 
-  * ``patch_embed{i}``: overlapping conv patch merging -- 7x7 stride 4 (stage 1) or
+  * ``patch_embed``: overlapping conv patch merging -- 7x7 stride 4 (stage 1) or
     3x3 stride 2 (stages 2-4), channels ``C_{i-1} -> C_i`` -- then a LayerNorm
     (CvT's ``ConvEmbed`` and CSWin's stem / ``Merge_Block`` both normalise there).
     Padding ``k // 2`` (3, then 1), so every output side is ``ceil(side / stride)``
     for any input down to 1x1. (CvT/CSWin pad the 7x7 stem by 2: identical sizes
     when the input side is a multiple of 4, e.g. 56 at 224, but they drop the last
     rows otherwise and fail below 3 pixels.)
-  * ``block{i}.{j}``: ``X = X + CPE(X)`` (3x3 depthwise conv with bias),
+  * ``blocks.{j}``: ``X = X + CPE(X)`` (3x3 depthwise conv with bias),
     ``X = X + DropPath(PS-Attn(LN(X)))``, ``X = X + DropPath(MLP(LN(X)))``
     (GELU MLP, ratio 4).
-  * ``norm{i}``: a LayerNorm on the stage output, built only for ``out_indices``
-    (mmdet Swin convention; the next stage's patch merging reads the un-normalised
-    stage output). The classification form therefore has one final norm
-    (``norm4``) before the average pooling, as CSWin.
+and an output LayerNorm ``norm{i}`` per stage of ``out_indices`` (mmdet Swin
+convention; the next stage's patch merging reads the un-normalised stage output).
+The classification form therefore has one final norm (``norm3``) before the
+average pooling, as CSWin. Checkpoints saved with the earlier numbered names
+(``patch_embed{n}``, ``block{n}``, ``norm{n}``, 1-based) load renamed.
 
 PS-Attention (parallel): q, k and v each come from a separable conv -- 3x3
 depthwise -> BatchNorm -> 1x1 pointwise (with bias), CvT's
@@ -34,7 +35,7 @@ import torch.nn as nn
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
-from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
+from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases({
@@ -140,16 +141,22 @@ class PaleBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+NUMBERED_LAYOUT = dict(patch_embed='stages.{i}.patch_embed', block='stages.{i}.blocks', norm='norm{i}')
+
+
 def pale_checkpoint_filter(state_dict, target_keys, report):
     """Prepare a Pale state_dict (ours, e.g. from :class:`~visattn_mm.models.Classifier`) for the dense backbone.
 
-    Dropped, with the reason in the report: the classification ``head``, tensors of
-    stages this backbone does not build, and output norms ``norm{i}`` it does not
-    build. A classification checkpoint has only the last stage's output norm; the
-    dense backbone's other ``norm{i}`` keep their fresh initialisation and are
-    reported as such (not as missing).
+    Keys of the earlier numbered layout are renamed (``NUMBERED_LAYOUT``). Dropped,
+    with the reason in the report: the classification ``head``, tensors of stages this
+    backbone does not build, and output norms ``norm{i}`` it does not build. A
+    classification checkpoint has only the last stage's output norm; the dense
+    backbone's other ``norm{i}`` keep their fresh initialisation and are reported as
+    such (not as missing).
     """
-    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q.dw.weight' in state_dict:
+    state_dict = dict(state_dict)
+    rename_numbered_stage_keys(state_dict, NUMBERED_LAYOUT, report=report)
+    if 'stages.0.patch_embed.proj.weight' in state_dict and 'stages.0.blocks.0.attn.q.dw.weight' in state_dict:
         report.layout = 'pale'
     out = drop_head_and_unbuilt_stages(
         state_dict, target_keys, report,
@@ -178,11 +185,11 @@ class PaleTransformer(DenseBackbone):
         drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
             blocks to this value. Default: 0.1.
         out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
-            NCHW maps, each after its LayerNorm ``norm{i+1}`` (built only for these
+            NCHW maps, each after its LayerNorm ``norm{i}`` (built only for these
             stages). Stages after the last index are not built. Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
             merging; ``i >= 1`` freezes stages 1..i (patch merging, blocks and their
-            ``norm{i}`` if built). Default: -1.
+            output norms if built). Default: -1.
         norm_eval (bool): Keep the BatchNorms of the q/k/v projections in eval mode
             while training (running statistics frozen). Training-mode BatchNorm needs
             more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
@@ -200,7 +207,9 @@ class PaleTransformer(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(pale_sizes=DEFAULT_PALE_SIZE, mlp_ratios=DEFAULT_MLP_RATIO)
-    stage_layout = StageLayout(embed='patch_embed{n}', blocks='block{n}', norm='norm{n}')
+    attention_ops = (('pale', False),)
+    crop_pct = 0.875   # the paper resizes to 256 and crops 224
+    numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(pale_checkpoint_filter)
 
     def __init__(self, arch='tiny', in_channels=3, qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0,
@@ -226,12 +235,9 @@ class PaleTransformer(DenseBackbone):
             blocks = [PaleBlock(dims[i], heads[i], pale_sizes[i], mlp_ratios[i], qkv_bias, drop_rate,
                                 attn_drop_rate, drop_paths[sum(depths[:i]) + j], attn_impl)
                       for j in range(depths[i])]
-            self.add_module(f'patch_embed{i + 1}',
-                            OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS))
-            self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
-            if i in self.out_indices:
-                self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
+            self.stages.append(Stage(OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS), blocks))
             in_dim = dims[i]
+        self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
 
         self.apply(init_transformer_weights)   # convs and BatchNorms keep PyTorch's defaults
         self._freeze_stages()

@@ -23,7 +23,7 @@ from timm.layers import DropPath, trunc_normal_
 from ..ops.long_short import long_short_rpb_table_size
 from ..ops.rel_pos import resize_1d_table, resize_rpb_table
 from ..ops.sliding_chunk import SHIFT_MODES, check_modes
-from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
+from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, with_aliases
 from .layers import (
     Mlp,
     check_attn_impl,
@@ -88,7 +88,6 @@ def adapt_position_tensor(name, value, target_shape):
 
 
 _OFFICIAL_KEY = re.compile(r'layer(\d+)\.(\d+)\.(.+)')
-_STAGE_KEY = re.compile(r'(?:stages\.|norm)(\d+)\.')   # our stage tensors: stages.{i}.*, norm{i}.*
 
 
 def vil_checkpoint_filter(state_dict, target_keys, report):
@@ -107,7 +106,7 @@ def vil_checkpoint_filter(state_dict, target_keys, report):
     """
     if 'layer1.0.proj.weight' in state_dict:
         state_dict = _convert_official_vil(state_dict, target_keys, report)
-    out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report, stage_key=_STAGE_KEY),
+    out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report),
                           target_keys, report)
     for key in sorted(target_keys):   # a set: sorted, so that the report reads the same in every run
         if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
@@ -243,15 +242,6 @@ class ViLPatchEmbed(nn.Module):
         return self.pos_drop(x), (h, w)
 
 
-class ViLStage(nn.Module):
-    """One E-ViT stage's modules (``stages.{i}`` in official-converted keys); run by the base's loop."""
-
-    def __init__(self, patch_embed, blocks):
-        super().__init__()
-        self.patch_embed = patch_embed
-        self.blocks = nn.ModuleList(blocks)
-
-
 class ViL(DenseBackbone):
     """Multi-Scale Vision Longformer backbone.
 
@@ -309,8 +299,8 @@ class ViL(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(patch_sizes=PATCH_SIZES, num_global_tokens=NUM_GLOBAL_TOKENS)
-    stage_layout = StageLayout(embed='stages.{i}.patch_embed', blocks='stages.{i}.blocks', norm='norm{i}',
-                               container='stages.{i}')
+    attention_ops = (('sliding_chunk', True),)
+    crop_pct = 0.875   # DeiT's evaluation crop
     checkpoint_filter = staticmethod(vil_checkpoint_filter)
     derived_tensors = ('relative_position_index',)
 
@@ -357,7 +347,6 @@ class ViL(DenseBackbone):
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 
-        self.stages = nn.ModuleList()
         in_dim, stride = in_channels, 1
         for i in range(self.num_stages):
             stride *= patch_sizes[i]
@@ -379,10 +368,9 @@ class ViL(DenseBackbone):
                                        drop_paths[sum(depths[:i]) + j]))
             embed = ViLPatchEmbed(in_dim, dims[i], patch_sizes[i], num_global_tokens[i],
                                   ape_size=None if use_rpb else table_size, drop=drop_rate)
-            self.stages.append(ViLStage(embed, blocks))
+            self.stages.append(Stage(embed, blocks))
             in_dim = dims[i]
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dims[i], eps=LN_EPS))
+        self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
 
         self.apply(init_transformer_weights)
         self._freeze_stages()
@@ -466,6 +454,7 @@ class ViLLS(ViL):
     """
 
     arch_zoo = LS_ARCH_ZOO
+    attention_ops = (('long_short', True), ('sliding_chunk', True))
 
     def __init__(self, arch='medium', attn_types=LS_ATTN_TYPES, **kwargs):
         super().__init__(arch=arch, attn_types=attn_types, **kwargs)

@@ -1,14 +1,15 @@
 """Vicinity Vision Transformer (VVT) backbone for dense prediction.
 
 Paper: "Vicinity Vision Transformer" (Sun et al., TPAMI 2023); official code
-OpenNLPLab/Vicinity-Vision-Transformer (built on PVTv2). Four stages; each is an
-overlapping patch embedding (conv + LayerNorm), pre-LN blocks of vicinity
-attention and a PVTv2 conv-FFN, and a LayerNorm ``norm{i}`` whose output both
-feeds the next stage and is the stage's multi-scale output (strides 4, 8, 16, 32).
+OpenNLPLab/Vicinity-Vision-Transformer (built on PVTv2). Four stages
+``stages.{i}``; each is an overlapping patch embedding (conv + LayerNorm),
+pre-LN blocks of vicinity attention and a PVTv2 conv-FFN, and a stage LayerNorm
+``norm`` whose output both feeds the next stage and is the stage's multi-scale
+output (strides 4, 8, 16, 32).
 
-Module names follow the official code (``patch_embed{i}``, ``block{i}.{j}``,
-``norm{i}``, 1-based), so official checkpoints load key for key; only their
-classification ``head`` is dropped.
+The official code names these ``patch_embed{n}``, ``block{n}.{j}`` and ``norm{n}``
+(1-based); its checkpoints load with those keys renamed (``numbered_layout``) and
+their classification ``head`` dropped.
 """
 import math
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attention
-from .base import DenseBackbone, StageLayout, drop_head_and_unbuilt_stages, with_aliases
+from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases({
@@ -199,14 +200,21 @@ class VVTBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x), hw))
 
 
+NUMBERED_LAYOUT = dict(patch_embed='stages.{i}.patch_embed', block='stages.{i}.blocks', norm='stages.{i}.norm')
+
+
 def vvt_checkpoint_filter(state_dict, target_keys, report):
     """Prepare an official VVT (or our) state_dict for the dense backbone.
 
-    Official key names are ours, so tensors pass through unchanged. Dropped, with
-    the reason in the report: the classification ``head``, and the tensors of
-    stages this backbone does not build (stages after the last ``out_indices``).
+    The official names (``patch_embed{n}``, ``block{n}.{j}``, ``norm{n}``) are renamed
+    to ours (``stages.{n-1}.patch_embed``, ``.blocks.{j}``, ``.norm``), as is a
+    checkpoint of ours saved with them; the values are unchanged. Dropped, with the
+    reason in the report: the classification ``head``, and the tensors of stages this
+    backbone does not build (stages after the last ``out_indices``).
     """
-    if 'patch_embed1.proj.weight' in state_dict and 'block1.0.attn.q_proj.weight' in state_dict:
+    state_dict = dict(state_dict)
+    rename_numbered_stage_keys(state_dict, NUMBERED_LAYOUT, report=report)
+    if 'stages.0.patch_embed.proj.weight' in state_dict and 'stages.0.blocks.0.attn.q_proj.weight' in state_dict:
         report.layout = 'vvt_official' if 'head.weight' in state_dict else 'vvt'
     return drop_head_and_unbuilt_stages(state_dict, target_keys, report)
 
@@ -229,12 +237,12 @@ class VVT(DenseBackbone):
         drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
             blocks to this value. Default: 0.1.
         out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
-            NCHW maps, each after that stage's LayerNorm ``norm{i+1}``. Stages after
+            NCHW maps, each after that stage's LayerNorm ``stages.{i}.norm``. Stages after
             the last index are not built (they would receive no gradient).
             Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
             embedding; ``i >= 1`` freezes stages 1..i (patch embedding, blocks and
-            ``norm{i}``).  Default: -1.
+            stage norm).  Default: -1.
         norm_eval (bool): Keep BatchNorm layers in eval mode while training (VVT
             has only LayerNorms, so this only affects BatchNorms added by
             subclasses). Default: False.
@@ -253,7 +261,9 @@ class VVT(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(mlp_ratios=DEFAULT_MLP_RATIO)
-    stage_layout = StageLayout(embed='patch_embed{n}', blocks='block{n}', norm='norm{n}', norm_in_stage=True)
+    attention_ops = (('vicinity', None),)
+    crop_pct = 0.9   # PVT's evaluation crop
+    numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(vvt_checkpoint_filter)
 
     def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
@@ -279,10 +289,8 @@ class VVT(DenseBackbone):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
                                drop_paths[sum(depths[:i]) + j], attn_impl) for j in range(depths[i])]
-            self.add_module(f'patch_embed{i + 1}',
-                            OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS))
-            self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
-            self.add_module(f'norm{i + 1}', nn.LayerNorm(dims[i], eps=LN_EPS))
+            embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
+            self.stages.append(Stage(embed, blocks, nn.LayerNorm(dims[i], eps=LN_EPS)))
             in_dim = dims[i]
 
         self.apply(init_vvt_weights)
