@@ -11,13 +11,7 @@ import os
 import os.path as osp
 import sys
 
-# Running ``python tools/x.py`` from a plain checkout (no pip install -e) must
-# still import the plugin, as mmdet's scripts do through PYTHONPATH.
-_REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(1, _REPO_ROOT)
-
-from mmengine.config import Config  # noqa: E402
+from mmengine.config import Config
 
 SUPPORTED_SCOPES = ('mmdet', 'mmseg')
 

@@ -7,7 +7,6 @@ Usage::
 
 Paste its output into bug reports; ``tools/train.py`` logs the same at start.
 """
-import _cli_common  # noqa: F401  (puts the checkout on sys.path)
 from visattn_mm.collect_env import collect_env, format_env
 
 

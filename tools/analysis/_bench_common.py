@@ -29,17 +29,11 @@ import os
 import os.path as osp
 import platform
 import statistics
-import sys
 import time
 
-# Running ``python tools/analysis/x.py`` from a plain checkout must still import the plugin.
-_REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(1, _REPO_ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl  # noqa: E402
+from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
 MIB = 2 ** 20
 GIB = 2 ** 30
