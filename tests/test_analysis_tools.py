@@ -1,4 +1,4 @@
-"""tools/analysis/model_zoo.py (parameter / FLOPs counts, flagging, the generated page)
+"""tools/analysis/model_zoo.py and its zoo_*.py modules (parameter / FLOPs counts, flagging, the generated page)
 and tools/analysis/plot_curves.py (scalar parsing, the PNG)."""
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / 'tools' / 'analysis'
+sys.path.insert(0, str(ANALYSIS))
+import model_zoo  # noqa: E402
+
+import zoo_measure  # noqa: E402
+import zoo_paper  # noqa: E402
+import zoo_render  # noqa: E402
+
 SEG_STEM = 'upernet_vvt_s_160k_ade20k'
 
 
@@ -28,11 +35,6 @@ def _load(name: str):
 
 
 @pytest.fixture(scope='module')
-def zoo():
-    return _load('model_zoo')
-
-
-@pytest.fixture(scope='module')
 def curves():
     return _load('plot_curves')
 
@@ -40,27 +42,27 @@ def curves():
 # --------------------------------------------------------------------------
 # model_zoo.py
 # --------------------------------------------------------------------------
-def test_flagging_threshold(zoo):
-    assert zoo.relative_difference(102, 100) == pytest.approx(0.02)
-    assert zoo.is_flagged(102.1, 100) and zoo.is_flagged(97.9, 100)
-    assert not zoo.is_flagged(101.9, 100) and not zoo.is_flagged(98.1, 100)
-    assert not zoo.is_flagged(None, 100) and not zoo.is_flagged(100, None)
-    assert zoo.is_flagged(105, 100, tolerance=0.04) and not zoo.is_flagged(103, 100, 0.04)
+def test_flagging_threshold():
+    assert zoo_paper.relative_difference(102, 100) == pytest.approx(0.02)
+    assert zoo_paper.is_flagged(102.1, 100) and zoo_paper.is_flagged(97.9, 100)
+    assert not zoo_paper.is_flagged(101.9, 100) and not zoo_paper.is_flagged(98.1, 100)
+    assert not zoo_paper.is_flagged(None, 100) and not zoo_paper.is_flagged(100, None)
+    assert zoo_paper.is_flagged(105, 100, tolerance=0.04) and not zoo_paper.is_flagged(103, 100, 0.04)
 
 
-def test_table_flags_only_rows_off_by_more_than_two_percent(zoo):
-    rows = zoo.planned_configs(['maskrcnn'])
+def test_table_flags_only_rows_off_by_more_than_two_percent():
+    rows = zoo_paper.planned_configs(['maskrcnn'])
     measured = {
         # Paper: 26.9M, 145.6G -> params -7.1% (flagged), FLOPs +1.0% (not flagged).
-        'maskrcnn_vil_t_1x': zoo.Measurement(params=25_000_000, flops=147_056_000_000,
+        'maskrcnn_vil_t_1x': zoo_measure.Measurement(params=25_000_000, flops=147_056_000_000,
                                              flops_input=(800, 1333),
                                              flops_parts=dict(backbone=100_000_000_000,
                                                               roi_head=47_056_000_000)),
         # Paper: 45.0M; FLOPs skipped.
-        'maskrcnn_vil_s_1x': zoo.Measurement(params=45_500_000),
+        'maskrcnn_vil_s_1x': zoo_measure.Measurement(params=45_500_000),
     }
     lines = {re.search('`(\\w+)`', line).group(1): line
-             for line in zoo.table('maskrcnn', rows, measured).splitlines()[2:]}
+             for line in zoo_render.table('maskrcnn', rows, measured).splitlines()[2:]}
     assert len(lines) == len(rows) == 30  # 15 backbones x 2 schedules
     vil_t = lines['maskrcnn_vil_t_1x'].split(' | ')
     assert vil_t[3] == '25.00 **(-7.1%)**' and vil_t[4] == '26.9'
@@ -75,72 +77,72 @@ def test_table_flags_only_rows_off_by_more_than_two_percent(zoo):
     assert lines['maskrcnn_vvt_l_1x'].count('|') == 13  # no paper row: empty cells
 
 
-def test_planned_config_without_a_file_is_labelled(zoo, tmp_path, monkeypatch):
-    monkeypatch.setattr(zoo, 'CONFIG_DIR', tmp_path)
-    (line,) = [line for line in zoo.table('upernet', zoo.planned_configs(['upernet']), {}).splitlines()
+def test_planned_config_without_a_file_is_labelled(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo_render, 'CONFIG_DIR', tmp_path)
+    (line,) = [line for line in zoo_render.table('upernet', zoo_paper.planned_configs(['upernet']), {}).splitlines()
                if f'`{SEG_STEM}`' in line]
     assert line.startswith(f'| `{SEG_STEM}` (no config yet) |')
 
 
-def test_paper_rows_cite_a_source_and_name_planned_configs(zoo):
-    planned = {stem for stem, *_ in zoo.planned_configs()}
-    for stem, row in zoo.PAPER.items():
+def test_paper_rows_cite_a_source_and_name_planned_configs():
+    planned = {stem for stem, *_ in zoo_paper.planned_configs()}
+    for stem, row in zoo_paper.PAPER.items():
         assert stem in planned, stem
         assert row.source and row.metric and row.flops_input, stem
-    assert zoo.flops_input('upernet_pale_t_160k_ade20k', 'upernet', 'pale') == (512, 2048)
-    assert zoo.flops_input('maskrcnn_pale_t_3x_ms', 'maskrcnn', 'pale') == (800, 1280)
+    assert zoo_paper.flops_input('upernet_pale_t_160k_ade20k', 'upernet', 'pale') == (512, 2048)
+    assert zoo_paper.flops_input('maskrcnn_pale_t_3x_ms', 'maskrcnn', 'pale') == (800, 1280)
     # ViL-LS rows follow ViL's paper, so the two stay comparable.
-    assert zoo.flops_input('maskrcnn_vil_ls_t_1x', 'maskrcnn', 'vil_ls') == (800, 1333)
-    assert zoo.flops_input('upernet_vil_t_160k_ade20k', 'upernet', 'vil') == (512, 512)
-    assert zoo.flops_input('retinanet_vvt_s_1x', 'retinanet', 'vvt') == (800, 1280)
+    assert zoo_paper.flops_input('maskrcnn_vil_ls_t_1x', 'maskrcnn', 'vil_ls') == (800, 1333)
+    assert zoo_paper.flops_input('upernet_vil_t_160k_ade20k', 'upernet', 'vil') == (512, 512)
+    assert zoo_paper.flops_input('retinanet_vvt_s_1x', 'retinanet', 'vvt') == (800, 1280)
 
 
-def test_counter_sees_the_attention_ops(zoo):
+def test_counter_sees_the_attention_ops():
     """Multiply-adds of the ops the backbones' attention is written with."""
     q, k, v = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 7, 3), torch.randn(1, 2, 7, 4)
     mask = torch.rand(1, 2, 5, 7) > 0.3
-    assert zoo.count_macs(torch.einsum, 'bhnd,bhmd->bhnm', q, k) == 2 * 5 * 7 * 3
-    assert zoo.count_macs(torch.matmul, q, k.transpose(-1, -2)) == 2 * 5 * 7 * 3
+    assert zoo_measure.count_macs(torch.einsum, 'bhnd,bhmd->bhnm', q, k) == 2 * 5 * 7 * 3
+    assert zoo_measure.count_macs(torch.matmul, q, k.transpose(-1, -2)) == 2 * 5 * 7 * 3
     qk_av = 2 * 5 * 7 * 3 + 2 * 5 * 7 * 4
-    assert zoo.count_macs(F.scaled_dot_product_attention, q, k, v) == qk_av
-    assert zoo.count_macs(F.scaled_dot_product_attention, q, k, v, attn_mask=mask) == qk_av
+    assert zoo_measure.count_macs(F.scaled_dot_product_attention, q, k, v) == qk_av
+    assert zoo_measure.count_macs(F.scaled_dot_product_attention, q, k, v, attn_mask=mask) == qk_av
     # The fused CPU kernel F.scaled_dot_product_attention dispatches to on larger
     # inputs; torch's own counter skips it.
     q, k, v = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 48, 8), torch.randn(1, 2, 48, 8)
     cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    assert zoo.count_macs(cpu_flash, q, k, v) == 2 * 64 * 48 * 8 * 2
+    assert zoo_measure.count_macs(cpu_flash, q, k, v) == 2 * 64 * 48 * 8 * 2
     # The backbones' attention entry point (ViL, ViL-LS, Pale), whatever kernel it picks.
     from visattn_mm.ops.common import fused_attention
     q, k, v = torch.randn(4, 2, 49, 16), torch.randn(4, 2, 98, 16), torch.randn(4, 2, 98, 16)
-    assert zoo.count_macs(fused_attention, q, k, v) == 4 * 2 * 49 * 98 * 16 * 2
+    assert zoo_measure.count_macs(fused_attention, q, k, v) == 4 * 2 * 49 * 98 * 16 * 2
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-    assert zoo.count_macs(conv, torch.randn(1, 3, 6, 5)) == 8 * 3 * 9 * 6 * 5
+    assert zoo_measure.count_macs(conv, torch.randn(1, 3, 6, 5)) == 8 * 3 * 9 * 6 * 5
 
 
 @pytest.fixture(scope='module')
-def seg_model(zoo):
-    return zoo.build_model(ROOT / 'configs' / f'{SEG_STEM}.py')
+def seg_model():
+    return zoo_measure.build_model(ROOT / 'configs' / f'{SEG_STEM}.py')
 
 
-def test_real_config_params_and_flops(zoo, seg_model):
+def test_real_config_params_and_flops(seg_model):
     model, scope = seg_model
     assert scope == 'mmseg'
     # UperNet VVT-S as tests/test_vvt.py and the paper (55.5M) count it.
-    assert round(zoo.count_parameters(model) / 1e6, 2) == 55.50
-    small, parts = zoo.count_flops(model, scope, 64, 64)
-    large, _ = zoo.count_flops(model, scope, 128, 128)
+    assert round(zoo_measure.count_parameters(model) / 1e6, 2) == 55.50
+    small, parts = zoo_measure.count_flops(model, scope, 64, 64)
+    large, _ = zoo_measure.count_flops(model, scope, 128, 128)
     assert small > 0
     # mmseg's tensor-mode forward: backbone and decode head, the auxiliary head is not run.
     assert set(parts) == {'backbone', 'decode_head'} and sum(parts.values()) == small
     # VVT's attention and every UperNet op are at most linear in the pixel count, and
     # most of the work grows with it: 4x the pixels cost between 3x and 4x.
     assert 3.0 < large / small <= 4.0, large / small
-    assert zoo.count_flops(model, scope, 64, 64)[0] == small  # reproducible
+    assert zoo_measure.count_flops(model, scope, 64, 64)[0] == small  # reproducible
 
 
-def test_tool_writes_the_page(zoo, tmp_path, capsys):
+def test_tool_writes_the_page(tmp_path, capsys):
     out = tmp_path / 'model_zoo.md'
-    zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
+    model_zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
     text = out.read_text()
     assert text.startswith('# Model zoo') and '## UperNet (ADE20K)' in text
     assert '## Mask R-CNN' not in text
@@ -152,20 +154,20 @@ def test_tool_writes_the_page(zoo, tmp_path, capsys):
     assert '55.50M params' in capsys.readouterr().out
     assert 'no config yet' not in text   # the rows this run did not measure have configs
     with pytest.raises(SystemExit, match='not in the planned matrix'):
-        zoo.main(['--configs', 'maskrcnn_vil_t_2x', '--out', str(out)])
+        model_zoo.main(['--configs', 'maskrcnn_vil_t_2x', '--out', str(out)])
 
 
-def test_partial_run_merges_into_the_page(zoo, tmp_path, capsys):
+def test_partial_run_merges_into_the_page(tmp_path, capsys):
     """A run of one table, one config, without FLOPs keeps everything it did not measure."""
     page = (ROOT / 'docs' / 'model_zoo.md').read_text()
     out = tmp_path / 'docs' / 'model_zoo.md'
     out.parent.mkdir()
     out.write_text(page)
-    zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
+    model_zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
     assert 'every other row and table kept' in capsys.readouterr().out
     text = out.read_text()
-    _, before = zoo.read_page(page)
-    _, after = zoo.read_page(text)
+    _, before = zoo_render.read_page(page)
+    _, after = zoo_render.read_page(text)
     assert set(after) == set(before) and len(after) == 75  # all three tables are still there
     for stem, cells in before.items():
         if stem != SEG_STEM:
@@ -183,16 +185,16 @@ def test_partial_run_merges_into_the_page(zoo, tmp_path, capsys):
     other = tmp_path / 'notes.md'
     other.write_text('# my notes\n')
     with pytest.raises(SystemExit, match='no model-zoo table rows.*new --out'):
-        zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops',
+        model_zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops',
                   '--out', str(other)])
     assert other.read_text() == '# my notes\n'
 
 
-def test_page_round_trips(zoo):
+def test_page_round_trips():
     """Rendering the page again from its own rows changes nothing (so merges are exact)."""
     page = (ROOT / 'docs' / 'model_zoo.md').read_text()
-    command, _ = zoo.read_page(page)
-    assert zoo.render(['upernet'], {}, command, page) == page
+    command, _ = zoo_render.read_page(page)
+    assert zoo_render.render(['upernet'], {}, command, page) == page
 
 
 # --------------------------------------------------------------------------
@@ -255,3 +257,33 @@ def test_model_fingerprint_comparison_reports_every_kind_of_change():
     for expected in ('config/gone: only in before', 'config/new: only in after', 'keys or shapes differ',
                      'parameter count / load report differs', 'output 0 differs'):
         assert expected in problems
+
+
+def test_model_fingerprint_comparison_accepts_only_the_documented_renaming():
+    """Keys and load reports of the numbered layout compare equal under the renaming the backbone
+    documents (VVT: norm{n} into the stage; Pale: norm{n} -> norm{n-1}), and only under it."""
+    fingerprint = _load('model_fingerprint')
+    outputs = [torch.ones(1)]
+
+    def unprefixed(keys):
+        return [(key[len('backbone.'):], shape) for key, shape in keys]
+
+    old_keys = [('backbone.patch_embed1.proj.weight', (8, 3)), ('backbone.block1.0.norm1.weight', (8,)),
+                ('backbone.norm1.weight', (8,))]
+    before = {'config/vvt': dict(keys=old_keys, params=3, outputs=outputs),
+              'config/pale': dict(keys=old_keys, params=3, outputs=outputs),
+              'load/pale': dict(keys=unprefixed(old_keys), params='fresh: norm1.weight, norm2.bias', outputs=outputs)}
+    vvt_keys = [('backbone.stages.0.patch_embed.proj.weight', (8, 3)),
+                ('backbone.stages.0.blocks.0.norm1.weight', (8,)), ('backbone.stages.0.norm.weight', (8,))]
+    pale_keys = vvt_keys[:2] + [('backbone.norm0.weight', (8,))]
+    after = {'config/vvt': dict(keys=vvt_keys, params=3, outputs=outputs, backbone='VVT', prefix='backbone.'),
+             'config/pale': dict(keys=pale_keys, params=3, outputs=outputs, backbone='PaleTransformer',
+                                 prefix='backbone.'),
+             'load/pale': dict(keys=unprefixed(pale_keys), params='fresh: norm0.weight, norm1.bias', outputs=outputs,
+                               backbone='PaleTransformer', prefix='')}
+    assert fingerprint.compare(before, after) == []
+    swapped = dict(after, **{'config/vvt': dict(after['config/vvt'], keys=pale_keys),
+                             'load/pale': dict(after['load/pale'], params='fresh: norm1.weight, norm2.bias')})
+    problems = '\n'.join(fingerprint.compare(before, swapped))
+    assert 'config/vvt: state-dict keys or shapes differ' in problems
+    assert 'load/pale: parameter count / load report differs' in problems

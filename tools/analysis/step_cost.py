@@ -59,11 +59,12 @@ def build_config_model(config):
     Returns:
         tuple: ``(model, forward(model, images) -> outputs, parts)``, ``parts`` naming what runs.
     """
-    import model_zoo
-    path = config if config.endswith('.py') else osp.join(model_zoo.CONFIG_DIR, f'{config}.py')
+    from zoo_measure import build_model
+    from zoo_paper import CONFIG_DIR
+    path = config if config.endswith('.py') else osp.join(CONFIG_DIR, f'{config}.py')
     if not osp.exists(path):
         raise SystemExit(f'--configs: {path} does not exist')
-    model, scope = model_zoo.build_model(path)
+    model, scope = build_model(path)
     heads = [name for name in ('decode_head', 'auxiliary_head', 'rpn_head', 'bbox_head')
              if getattr(model, name, None) is not None]
     parts = '+'.join(['backbone'] + (['neck'] if getattr(model, 'with_neck', False) else []) + heads)
