@@ -21,10 +21,12 @@ import torch
 from .common import device_cache, is_symbolic
 
 # Neighbour chunks in the order the official ViL code concatenates them
-# (row offset, column offset); index 4 is the query's own chunk.
+# (row offset, column offset); index 4 is the query's own chunk. The Triton kernels compute
+# block b's offset as (b // 3 - 1, b % 3 - 1), this order.
 NEIGHBOUR_OFFSETS = ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
 OWN_CHUNK = 4
 
+# Sliding-chunk attention's masking and shift modes (see visattn_mm.ops.sliding_chunk).
 MASKING_MODES = (0, -1, 1)
 SHIFT_MODES = (0, -1, 1, 2, 3, 4, 5, 6, 7, 8)
 
@@ -105,6 +107,7 @@ def interlace_stride(side, pale_size):
     return size, stride, stride * size
 
 
+# Vicinity attention's signed clamp: magnitudes forced into [CLAMP_MIN, CLAMP_MAX].
 CLAMP_MIN = 1e-4
 CLAMP_MAX = 1e4
 EPS = 1e-4  # added to the normaliser's denominator (official value)

@@ -60,6 +60,7 @@ def _window_logits(scores, query_slots, patch_slots, visible, bias_base, bias_st
     A visible key lies in the patch, so its patch slot indexes the RPB.
     """
     if HAS_LOCAL_BIAS:
+        # The patch slot is the key's column in the gathered bias: the key order of rel_pos.long_short_rpb_index.
         pointers = bias_base + query_slots * bias_stride_q + patch_slots * bias_stride_k
         scores += tl.load(pointers, mask=visible & (query_slots < WINDOW * WINDOW), other=0.0).to(scores.dtype)
     return tl.where(visible, scores, float('-inf'))

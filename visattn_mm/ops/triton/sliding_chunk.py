@@ -83,13 +83,15 @@ def _mask_local_scores(scores, query_slots, key_slots, key_valid, bias_base, bia
     """
     if HAS_LOCAL_BIAS:
         in_chunk = (query_slots < WINDOW * WINDOW) & (key_slots < WINDOW * WINDOW)
+        # The key's column in the gathered bias: the key order of rel_pos.sliding_chunk_rpb_index.
         pointers = bias_base + query_slots * bias_stride_q + (block * WINDOW * WINDOW + key_slots) * bias_stride_k
         scores += tl.load(pointers, mask=in_chunk, other=0.0).to(scores.dtype)
     visible = key_valid
     if MASKING_MODE != -1:
         visible = visible & in_grid
     if MASKING_MODE == 1:
-        # Exact window: query and key offsets from the query chunk's corner differ by at most w.
+        # Exact window (as sliding_chunk.outside_exact_window): query and key offsets from the query
+        # chunk's corner differ by at most w.
         rel_y = query_slots // WINDOW - ((block // 3 - 1) * WINDOW + key_slots // WINDOW)
         rel_x = query_slots % WINDOW - ((block % 3 - 1) * WINDOW + key_slots % WINDOW)
         visible = visible & (tl.abs(rel_y) <= WINDOW) & (tl.abs(rel_x) <= WINDOW)
