@@ -18,8 +18,8 @@ from helpers import build_tiny
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 BACKBONES = (ViL, ViLLS, VVT, PaleTransformer)
-# The modules of the Triton ops (each defines its op as ``_<name>_op``).
-OP_MODULES = ('triton_sliding_chunk', 'triton_long_short', 'triton_pale', 'triton_vicinity')
+# The modules of the Triton ops in visattn_mm.ops.triton (each defines its op as ``_<name>_op``).
+OP_MODULES = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 interpreted = interpreted_fixture()   # the Triton comparisons below, run in the interpreter
 
 
@@ -100,17 +100,17 @@ def op_arguments(module, full):
 
     batch, heads, height, width, dim = 1, 2, 5, 6, 4
     q, k, v = (leaf(batch, heads, height * width, dim) for _ in range(3))
-    if module == 'triton_vicinity':
+    if module == 'vicinity':
         return q, k, v, height, width, 1e-6, True
-    if module == 'triton_pale':
+    if module == 'pale':
         return q, k, v, height, width, 2, 3
     window, num_shared = 3, 2
     shared = [leaf(batch, heads, num_shared, dim) if full else None for _ in range(2)]
-    if module == 'triton_sliding_chunk':
+    if module == 'sliding_chunk':
         local_bias = leaf(heads, window ** 2, 9 * window ** 2) if full else None
         l2g_bias = leaf(heads, num_shared) if full else None
         return q, k, v, *shared, local_bias, l2g_bias, height, width, window, 0, 0
-    from visattn_mm.ops.long_short import segment_pad
+    from visattn_mm.ops.indexing import segment_pad
     span = window + 2 * segment_pad(window)
     local_bias = leaf(heads, window ** 2, span ** 2) if full else None
     global_kv = [leaf(batch, heads, 1, dim) if full else None for _ in range(2)]
@@ -135,9 +135,8 @@ def opcheck_op(module):
     """``torch.library.opcheck`` of the op of ``module`` with and without its optional inputs, and
     the fake functions' strides of its forward and backward ops: the distinct check results, and
     the kernels launched."""
-    name = module.removeprefix('triton_')
-    op = getattr(importlib.import_module(f'visattn_mm.ops.{module}'), f'_{name}_op')
-    backward_op = getattr(torch.ops.visattn_mm, f'{module}_attention_backward')
+    op = getattr(importlib.import_module(f'visattn_mm.ops.triton.{module}'), f'_{module}_op')
+    backward_op = getattr(torch.ops.visattn_mm, f'triton_{module}_attention_backward')
     before = launch_snapshot()
     checks = set()
     for full in (True, False):

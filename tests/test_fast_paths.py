@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import visattn_mm.ops.impl as impl_module
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl, get_attention_impl, set_attention_impl
-from visattn_mm.ops.long_short import long_short_attention, segment_pad
+from visattn_mm.ops.indexing import segment_pad
+from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 

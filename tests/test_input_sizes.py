@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from helpers import BACKBONES, PALE_TINY_ARCH, TINY_ARCHS, assert_dense_outputs, build_tiny
 from visattn_mm.models import PaleTransformer, ViL
-from visattn_mm.ops.long_short import long_short_attention, segment_pad
+from visattn_mm.ops.indexing import segment_pad
+from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.reference import pale_attention_dense, sliding_chunk_visibility
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention

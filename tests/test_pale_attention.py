@@ -3,13 +3,8 @@ import pytest
 import torch
 from test_vicinity import OpRecorder
 
-from visattn_mm.ops.pale import (
-    RowPermutation,
-    interlace_stride,
-    interlaced_column_attention,
-    interlaced_row_attention,
-    pale_attention,
-)
+from visattn_mm.ops.indexing import interlace_stride
+from visattn_mm.ops.pale import RowPermutation, interlaced_column_attention, interlaced_row_attention, pale_attention
 from visattn_mm.ops.reference import pale_attention_dense
 
 

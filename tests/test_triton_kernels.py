@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 from triton_harness import (
-    COMMON,
+    HOST,
+    PACKAGE,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
@@ -20,19 +21,21 @@ from triton_harness import (
     interpreted_fixture,
     low_precision_errors,
     main,
+    set_interpreted,
 )
 
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.impl import chosen_path
-from visattn_mm.ops.rel_pos import NEIGHBOUR_OFFSETS, sliding_chunk_rpb_index
+from visattn_mm.ops.indexing import NEIGHBOUR_OFFSETS
+from visattn_mm.ops.rel_pos import sliding_chunk_rpb_index
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 
-MODULE = 'visattn_mm.ops.triton_sliding_chunk'
-LONG_SHORT_MODULE = 'visattn_mm.ops.triton_long_short'
-PALE_MODULE = 'visattn_mm.ops.triton_pale'
-VICINITY_MODULE = 'visattn_mm.ops.triton_vicinity'
+MODULE = 'visattn_mm.ops.triton.sliding_chunk'
+LONG_SHORT_MODULE = 'visattn_mm.ops.triton.long_short'
+PALE_MODULE = 'visattn_mm.ops.triton.pale'
+VICINITY_MODULE = 'visattn_mm.ops.triton.vicinity'
 KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
 interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
@@ -112,16 +115,16 @@ def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
 def compare_bias_grad_copies():
     """Case 'odd-non-square' (24 programs) with the local-bias gradient in one copy and in one copy per
     program (interpreter subprocess): the copies each backward used, and the comparison with math."""
-    import visattn_mm.ops.triton_common as tc
-    results, default, choose = {}, tc.BIAS_GRAD_COPIES, tc.bias_grad_copies
+    import visattn_mm.ops.triton.host as host
+    results, default, choose = {}, host.BIAS_GRAD_COPIES, host.bias_grad_copies
     for copies in (1, 1000):
         used = []
-        tc.BIAS_GRAD_COPIES = copies
-        tc.bias_grad_copies = lambda programs: used.append(choose(programs)) or used[-1]
+        host.BIAS_GRAD_COPIES = copies
+        host.bias_grad_copies = lambda programs: used.append(choose(programs)) or used[-1]
         try:
             results[copies] = dict(used=used, **compare_paths(*case_inputs('odd-non-square', torch.float64)))
         finally:
-            tc.BIAS_GRAD_COPIES, tc.bias_grad_copies = default, choose
+            host.BIAS_GRAD_COPIES, host.bias_grad_copies = default, choose
     return results
 
 
@@ -167,7 +170,7 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
 @pytest.mark.parametrize('module,wrapper', [(MODULE, 'triton_sliding_chunk_attention'),
                                             (LONG_SHORT_MODULE, 'triton_long_short_attention')])
 def test_refusals_name_the_alternative(monkeypatch, module, wrapper):
-    """What both ops' kernels refuse (triton_common's checks), each naming what to do instead."""
+    """What both ops' kernels refuse (the checks of visattn_mm.ops.triton.host), each naming what to do instead."""
     attention = getattr(pytest.importorskip(module), wrapper)
     q = torch.zeros(1, 1, 9, 4)
     with pytest.raises(ValueError, match="dropout.*'fast' or 'math'"):
@@ -180,7 +183,7 @@ def test_refusals_name_the_alternative(monkeypatch, module, wrapper):
         attention(q, q, q, 3, 3, 3, global_k=q[:, :, :1], global_v=q[:, :, :1, :3])
     with pytest.raises(ValueError, match="window <= 11.*got window=12.*'fast' or 'math'"):
         attention(torch.zeros(1, 1, 144, 4), torch.zeros(1, 1, 144, 4), torch.zeros(1, 1, 144, 4), 12, 12, 12)
-    monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', False)
+    set_interpreted(monkeypatch, False)
     with pytest.raises(RuntimeError, match="CUDA tensors.*'fast' or 'math'"):
         attention(q, q, q, 3, 3, 3)
 
@@ -206,7 +209,7 @@ def test_biases_of_another_shape_are_refused():
 def test_kernels_launch_on_their_tensors_device(monkeypatch):
     """Triton launches on the current CUDA device: launch makes the tensors' device current around the
     kernel (a model on cuda:1 in a process whose current device is 0)."""
-    tc = pytest.importorskip(COMMON)
+    host = pytest.importorskip(HOST)
     events = []
 
     class Device:
@@ -230,17 +233,17 @@ def test_kernels_launch_on_their_tensors_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, 'device', Device)
     tensor_on = type('Tensor', (), {'device': torch.device('cuda', 1)})
-    tc.launch(Kernel(), (2, 3), {}, tensor_on())
+    host.launch(Kernel(), (2, 3), {}, tensor_on())
     assert events == ['enter cuda:1', 'launch (2, 3)', 'exit']
     events.clear()
-    tc.launch(Kernel(), (1, ), {}, torch.zeros(1))        # CPU tensors (interpreter): no CUDA device call
+    host.launch(Kernel(), (1, ), {}, torch.zeros(1))        # CPU tensors (interpreter): no CUDA device call
     assert events == ['launch (1,)']
 
 
 @pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE])
 def test_missing_triton_names_the_fix(monkeypatch, module):
     monkeypatch.setitem(sys.modules, 'triton', None)      # makes `import triton` fail
-    for name in (module, COMMON):
+    for name in (module, PACKAGE):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match=r"impl 'triton' needs the triton package.*pip install triton"):
         __import__(module)

@@ -11,7 +11,6 @@ import contextlib
 import pytest
 import torch
 from triton_harness import (
-    COMMON,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
@@ -20,12 +19,13 @@ from triton_harness import (
     interpreted_fixture,
     low_precision_errors,
     main,
+    set_interpreted,
 )
 
 from visattn_mm.models import PaleTransformer
 from visattn_mm.ops.pale import pale_attention
 
-MODULE = 'visattn_mm.ops.triton_pale'
+MODULE = 'visattn_mm.ops.triton.pale'
 KERNELS = ('_pale_forward', '_pale_backward_queries', '_pale_backward_keys')
 BATCH = 2
 interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
@@ -110,7 +110,7 @@ def test_malformed_calls_are_refused(call, match):
 
 def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
     attention = pytest.importorskip(MODULE).triton_pale_attention
-    monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', False)
+    set_interpreted(monkeypatch, False)
     q = torch.zeros(1, 2, 9, 4)
     with pytest.raises(RuntimeError, match="CUDA tensors.*'fast' or 'math'"):
         attention(q, q, q, 3, 3, 2)

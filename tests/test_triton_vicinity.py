@@ -12,7 +12,6 @@ import contextlib
 import pytest
 import torch
 from triton_harness import (
-    COMMON,
     TOLERANCES,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
@@ -22,13 +21,14 @@ from triton_harness import (
     interpreted_fixture,
     low_precision_errors,
     main,
+    set_interpreted,
 )
 
 import visattn_mm.ops.vicinity as vicinity
 from visattn_mm.models import VVT
 from visattn_mm.ops.vicinity import vicinity_attention
 
-MODULE = 'visattn_mm.ops.triton_vicinity'
+MODULE = 'visattn_mm.ops.triton.vicinity'
 KERNELS = ('_vicinity_sums', '_vicinity_forward', '_vicinity_backward_queries', '_vicinity_backward_keys')
 # The math path's signed clamps, in the order it applies them.
 CLAMPS = ('kv', 'z', 'numerator', 'output')
@@ -198,7 +198,7 @@ def test_head_dims_beyond_shared_memory_are_refused(monkeypatch, dtype, head_dim
     """Head dims whose (4d x d) sums exceed a GPU's shared memory (float64 on the GPU from 33) are refused,
     naming the alternative; the interpreter runs float64 at any head dim up to 64 (the tests' reference)."""
     attention = pytest.importorskip(MODULE).triton_vicinity_attention
-    monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', interpreted)
+    set_interpreted(monkeypatch, interpreted)
     q = torch.zeros(1, 1, 6, head_dim, dtype=dtype)
     with pytest.raises(ValueError, match=f"head dims up to {limit}, got {head_dim}.*impl 'math'"):
         attention(q, q, q, 2, 3)
@@ -206,7 +206,7 @@ def test_head_dims_beyond_shared_memory_are_refused(monkeypatch, dtype, head_dim
 
 def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
     attention = pytest.importorskip(MODULE).triton_vicinity_attention
-    monkeypatch.setattr(pytest.importorskip(COMMON), 'INTERPRETED', False)
+    set_interpreted(monkeypatch, False)
     q = torch.zeros(1, 2, 9, 4)
     with pytest.raises(RuntimeError, match="CUDA tensors.*'fast' or 'math'"):
         attention(q, q, q, 3, 3)

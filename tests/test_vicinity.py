@@ -5,15 +5,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from visattn_mm.ops import attention_impl
+from visattn_mm.ops.indexing import vicinity_positions, vicinity_weights
 from visattn_mm.ops.reference import vicinity_attention_dense
-from visattn_mm.ops.vicinity import (
-    SignedClamp,
-    preserve_features,
-    signed_clamp,
-    vicinity_attention,
-    vicinity_positions,
-    vicinity_weights,
-)
+from visattn_mm.ops.vicinity import SignedClamp, preserve_features, signed_clamp, vicinity_attention
 
 SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
 

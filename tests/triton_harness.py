@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from visattn_mm.ops import impl
+
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = 'visattn_mm.ops.triton_common'
+PACKAGE = 'visattn_mm.ops.triton'
+HOST = 'visattn_mm.ops.triton.host'
 
 
 # Relative error ||x - ref|| / ||ref|| of the output and of each gradient allowed in fp32 / 16 bits
@@ -68,13 +71,13 @@ def main(case_inputs, cases, **comparisons):
 
 def launches_since(before):
     """Launches per kernel name since the ``before`` snapshot of the counter."""
-    from visattn_mm.ops.triton_common import KERNEL_LAUNCHES
+    from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
     return {name: count - before.get(name, 0) for name, count in KERNEL_LAUNCHES.items()
             if count != before.get(name, 0)}
 
 
 def launch_snapshot():
-    from visattn_mm.ops.triton_common import KERNEL_LAUNCHES
+    from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
     return dict(KERNEL_LAUNCHES)
 
 
@@ -105,8 +108,7 @@ def compare_paths(leaves, op):
     Returns:
         dict: the kernel launches of each path and the output / gradient mismatches.
     """
-    from visattn_mm.ops.triton_common import INTERPRETED
-    assert INTERPRETED, 'the kernels must run in the interpreter here'
+    assert impl.triton_interpreted(), 'the kernels must run in the interpreter here'
     expected, math_launches = forward_backward(leaves, op, 'math')
     actual, launches = forward_backward(leaves, op, 'triton')
     return dict(math_launches=math_launches, launches=launches,
@@ -148,8 +150,8 @@ def compiling_launches(monkeypatch, tmp_path):
     Returns:
         list: ``(kernel name, cubin bytes)`` per launch, filled as they happen.
     """
-    common = pytest.importorskip(COMMON)
-    if common.INTERPRETED:
+    host = pytest.importorskip(HOST)
+    if impl.triton_interpreted():
         pytest.skip('TRITON_INTERPRET is on in this process: the kernels are not compilable objects')
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -166,15 +168,21 @@ def compiling_launches(monkeypatch, tmp_path):
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 
     monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))   # compile for real, not from a cache
-    monkeypatch.setattr(common, 'launch', compile_instead)
-    monkeypatch.setattr(common, 'INTERPRETED', True)        # CPU tensors pass the device check
+    monkeypatch.setattr(host, 'launch', compile_instead)
+    set_interpreted(monkeypatch, True)                      # CPU tensors pass the device check
     return compiled
+
+
+def set_interpreted(monkeypatch, on):
+    """Makes the interpreter flag (:func:`visattn_mm.ops.impl.triton_interpreted`) ``on`` for the test: the
+    Triton ops then take CPU tensors (on) or refuse them (off), whatever the kernels are."""
+    monkeypatch.setattr(impl, 'triton_interpreted', lambda: on)
 
 
 def skip_unless_compiled():
     """Skips a GPU test in a process where the kernels are interpreted."""
-    common = pytest.importorskip(COMMON)
-    if common.INTERPRETED:
+    pytest.importorskip(HOST)
+    if impl.triton_interpreted():
         pytest.skip('TRITON_INTERPRET is on in this process')
 
 

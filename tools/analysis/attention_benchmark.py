@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from visattn_mm.ops.common import dense_attention
-from visattn_mm.ops.long_short import long_short_attention, segment_pad
+from visattn_mm.ops.indexing import segment_pad
+from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 from visattn_mm.ops.vicinity import vicinity_attention

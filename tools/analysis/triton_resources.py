@@ -88,7 +88,7 @@ def kernel_resources(name, dtype, size, capability=90):
     """
     import visattn_mm.models as models
     import visattn_mm.ops.impl as impl
-    import visattn_mm.ops.triton_common as tc
+    import visattn_mm.ops.triton.host as host
 
     rows, seen = [], set()
 
@@ -103,13 +103,14 @@ def kernel_resources(name, dtype, size, capability=90):
 
     class_name, arch = MODELS[name]
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').train()
-    # CPU tensors take the Triton path and pass its device check; the launches compile.
-    saved = tc.launch, tc.INTERPRETED, impl.triton_device_types
-    tc.launch, tc.INTERPRETED, impl.triton_device_types = compile_instead, True, lambda: ('cpu', )
+    # With the interpreter flag on, CPU tensors take the Triton path and pass its device check; the launches
+    # compile.
+    saved = host.launch, impl.triton_interpreted
+    host.launch, impl.triton_interpreted = compile_instead, lambda: True
     try:
         training_step(model, torch.randn(1, 3, *size), dtype)
     finally:
-        tc.launch, tc.INTERPRETED, impl.triton_device_types = saved
+        host.launch, impl.triton_interpreted = saved
     worst = {}
     for row in rows:
         key = tuple(row[c] for c in COLUMNS[:7])

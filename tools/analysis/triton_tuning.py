@@ -9,13 +9,13 @@ once per candidate of ``--warps`` x ``--stages``; every kernel launch then runs
 with the candidate's settings instead, between two CUDA events. The kernels that
 add to a bias gradient with atomics (ViL's and ViL-LS' query-side backward) are
 also timed, with the package's settings, for each count of ``--bias-grad-copies``
-(``triton_common.BIAS_GRAD_COPIES``, copies of the gradient the atomics are spread over). Per kernel and
-head-dim tile (what ``launch_settings`` decides by), it reports the median over
-``--repeats`` steps of the summed time of its launches: the package's settings
-and time, the fastest candidate and its time. A candidate a kernel cannot be
-compiled with (too much shared memory, too many registers) is skipped for that
-kernel, which then runs with the package's settings. VVT's token tiles are not
-varied (they change the grid).
+(``visattn_mm.ops.triton.host.BIAS_GRAD_COPIES``, copies of the gradient the
+atomics are spread over). Per kernel and head-dim tile (what ``launch_settings``
+decides by), it reports the median over ``--repeats`` steps of the summed time of
+its launches: the package's settings and time, the fastest candidate and its time.
+A candidate a kernel cannot be compiled with (too much shared memory, too many
+registers) is skipped for that kernel, which then runs with the package's
+settings. VVT's token tiles are not varied (they change the grid).
 
 Writes every candidate's times to ``<out-dir>/triton_tuning.csv``.
 
@@ -60,7 +60,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         candidate (dict | None): ``num_warps`` and ``num_stages`` for every launch; None keeps the
             package's settings.
         repeats (int): Timed steps, after one that compiles.
-        bias_grad_copies (int, optional): Runs the steps with this ``triton_common.BIAS_GRAD_COPIES``
+        bias_grad_copies (int, optional): Runs the steps with this ``triton.host.BIAS_GRAD_COPIES``
             and times only the kernels that take it; None keeps the package's and times every kernel.
 
     Returns:
@@ -70,11 +70,11 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
     """
     from triton.runtime.errors import OutOfResources
 
-    import visattn_mm.ops.triton_common as tc
+    import visattn_mm.ops.triton.host as host
 
     cuda = image.device.type == 'cuda'
     launches, labels, failed = [], {}, set()
-    copies = tc.BIAS_GRAD_COPIES if bias_grad_copies is None else bias_grad_copies
+    copies = host.BIAS_GRAD_COPIES if bias_grad_copies is None else bias_grad_copies
 
     def timed_launch(kernel, grid, settings, *args, **constexprs):
         takes_copies = 'bias_copies' in kernel.arg_names
@@ -103,8 +103,8 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             timed_launch(kernel, grid, settings, *args, **constexprs)
 
     per_step = collections.defaultdict(list)
-    saved = tc.launch, tc.BIAS_GRAD_COPIES
-    tc.launch, tc.BIAS_GRAD_COPIES = timed_launch, copies
+    saved = host.launch, host.BIAS_GRAD_COPIES
+    host.launch, host.BIAS_GRAD_COPIES = timed_launch, copies
     try:
         for step in range(repeats + 1):
             launches.clear()
@@ -117,7 +117,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
                 for key, total in totals.items():
                     per_step[key].append(total)
     finally:
-        tc.launch, tc.BIAS_GRAD_COPIES = saved
+        host.launch, host.BIAS_GRAD_COPIES = saved
     return {key: (labels[key], None if key in failed else statistics.median(times))
             for key, times in per_step.items()}
 

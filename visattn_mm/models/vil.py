@@ -20,9 +20,8 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath, trunc_normal_
 
-from ..ops.long_short import long_short_rpb_table_size
-from ..ops.rel_pos import resize_1d_table, resize_rpb_table
-from ..ops.sliding_chunk import SHIFT_MODES, check_modes
+from ..ops.indexing import SHIFT_MODES, check_modes
+from ..ops.rel_pos import long_short_rpb_table_size, resize_1d_table, resize_rpb_table
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, with_aliases
 from .layers import (
     Mlp,

@@ -10,14 +10,17 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops.common import dense_attention
-from ..ops.long_short import dynamic_projection, long_short_attention, long_short_rpb_index, long_short_rpb_table_size
+from ..ops.indexing import check_modes
+from ..ops.long_short import dynamic_projection, long_short_attention
 from ..ops.rel_pos import (
     cached_full_attention_rpb_index,
     full_attention_rpb_index,
+    long_short_rpb_index,
+    long_short_rpb_table_size,
     resize_rpb_grid,
     sliding_chunk_rpb_index,
 )
-from ..ops.sliding_chunk import check_modes, sliding_chunk_attention
+from ..ops.sliding_chunk import sliding_chunk_attention
 
 DUAL_LN_EPS = 1e-5  # Transformer-LS' DualLN keeps torch's default
 

@@ -252,7 +252,7 @@ class VVT(DenseBackbone):
             runs its matrix products on bf16 operands when the inputs are bf16
             (bf16 autocast; tensor cores, coarser gradients, opt-in), 'triton'
             runs it through fused Triton kernels in fp32 on CUDA tensors (opt-in,
-            :mod:`visattn_mm.ops.triton_vicinity`), the other values in fp32
+            :mod:`visattn_mm.ops.triton.vicinity`), the other values in fp32
             through torch ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;

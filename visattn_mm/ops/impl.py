@@ -14,9 +14,9 @@ function:
 * ``'triton'`` (opt-in, never picked by 'auto': not measured on a GPU yet):
   fused Triton kernels that store neither gathered neighbours nor logits, for
   the ops in ``TRITON_OPS`` on CUDA tensors
-  (:mod:`visattn_mm.ops.triton_sliding_chunk`,
-  :mod:`visattn_mm.ops.triton_long_short`, :mod:`visattn_mm.ops.triton_pale`,
-  :mod:`visattn_mm.ops.triton_vicinity`); other ops and devices take the path
+  (:mod:`visattn_mm.ops.triton.sliding_chunk`,
+  :mod:`visattn_mm.ops.triton.long_short`, :mod:`visattn_mm.ops.triton.pale`,
+  :mod:`visattn_mm.ops.triton.vicinity`); other ops and devices take the path
   'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
@@ -130,11 +130,22 @@ def describe_impl(impl):
     return line
 
 
+def triton_interpreted():
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET`` set in the environment; tests):
+    the one flag that both the ops' choice of path (:func:`triton_device_types`) and the Triton modules'
+    device check (:func:`visattn_mm.ops.triton.host.check_device`) read.
+
+    Read per call, so that tests can flip it. Triton itself reads the variable when it defines each
+    ``@triton.jit`` function, i.e. when :mod:`visattn_mm.ops.triton` is imported: it must be set before
+    that import, and changing it afterwards changes where the ops send tensors, not what the kernels are.
+    """
+    return os.environ.get('TRITON_INTERPRET', '').lower() in ('1', 'true', 'on', 'yes')
+
+
 def triton_device_types():
     """Device types whose tensors the Triton kernels take: CUDA, and the CPU under Triton's
-    interpreter (``TRITON_INTERPRET=1`` in the environment when the kernels are imported; tests)."""
-    interpreted = os.environ.get('TRITON_INTERPRET', '').lower() in ('1', 'true', 'on', 'yes')
-    return ('cuda', 'cpu') if interpreted else ('cuda', )
+    interpreter (:func:`triton_interpreted`; tests)."""
+    return ('cuda', 'cpu') if triton_interpreted() else ('cuda', )
 
 
 @contextlib.contextmanager

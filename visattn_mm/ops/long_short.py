@@ -26,62 +26,16 @@ Window RPB (official formula, reproduced with its aliasing): query coordinates i
 ``rel = q - k + (p + w - 1)`` per axis, ``index = rel_y * (2p + w) + rel_x``, into a
 table of ``2 (w + p - 1)(2p + w + 1) + 1`` rows. The row multiplier ``2p + w`` is
 smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
-share rows (w=7: 361 offsets on 253 rows).
+share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
+:mod:`visattn_mm.ops.rel_pos` (:func:`~visattn_mm.ops.rel_pos.long_short_rpb_index`).
 """
 import torch
 import torch.nn.functional as F
 
+from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
-from .sliding_chunk import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows
-
-
-def segment_pad(window):
-    """Keys on each side of a segment in the window branch: ``p = max(w // 2, 1)``.
-
-    The official code uses ``max(w // 2, 1)`` for the key patch and ``int(0.5 * w)``
-    for the RPB table; the two agree for every ``w >= 2`` (the only sizes at which its
-    RPB shapes fit). One value serves both here.
-
-    Args:
-        window (int): Segment size ``w``.
-
-    Returns:
-        int: ``p`` (3 for w=7, 4 for w=8).
-    """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f'window must be a positive int, got {window!r}')
-    return max(window // 2, 1)
-
-
-def long_short_rpb_table_size(window):
-    """Rows of the window RPB table: ``2 (w + p - 1)(2p + w + 1) + 1`` (253 for w=7, 375 for w=8).
-
-    Args:
-        window (int): Segment size ``w``.
-    """
-    p = segment_pad(window)
-    return 2 * (window + p - 1) * (2 * p + window + 1) + 1
-
-
-def long_short_rpb_index(window):
-    """Index of the window RPB table, shape ``(w*w, (w + 2p)**2)``, with the official aliasing.
-
-    Rows are the queries of a segment (row-major), columns the keys of its patch
-    (row-major, starting at offset ``(-p, -p)`` from the segment's corner).
-
-    Args:
-        window (int): Segment size ``w``.
-    """
-    w, p = window, segment_pad(window)
-    q = torch.arange(w)
-    k = torch.arange(-p, w + p)
-    qy, qx = (t.reshape(-1) for t in torch.meshgrid(q, q, indexing='ij'))
-    ky, kx = (t.reshape(-1) for t in torch.meshgrid(k, k, indexing='ij'))
-    shift = p + w - 1
-    rel_y = qy[:, None] - ky[None] + shift
-    rel_x = qx[:, None] - kx[None] + shift
-    return rel_y * (2 * p + w) + rel_x
+from .indexing import segment_pad
 
 
 @device_cache
@@ -176,7 +130,7 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
         global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
         local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
-            ``table[long_short_rpb_index(w)]`` with heads moved first.
+            ``table[long_short_rpb_index(w)]`` (:mod:`visattn_mm.ops.rel_pos`) with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.
         impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
@@ -199,7 +153,7 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='long_short') == 'triton':
-        from .triton_long_short import triton_long_short_attention
+        from .triton.long_short import triton_long_short_attention
         return triton_long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar,
                                            global_k=global_k, global_v=global_v, local_bias=local_bias,
                                            dropout_p=dropout_p)
@@ -243,7 +197,7 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
 
     Segments become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
     against ``[projected | patch | global]`` keys. Queries and keys+values are each one
-    row gather (:class:`~visattn_mm.ops.sliding_chunk.ChunkGather`) from the tokens,
+    row gather (:class:`~visattn_mm.ops.chunk_gather.ChunkGather`) from the tokens,
     heads-last, whose backward accumulates into one buffer; keys outside the image are
     gathered from the gather's extra row, the hidden key. The window RPB is the same for
     every segment.
@@ -286,7 +240,7 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
 
 @device_cache
 def segment_key_index(height, width, window, num_bar, num_global, device):
-    """Which row each gathered key is, for :class:`~visattn_mm.ops.sliding_chunk.ChunkGather`.
+    """Which row each gathered key is, for :class:`~visattn_mm.ops.chunk_gather.ChunkGather`.
 
     The gather's source rows are the ``r`` projected keys, the ``G`` global tokens, then
     the ``H*W`` map tokens (row-major), then the hidden key. Per segment, the keys are

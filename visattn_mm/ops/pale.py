@@ -42,42 +42,7 @@ import torch.nn.functional as F
 
 from .common import dense_attention, device_cache, fused_attention, is_symbolic
 from .impl import chosen_path, use_fast_path
-
-
-def pale_size_pair(pale_size):
-    """``(s_r, s_c)`` from a pale size given as ``s`` or ``(s_r, s_c)``."""
-    return tuple(pale_size) if isinstance(pale_size, (tuple, list)) else (pale_size, pale_size)
-
-
-def half_heads(q):
-    """Heads of each branch (row, column) of ``(B, heads, N, d)`` queries.
-
-    Raises:
-        ValueError: For an odd number of heads.
-    """
-    heads = q.shape[1]
-    if heads % 2:
-        raise ValueError(f'pale_attention: {heads} heads cannot be split between the row and column halves')
-    return heads // 2
-
-
-def interlace_stride(side, pale_size):
-    """``(effective pale size, stride, padded side)`` of one axis.
-
-    ``stride = ceil(side / s)`` groups of ``s_eff = min(s, side)`` interlaced lines;
-    the axis is padded to ``stride * s_eff >= side``.
-    """
-    if not isinstance(pale_size, int) or pale_size < 1:
-        raise ValueError(f'pale_size must be a positive int, got {pale_size!r}')
-    if is_symbolic(side):
-        # An exported graph holds one grouping: it serves maps at least one pale wide
-        # (checked at run time), which keeps the symbolic sizes solvable.
-        torch._check(side >= pale_size, lambda: f'exported Pale attention needs map sides >= {pale_size}')
-        size = pale_size
-    else:
-        size = min(pale_size, side)
-    stride = -(-side // size)
-    return size, stride, stride * size
+from .indexing import half_heads, interlace_stride, pale_size_pair
 
 
 @device_cache
@@ -174,7 +139,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
     """
     if chosen_path(q.device.type, impl=impl, op='pale') == 'triton':
-        from .triton_pale import triton_pale_attention
+        from .triton.pale import triton_pale_attention
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)

@@ -8,11 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from .common import chunk_grid, dense_attention
-from .long_short import segment_pad
-from .pale import pale_size_pair
-from .rel_pos import NEIGHBOUR_OFFSETS
-from .sliding_chunk import check_modes, neighbour_blocks
-from .vicinity import EPS, signed_clamp
+from .indexing import EPS, NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks, pale_size_pair, segment_pad
+from .rel_pos import long_short_rpb_row, sliding_chunk_rpb_row
+from .vicinity import signed_clamp
 
 __all__ = [
     'sliding_chunk_visibility', 'sliding_chunk_attention_dense', 'vicinity_attention_dense',
@@ -74,8 +72,8 @@ def sliding_chunk_attention_dense(q, k, v, height, width, window, *, global_k=No
     that :func:`sliding_chunk_visibility` does not mark visible hidden. A visible
     pixel pair gets the bias ``table[(ry + 2w - 1) * (4w - 1) + rx + 2w - 1]`` for
     its query-minus-key offset ``(ry, rx)`` (unwrapped in cyclic mode; within
-    ``+-(2w - 1)`` per axis); a global key gets its ``l2g_bias``. No chunks, no
-    padding: the map is exactly ``H x W``.
+    ``+-(2w - 1)`` per axis; :func:`~visattn_mm.ops.rel_pos.sliding_chunk_rpb_row`); a
+    global key gets its ``l2g_bias``. No chunks, no padding: the map is exactly ``H x W``.
 
     Args:
         q (Tensor): ``(B, heads, H*W, d)`` local queries, already scaled.
@@ -100,8 +98,7 @@ def sliding_chunk_attention_dense(q, k, v, height, width, window, *, global_k=No
     num_global = 0 if global_k is None else global_k.shape[2]
     bias = q.new_zeros(heads, n, n)
     if table is not None:
-        span = 2 * window - 1
-        index = (rel[..., 0] + span) * (2 * span + 1) + rel[..., 1] + span
+        index = sliding_chunk_rpb_row(rel[..., 0], rel[..., 1], window)
         # Hidden pairs may lie farther apart than any table row; their bias is never used.
         index = torch.where(visible, index, torch.zeros_like(index))
         bias = table[index].permute(2, 0, 1).to(q.dtype)
@@ -151,7 +148,8 @@ def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_
     likewise for x), ``p = max(w // 2, 1)``, plus every projected key and every global
     key: one softmax over ``[K_bar | the H*W pixels, invisible ones hidden | global]``.
     The window bias of a visible pair is ``table[ry * (2p + w) + rx]`` with
-    ``(ry, rx) = q - k + (p + w - 1)`` (the official aliasing formula). There is no
+    ``(ry, rx) = q - k + (p + w - 1)`` (the official aliasing formula,
+    :func:`~visattn_mm.ops.rel_pos.long_short_rpb_row`). There is no
     padding here: the map is exactly ``H x W``.
 
     Args:
@@ -178,9 +176,8 @@ def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_
                & (xs[None] >= left - p) & (xs[None] < left + w + p))
     bias = torch.zeros(heads, n, n, dtype=q.dtype)
     if table is not None:
-        rel_y = ys[:, None] - ys[None] + p + w - 1
-        rel_x = xs[:, None] - xs[None] + p + w - 1
-        index = torch.where(visible, rel_y * (2 * p + w) + rel_x, torch.zeros_like(rel_y))
+        index = long_short_rpb_row(ys[:, None] - ys[None], xs[:, None] - xs[None], w)
+        index = torch.where(visible, index, torch.zeros_like(index))
         bias = table[index].permute(2, 0, 1).to(q.dtype)
     r = 0 if k_bar is None else k_bar.shape[2]
     g = 0 if global_k is None else global_k.shape[2]

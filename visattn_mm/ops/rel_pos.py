@@ -1,18 +1,17 @@
-"""Relative-position-bias (RPB) tables shared by the backbones: index formulas and resizing.
+"""Relative-position-bias (RPB) tables shared by the backbones: every index formula, and resizing.
 
-The index functions return a LongTensor of row indices into a ``(num_entries, heads)``
-table; ``table[index]`` then gives the bias of each (query, key) pair.
+The ``*_rpb_row`` functions map query-minus-key offsets to rows of a table (the float64
+references of :mod:`visattn_mm.ops.reference` index with them); the ``*_rpb_index``
+functions return a LongTensor of row indices into a ``(num_entries, heads)`` table, so
+that ``table[index]`` gives the bias of each (query, key) pair of a chunk (segment, map),
+in the key order the attention ops (and their Triton kernels) read the bias in.
 """
 import math
 
 import torch
 
 from .common import device_cache
-
-# Neighbour chunks in the order the official ViL code concatenates them
-# (row offset, column offset); index 4 is the query's own chunk.
-NEIGHBOUR_OFFSETS = ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
-OWN_CHUNK = 4
+from .indexing import NEIGHBOUR_OFFSETS, segment_pad
 
 
 def _offset_index(rel_y, rel_x, max_dy, max_dx):
@@ -20,13 +19,19 @@ def _offset_index(rel_y, rel_x, max_dy, max_dx):
     return (rel_y + max_dy) * (2 * max_dx + 1) + (rel_x + max_dx)
 
 
+def sliding_chunk_rpb_row(rel_y, rel_x, window):
+    """Row of the ViL sliding-chunk RPB table for the query-minus-key offsets ``(rel_y, rel_x)``,
+    each in ``[-(2w-1), 2w-1]``: row-major in the ``(4w-1) x (4w-1)`` grid of offsets."""
+    return _offset_index(rel_y, rel_x, 2 * window - 1, 2 * window - 1)
+
+
 def sliding_chunk_rpb_index(window):
     """Index of the ViL sliding-chunk RPB table, shape ``(w*w, 9*w*w)``.
 
     Queries are the ``w*w`` positions of a chunk (row-major); keys are the 9
-    neighbour chunks in :data:`NEIGHBOUR_OFFSETS` order, each row-major. The
-    offset ``q - k`` lies in ``[-(2w-1), 2w-1]`` per axis, so the table has
-    ``(4w-1)**2`` rows.
+    neighbour chunks in :data:`~visattn_mm.ops.indexing.NEIGHBOUR_OFFSETS` order, each
+    row-major. The offset ``q - k`` lies in ``[-(2w-1), 2w-1]`` per axis, so the table
+    has ``(4w-1)**2`` rows (:func:`sliding_chunk_rpb_row`).
     """
     w = window
     inner = torch.arange(w)
@@ -35,7 +40,7 @@ def sliding_chunk_rpb_index(window):
     columns = []
     for dy, dx in NEIGHBOUR_OFFSETS:
         ky, kx = qy + dy * w, qx + dx * w
-        columns.append(_offset_index(qy[:, None] - ky[None], qx[:, None] - kx[None], 2 * w - 1, 2 * w - 1))
+        columns.append(sliding_chunk_rpb_row(qy[:, None] - ky[None], qx[:, None] - kx[None], w))
     return torch.cat(columns, dim=1)
 
 
@@ -57,6 +62,42 @@ def cached_full_attention_rpb_index(height, width, device):
     (:func:`~visattn_mm.ops.common.device_cache`), for maps of a size other than the one a
     module's index buffer was built for."""
     return full_attention_rpb_index(height, width).to(device)
+
+
+def long_short_rpb_row(rel_y, rel_x, window):
+    """Row of the Transformer-LS window RPB table for the query-minus-key offsets ``(rel_y, rel_x)``
+    (the official formula, with its aliasing, see :mod:`visattn_mm.ops.long_short`):
+    ``(rel_y + s) * (2p + w) + rel_x + s`` with ``s = p + w - 1``, ``p`` the segment pad."""
+    p = segment_pad(window)
+    shift = p + window - 1
+    return (rel_y + shift) * (2 * p + window) + rel_x + shift
+
+
+def long_short_rpb_table_size(window):
+    """Rows of the window RPB table: ``2 (w + p - 1)(2p + w + 1) + 1`` (253 for w=7, 375 for w=8).
+
+    Args:
+        window (int): Segment size ``w``.
+    """
+    p = segment_pad(window)
+    return 2 * (window + p - 1) * (2 * p + window + 1) + 1
+
+
+def long_short_rpb_index(window):
+    """Index of the window RPB table, shape ``(w*w, (w + 2p)**2)``, with the official aliasing.
+
+    Rows are the queries of a segment (row-major), columns the keys of its patch
+    (row-major, starting at offset ``(-p, -p)`` from the segment's corner).
+
+    Args:
+        window (int): Segment size ``w``.
+    """
+    w, p = window, segment_pad(window)
+    q = torch.arange(w)
+    k = torch.arange(-p, w + p)
+    qy, qx = (t.reshape(-1) for t in torch.meshgrid(q, q, indexing='ij'))
+    ky, kx = (t.reshape(-1) for t in torch.meshgrid(k, k, indexing='ij'))
+    return long_short_rpb_row(qy[:, None] - ky[None], qx[:, None] - kx[None], w)
 
 
 def resize_rpb_table(table, num_rows):

@@ -24,34 +24,10 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows, gather_rows
+from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import chosen_path, use_fast_path
-from .rel_pos import NEIGHBOUR_OFFSETS, OWN_CHUNK
-
-MASKING_MODES = (0, -1, 1)
-SHIFT_MODES = (0, -1, 1, 2, 3, 4, 5, 6, 7, 8)
-
-
-def neighbour_blocks(shift_mode):
-    """Indices into ``NEIGHBOUR_OFFSETS`` of the key chunks used by a shift mode."""
-    if shift_mode == 0:
-        return tuple(range(9))
-    if shift_mode == -1:
-        return (OWN_CHUNK,)
-    if 1 <= shift_mode <= 8:
-        # Neighbour k is the k-th non-centre block: block k-1 before the centre, k after.
-        return (OWN_CHUNK, shift_mode - 1 if shift_mode <= 4 else shift_mode)
-    raise ValueError(f'shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
-
-
-def check_modes(masking_mode, shift_mode):
-    """Raise a ValueError naming the problem for an unsupported mode combination."""
-    if masking_mode not in MASKING_MODES:
-        raise ValueError(f'masking_mode must be one of {MASKING_MODES}, got {masking_mode!r}')
-    neighbour_blocks(shift_mode)
-    if masking_mode == 1 and shift_mode != 0:
-        raise ValueError('masking_mode=1 (exact window) needs all 8 neighbour chunks; it cannot be '
-                         f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
+from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
 
 def wrap_once(index, size):
@@ -212,7 +188,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='sliding_chunk') == 'triton':
-        from .triton_sliding_chunk import triton_sliding_chunk_attention
+        from .triton.sliding_chunk import triton_sliding_chunk_attention
         return triton_sliding_chunk_attention(q, k, v, height, width, window, global_k=global_k, global_v=global_v,
                                               local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode,
                                               shift_mode=shift_mode, dropout_p=dropout_p)
@@ -261,15 +237,16 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
 
     Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
     against ``[global | neighbour]`` keys ``(B*R*C, h, G + nb*w*w, d)``. Each of the
-    three is one row gather (:class:`ChunkGather`) from the tokens, heads-last,
-    which the fused kernels read as they are. Hidden keys (padding, neighbours
-    beyond the grid) are gathered from an extra all-zero row; the bias (RPB,
-    local->global bias, exact window) is the same for every chunk.
+    three is one row gather (:class:`~visattn_mm.ops.chunk_gather.ChunkGather`) from
+    the tokens, heads-last, which the fused kernels read as they are. Hidden keys
+    (padding, neighbours beyond the grid) are gathered from an extra all-zero row; the
+    bias (RPB, local->global bias, exact window) is the same for every chunk.
 
     With a bias, the per-chunk hidden keys are folded into the dot product as in
     :func:`fused_attention` (queries get an extra feature 1, keys ``0`` or
-    :data:`HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple of 8), but the extra
-    features are written by the gathers themselves: the extra row is the hidden key.
+    :data:`~visattn_mm.ops.common.HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple
+    of 8), but the extra features are written by the gathers themselves: the extra row
+    is the hidden key.
     Without a bias the hidden keys are a boolean mask. With ``leading_global`` tokens
     (see :func:`sliding_chunk_attention`) the global keys and values are the first rows
     of ``k`` and ``v``, and the queries are gathered past them.
@@ -320,43 +297,8 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
 
 
 @device_cache
-def chunk_query_index(height, width, window, first, device):
-    """Which token each chunk position holds, for :class:`ChunkGather`.
-
-    Args:
-        first (int): Tokens before the map's (the leading global ones).
-
-    Returns:
-        LongTensor: ``(R*C*w*w,)``: ``first + y * W + x`` for chunk positions in the image,
-        ``first + H * W`` (the gather's extra row) for the padding.
-    """
-    w = window
-    rows, cols = chunk_grid(height, width, w)
-    inner = torch.arange(w)
-    y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]      # (R, 1, w, 1)
-    x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]      # (1, C, 1, w)
-    index = torch.where((y < height) & (x < width), y * width + x, height * width)
-    return (first + index).reshape(-1).to(device)
-
-
-@device_cache
-def chunk_token_positions(height, width, window, device):
-    """Inverse of :func:`chunk_query_index`: the chunk position of every map token.
-
-    Returns:
-        LongTensor: ``(H*W,)`` flat indices into ``(R*C*w*w)`` chunk positions, row-major tokens.
-    """
-    w = window
-    cols = chunk_grid(height, width, w)[1]
-    y = torch.arange(height)[:, None]
-    x = torch.arange(width)[None, :]
-    position = ((y // w) * cols + x // w) * (w * w) + (y % w) * w + x % w
-    return position.reshape(-1).to(device)
-
-
-@device_cache
 def neighbour_key_index(height, width, window, masking_mode, shift_mode, num_global, device):
-    """Which token each gathered key is, for :class:`ChunkGather`.
+    """Which token each gathered key is, for :class:`~visattn_mm.ops.chunk_gather.ChunkGather`.
 
     Per chunk: the ``G`` global tokens (rows ``0..G-1``), then the shift mode's
     neighbour chunks as :func:`key_mask` orders them (local token ``y * W + x`` at row
@@ -375,101 +317,3 @@ def neighbour_key_index(height, width, window, masking_mode, shift_mode, num_glo
     return torch.cat([glob, local], dim=1).reshape(-1).to(device)
 
 
-@device_cache
-def gather_fill_rows(head_dim, extra, dtype, device):
-    """The constant parts of the rows that :func:`_fused_sliding_chunk_attention` gathers.
-
-    With ``extra`` features (see :func:`fused_attention`): queries get ``[1, 0, ...]``,
-    keys and values zeros; the extra row is a zero query with the feature 1, the
-    hidden key (zeros, then :data:`HIDDEN_KEY_LOGIT`) and a zero value.
-
-    Returns:
-        tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]: ``(features, extra_row)``
-        of the queries, ``(1, extra)`` and ``(1, head_dim + extra)``, and of the keys
-        and values, ``(2, extra)`` and ``(2, head_dim + extra)``.
-    """
-    q_features = torch.zeros(1, extra, dtype=dtype)
-    kv_features = torch.zeros(2, extra, dtype=dtype)
-    q_row = torch.zeros(1, head_dim + extra, dtype=dtype)
-    kv_row = torch.zeros(2, head_dim + extra, dtype=dtype)
-    if extra:
-        q_features[0, 0] = q_row[0, head_dim] = 1
-        kv_row[0, head_dim] = HIDDEN_KEY_LOGIT
-    return ((q_features.to(device), q_row.to(device)), (kv_features.to(device), kv_row.to(device)))
-
-
-def gather_rows(index, features, extra_row, *tokens):
-    """What :class:`ChunkGather` computes, in functional ops (for torch.export; no custom backward)."""
-    outputs, extra = features.shape
-    per_output = len(tokens) // outputs
-    b, heads, _, d = tokens[0].shape
-    gathered = []
-    for p in range(outputs):
-        rows = torch.cat([t.transpose(1, 2) for t in tokens[p * per_output:(p + 1) * per_output]], dim=1)
-        if extra:
-            rows = torch.cat([rows, features[p].expand(b, rows.shape[1], heads, extra)], dim=-1)
-        rows = torch.cat([rows, extra_row[p].expand(b, 1, heads, d + extra)], dim=1)
-        gathered.append(rows.index_select(1, index))
-    return tuple(gathered)
-
-
-class ChunkGather(torch.autograd.Function):
-    """Rows of token tensors gathered by one index: chunks, their neighbours, global tokens.
-
-    ``P`` outputs (queries; or keys and values) share the index. Output ``p``'s
-    source rows are its ``S`` token tensors concatenated along the tokens, each row
-    extended by ``extra`` constant features, plus one extra constant row at the end
-    (index ``M``, the number of tokens). Every output is gathered heads-last in one
-    op; the backward accumulates every output's gradient into one buffer with one
-    ``index_add_`` each and returns views of it, instead of a zero-filled full-size
-    gradient per neighbour slice and the additions of those.
-
-    Args (of ``apply``):
-        index (LongTensor): ``(K,)`` source rows, each in ``[0, M]``.
-        features (Tensor): ``(P, extra)`` extra features of the token rows.
-        extra_row (Tensor): ``(P, d + extra)`` the last row.
-        *tokens (Tensor): ``P * S`` tensors ``(B, heads, n_s, d)``, output ``p``'s
-            are ``tokens[p*S:(p+1)*S]``, with the same ``n_s`` for every ``p``.
-
-    Returns:
-        tuple[Tensor]: ``P`` tensors ``(B, K, heads, d + extra)``.
-    """
-
-    @staticmethod
-    def forward(ctx, index, features, extra_row, *tokens):
-        outputs, extra = features.shape
-        per_output = len(tokens) // outputs
-        b, heads, _, d = tokens[0].shape
-        counts = [t.shape[2] for t in tokens[:per_output]]
-        total = sum(counts)
-        source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
-        for p in range(outputs):
-            start = 0
-            for t, n in zip(tokens[p * per_output:(p + 1) * per_output], counts):
-                source[:, start:start + n, p, :, :d].copy_(t.transpose(1, 2))
-                start += n
-        if extra:
-            source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
-        source[:, total].copy_(extra_row[:, None, :].expand(b, outputs, heads, d + extra))
-        ctx.save_for_backward(index)
-        ctx.counts, ctx.outputs, ctx.d = counts, outputs, d
-        return tuple(source[:, :, p].index_select(1, index) for p in range(outputs))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        index, = ctx.saved_tensors
-        counts, outputs = ctx.counts, ctx.outputs
-        reference = next(g for g in grads if g is not None)
-        b, _, heads, _ = reference.shape
-        d = ctx.d
-        grad = reference.new_zeros(b, sum(counts) + 1, outputs, heads, d)
-        for p, g in enumerate(grads):
-            if g is not None:
-                grad[:, :, p].index_add_(1, index, g[..., :d])
-        token_grads = []
-        for p in range(outputs):
-            start = 0
-            for n in counts:
-                token_grads.append(grad[:, start:start + n, p].transpose(1, 2))
-                start += n
-        return (None, None, None, *token_grads)

@@ -39,22 +39,16 @@ Nothing of size ``N x N`` is built: the largest intermediates are the
 kept for backward (the rest is recomputed there).
 
 ``impl='triton'`` (opt-in) runs the same function, in at least fp32, as fused
-Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton_vicinity`): no
+Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
 ``(B, heads, N, 4d)`` tensor at all, and the sums over the tokens spread over
 the whole GPU; on other devices it computes like 'auto'.
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .common import device_cache
 from .impl import chosen_path, resolve_impl
-
-CLAMP_MIN = 1e-4
-CLAMP_MAX = 1e4
-EPS = 1e-4  # added to the normaliser's denominator (official value)
+from .indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 
 def signed_clamp(t, min_mag=CLAMP_MIN, max_mag=CLAMP_MAX):
@@ -99,36 +93,11 @@ def lean_signed_clamp(t, clamp=True):
     return SignedClamp.apply(t) if torch.is_grad_enabled() and t.requires_grad else signed_clamp(t)
 
 
-def vicinity_positions(height, width, device=None, dtype=torch.float32):
-    """Row and column angles ``(a, b)`` of the ``H*W`` tokens, each of shape ``(N,)``.
-
-    ``a = (pi/2) * row / H`` and ``b = (pi/2) * col / W`` for token ``t = row * W + col``;
-    both lie in ``[0, pi/2)``, so all cosines and sines are non-negative.
-    """
-    index = torch.arange(height * width, device=device, dtype=torch.float64)
-    rows, cols = torch.div(index, width, rounding_mode='floor'), torch.remainder(index, width)
-    a = (math.pi / 2) * rows / height
-    b = (math.pi / 2) * cols / width
-    return a.to(dtype), b.to(dtype)
-
-
-@device_cache
-def vicinity_weights(height, width, device=None, dtype=torch.float32):
-    """``(N, 4)`` weights ``[cos a, sin a, cos b, sin b]`` of each token, built once per map size,
-    device and dtype (:func:`~visattn_mm.ops.common.device_cache`).
-
-    The angles and their cosines and sines are computed in at least fp32, then cast to ``dtype``.
-    """
-    compute = torch.promote_types(dtype, torch.float32)
-    a, b = vicinity_positions(height, width, device, compute)
-    return torch.stack([torch.cos(a), torch.sin(a), torch.cos(b), torch.sin(b)], dim=-1).to(dtype)
-
-
 def vicinity_features(x, weights):
     """Re-weight kernel features ``x`` (``(..., N, d)``) into ``(..., N, 4d)``.
 
-    ``weights`` is :func:`vicinity_weights`' ``(N, 4)``. Order of the four blocks (as in the
-    official code): ``x cos a``, ``x sin a``, ``x cos b``, ``x sin b``.
+    ``weights`` is :func:`~visattn_mm.ops.indexing.vicinity_weights`' ``(N, 4)``. Order of the
+    four blocks (as in the official code): ``x cos a``, ``x sin a``, ``x cos b``, ``x sin b``.
     """
     return (x[..., None, :] * weights[:, :, None]).flatten(-2)
 
@@ -164,7 +133,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
     if chosen_path(q.device.type, impl=impl, op='vicinity') == 'triton':
-        from .triton_vicinity import triton_vicinity_attention
+        from .triton.vicinity import triton_vicinity_attention
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
     operands = matmul_dtype(q.dtype, resolve_impl(impl))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))

@@ -18,11 +18,12 @@ masked loads.
   key-centric kernel then loops over the query chunks that see its key chunk
   and writes the gradients of the local keys and values.
 
-Numerics, dtypes and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
-The gradient of the local bias is summed with atomics over all chunks and the
-batch, so its last bits may vary from run to run; the programs spread their adds
-over copies of it (:func:`~visattn_mm.ops.triton_common.add_bias_grad`), since
-atomics on one address serialise.
+Numerics and dtypes: see :mod:`visattn_mm.ops.triton.kernel_parts`; the interpreter:
+see :mod:`visattn_mm.ops.triton`. The gradient of the local bias is summed with
+atomics over all chunks and the batch, so its last bits may vary from run to run;
+the programs spread their adds over copies of it
+(:func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`), since atomics on one
+address serialise.
 
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
@@ -33,11 +34,13 @@ windows over 11 are refused: tiles of 256 slots do not fit the shared memory of 
 from typing import Optional
 
 import torch
+import triton
+import triton.language as tl
 
-from . import triton_common as tc
-from .common import chunk_grid
-from .sliding_chunk import check_modes, neighbour_blocks
-from .triton_common import tl, triton
+from ..common import chunk_grid
+from ..indexing import check_modes, neighbour_blocks
+from . import host
+from . import kernel_parts as kp
 
 __all__ = ['triton_sliding_chunk_attention']
 
@@ -80,13 +83,15 @@ def _mask_local_scores(scores, query_slots, key_slots, key_valid, bias_base, bia
     """
     if HAS_LOCAL_BIAS:
         in_chunk = (query_slots < WINDOW * WINDOW) & (key_slots < WINDOW * WINDOW)
+        # The key's column in the gathered bias: the key order of rel_pos.sliding_chunk_rpb_index.
         pointers = bias_base + query_slots * bias_stride_q + (block * WINDOW * WINDOW + key_slots) * bias_stride_k
         scores += tl.load(pointers, mask=in_chunk, other=0.0).to(scores.dtype)
     visible = key_valid
     if MASKING_MODE != -1:
         visible = visible & in_grid
     if MASKING_MODE == 1:
-        # Exact window: query and key offsets from the query chunk's corner differ by at most w.
+        # Exact window (as sliding_chunk.outside_exact_window): query and key offsets from the query
+        # chunk's corner differ by at most w.
         rel_y = query_slots // WINDOW - ((block // 3 - 1) * WINDOW + key_slots // WINDOW)
         rel_x = query_slots % WINDOW - ((block % 3 - 1) * WINDOW + key_slots % WINDOW)
         visible = visible & (tl.abs(rel_y) <= WINDOW) & (tl.abs(rel_x) <= WINDOW)
@@ -107,8 +112,8 @@ def _neighbour_tile(queries, row, col, step, rows, cols, k_base, v_base, k_sn, k
     """
     block = _neighbour_block(step, NUM_BLOCKS, SECOND_BLOCK)
     key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-    key_tokens, key_valid = tc.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values, scores = tc.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
+    keys, values, scores = kp.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
                                        head_dim, BLOCK_D, DOT_PRECISION)
     slots = tl.arange(0, BLOCK)
     scores, visible = _mask_local_scores(scores, slots[:, None], slots[None, :], key_valid[None, :], bias_base,
@@ -127,13 +132,13 @@ def _sliding_chunk_forward(
         NUM_GLOBAL: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, HAS_L2G_BIAS: tl.constexpr,
         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Output and log-sum-exp of one query chunk; grid ``(rows * cols, batch * heads)``."""
-    chunk, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
-    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = tc.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
 
-    row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
+    row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_GLOBAL > 0:
-        row_max, row_sum, acc = tc.shared_keys_forward(
+        row_max, row_sum, acc = kp.shared_keys_forward(
             row_max, row_sum, acc, queries, global_k + batch * gk_sb + head * gk_sh, gk_sn, gk_sd,
             global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, l2g_bias + head * l2g_sh, l2g_sg, head_dim,
             NUM_GLOBAL, HAS_L2G_BIAS, BLOCK_D, BLOCK_G, DOT_PRECISION)
@@ -143,9 +148,9 @@ def _sliding_chunk_forward(
             queries, row, col, step, rows, cols, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
             k_sn, k_sd, v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW,
             MASKING_MODE, NUM_BLOCKS, SECOND_BLOCK, HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
-        row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    tc.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
+    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
                       o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
@@ -171,16 +176,16 @@ def _sliding_chunk_backward_queries(
     ``(batch * heads * rows * cols, NUM_GLOBAL)``), and adds its logit gradients
     to ``grad_local_bias`` (``(bias_copies, heads, w*w, 9*w*w)``, contiguous).
     """
-    chunk, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
-    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries, grad_rows, row_lse, row_delta = tc.backward_rows(
+    chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
         lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
         q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
-    grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
 
     if NUM_GLOBAL > 0:
-        grad_queries += tc.shared_keys_backward(
+        grad_queries += kp.shared_keys_backward(
             queries, grad_rows, query_valid, row_lse, row_delta, global_k + batch * gk_sb + head * gk_sh, gk_sn,
             gk_sd, global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, l2g_bias + head * l2g_sh, l2g_sg,
             grad_global_k, grad_global_v, grad_l2g, batch_head * rows * cols + chunk, head_dim,
@@ -192,13 +197,13 @@ def _sliding_chunk_backward_queries(
             queries, row, col, step, rows, cols, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
             k_sn, k_sd, v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW,
             MASKING_MODE, NUM_BLOCKS, SECOND_BLOCK, HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
-        _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            tc.add_bias_grad(grad_local_bias, bias_copies, heads, head, slots, block * WINDOW * WINDOW + slots,
+            kp.add_bias_grad(grad_local_bias, bias_copies, heads, head, slots, block * WINDOW * WINDOW + slots,
                              grad_scores, query_valid[:, None] & visible, WINDOW * WINDOW, 9 * WINDOW * WINDOW)
 
-    tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
+    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
                   grad_queries, BLOCK_D)
 
 
@@ -217,11 +222,11 @@ def _sliding_chunk_backward_keys(
     taken back, wrapped), so this loops over the same (query chunk, block)
     pairs as the forward pass.
     """
-    chunk, batch_head, batch, head, key_row, key_col = tc.program_chunk(heads, cols)
-    key_tokens, key_valid = tc.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = tc.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
+    chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
+    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
                                      key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
-    grad_keys, grad_values = tc.accumulator(lse, BLOCK, BLOCK_D), tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     slots = tl.arange(0, BLOCK)
     for step in range(NUM_BLOCKS):
@@ -229,18 +234,18 @@ def _sliding_chunk_backward_keys(
         row = (key_row - (block // 3 - 1) + rows) % rows
         col = (key_col - (block % 3 - 1) + cols) % cols
         _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-        tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-        queries, grad_rows, row_lse, row_delta, scores = tc.query_tile(
+        tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh,
             lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
             q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
         scores, _ = _mask_local_scores(scores, slots[None, :], slots[:, None], key_valid[:, None],
                                        local_bias + head * bias_sh, bias_sq, bias_sk, block, in_grid,
                                        MASKING_MODE, HAS_LOCAL_BIAS, WINDOW)
-        grad_keys, grad_values = tc.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
+        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
                                                    row_lse, row_delta, query_valid, DOT_PRECISION)
 
-    tc.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
+    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
                        key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
@@ -253,11 +258,11 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
     num_global = 0 if global_k is None else global_k.shape[2]
     constexprs = dict(
         WINDOW=window, MASKING_MODE=masking_mode, NUM_BLOCKS=len(blocks), SECOND_BLOCK=blocks[-1],
-        HAS_LOCAL_BIAS=local_bias is not None, BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim),
-        DOT_PRECISION=tc.dot_precision(q.dtype))
-    global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=tc.tile(num_global))
+        HAS_LOCAL_BIAS=local_bias is not None, BLOCK=host.tile(window * window), BLOCK_D=host.tile(head_dim),
+        DOT_PRECISION=host.dot_precision(q.dtype))
+    global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
     return ((rows * cols, batch * heads), (heads, height, width, rows, cols, head_dim), constexprs, global_constexprs,
-            tc.launch_settings(q.dtype, constexprs['BLOCK_D']))
+            host.launch_settings(q.dtype, constexprs['BLOCK_D']))
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Optional[torch.Tensor],
@@ -267,19 +272,19 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Option
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     grid, shape, constexprs, global_constexprs, settings = _launch_setup(
         q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
-    out, lse = tc.forward_outputs(q)
-    tc.launch(_sliding_chunk_forward, grid, settings,
-              q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
-              tc.stand_in(l2g_bias, q), out, lse,
-              *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
-              *out.stride(), *tc.strides(local_bias, 3), *tc.strides(l2g_bias, 2), *shape,
+    out, lse = host.forward_outputs(q)
+    host.launch(_sliding_chunk_forward, grid, settings,
+              q, k, v, host.stand_in(global_k, q), host.stand_in(global_v, q), host.stand_in(local_bias, q),
+              host.stand_in(l2g_bias, q), out, lse,
+              *q.stride(), *k.stride(), *v.stride(), *host.strides(global_k, 4), *host.strides(global_v, 4),
+              *out.stride(), *host.strides(local_bias, 3), *host.strides(l2g_bias, 2), *shape,
               **constexprs, **global_constexprs)
     return out, lse
 
 
 def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
                   shift_mode):
-    return tc.forward_outputs(q)
+    return host.forward_outputs(q)
 
 
 def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -291,34 +296,35 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     grid, shape, constexprs, global_constexprs, settings = _launch_setup(
         q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     heads = shape[0]
-    local_bias_grad = tc.gradient_wanted(5, inputs, needs_grad)
-    bias_copies = tc.bias_grad_copies(grid[0] * grid[1])
-    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+    local_bias_grad = host.gradient_wanted(5, inputs, needs_grad)
+    bias_copies = host.bias_grad_copies(grid[0] * grid[1])
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
         q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
-    grad_global_k, grad_global_v, grad_l2g = tc.shared_key_parts(lse, grid[0] * grid[1], global_k,
+    grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(lse, grid[0] * grid[1], global_k,
                                                                  with_bias=l2g_bias is not None)
 
-    tc.launch(_sliding_chunk_backward_queries, grid, settings,
-              q, k, v, tc.stand_in(global_k, q), tc.stand_in(global_v, q), tc.stand_in(local_bias, q),
-              tc.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, tc.stand_in(grad_local_bias, lse),
-              tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse), tc.stand_in(grad_l2g, lse),
-              *q.stride(), *k.stride(), *v.stride(), *tc.strides(global_k, 4), *tc.strides(global_v, 4),
-              *out.stride(), *grad_out.stride(), *grad_q.stride(), *tc.strides(local_bias, 3),
-              *tc.strides(l2g_bias, 2), *shape, bias_copies,
+    host.launch(_sliding_chunk_backward_queries, grid, settings,
+              q, k, v, host.stand_in(global_k, q), host.stand_in(global_v, q), host.stand_in(local_bias, q),
+              host.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, host.stand_in(grad_local_bias, lse),
+              host.stand_in(grad_global_k, lse), host.stand_in(grad_global_v, lse), host.stand_in(grad_l2g, lse),
+              *q.stride(), *k.stride(), *v.stride(), *host.strides(global_k, 4), *host.strides(global_v, 4),
+              *out.stride(), *grad_out.stride(), *grad_q.stride(), *host.strides(local_bias, 3),
+              *host.strides(l2g_bias, 2), *shape, bias_copies,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
-    tc.launch(_sliding_chunk_backward_keys, grid, settings,
-              q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
+    host.launch(_sliding_chunk_backward_keys, grid, settings,
+              q, k, v, host.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
               *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-              *tc.strides(local_bias, 3), *shape, **constexprs)
+              *host.strides(local_bias, 3), *shape, **constexprs)
 
     if grad_l2g is not None:
         grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
-    return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_global_k, global_k),
-                             tc.summed_parts(grad_global_v, global_v), tc.summed_copies(grad_local_bias, local_bias),
-                             tc.cast_like(grad_l2g, l2g_bias)], inputs, needs_grad)
+    return host.gradient_list([grad_q, grad_k, grad_v, host.summed_parts(grad_global_k, global_k),
+                               host.summed_parts(grad_global_v, global_v),
+                               host.summed_copies(grad_local_bias, local_bias), host.cast_like(grad_l2g, l2g_bias)],
+                              inputs, needs_grad)
 
 
-_sliding_chunk_op = tc.define_op('triton_sliding_chunk_attention', _forward, _forward_fake, _backward,
+_sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _forward_fake, _backward,
                                  num_tensor_inputs=7)
 
 
@@ -340,17 +346,17 @@ def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=N
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    tc.check_supported(q, height * width, dropout_p)
+    host.check_supported(q, height * width, dropout_p)
     check_modes(masking_mode, shift_mode)
-    tc.check_window(window)
+    host.check_window(window)
     heads, chunk = q.shape[1], window * window
-    tc.check_bias_shape(local_bias, (heads, chunk, 9 * chunk), 'local_bias', '(heads, w*w, 9*w*w)')
+    host.check_bias_shape(local_bias, (heads, chunk, 9 * chunk), 'local_bias', '(heads, w*w, 9*w*w)')
     k, v = k.to(q.dtype), v.to(q.dtype)
-    global_k, global_v = tc.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
+    global_k, global_v = host.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
     if global_k is None:
         l2g_bias = None
     else:
-        tc.check_bias_shape(l2g_bias, (heads, global_k.shape[2]), 'l2g_bias', '(heads, G)')
-    tc.check_device(q)
+        host.check_bias_shape(l2g_bias, (heads, global_k.shape[2]), 'l2g_bias', '(heads, G)')
+    host.check_device(q)
     return _sliding_chunk_op(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
                              shift_mode)[0]

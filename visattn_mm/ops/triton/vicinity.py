@@ -4,7 +4,7 @@ The same function as :func:`visattn_mm.ops.vicinity.vicinity_attention` (see
 there), computed without the ``(B, heads, N, 4d)`` feature tensors and their
 elementwise chains. Per (batch, head), with tokens ``i, j``, ``r`` the ReLU,
 ``w(j)`` the four position weights ``[cos a, sin a, cos b, sin b]`` of token
-``j`` (:func:`~visattn_mm.ops.vicinity.vicinity_weights`, read in the
+``j`` (:func:`~visattn_mm.ops.indexing.vicinity_weights`, read in the
 accumulation dtype, so the numbers are those of the torch path) and ``C`` the
 signed clamp (the identity for ``clamp=False``):
 
@@ -48,13 +48,16 @@ and the normaliser's terms, which 16-bit operands would cost ~15x in precision
 (see :mod:`visattn_mm.ops.vicinity`). fp32 products use TF32 only where
 ``torch.get_float32_matmul_precision()`` is not 'highest'. Outputs and
 gradients are stored in the inputs' dtype. The interpreter: see
-:mod:`visattn_mm.ops.triton_common`.
+:mod:`visattn_mm.ops.triton`.
 """
 import torch
+import triton
+import triton.language as tl
 
-from . import triton_common as tc
-from .triton_common import tl, triton
-from .vicinity import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
+from .. import impl
+from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
+from . import host
+from . import kernel_parts as kp
 
 __all__ = ['triton_vicinity_attention']
 
@@ -106,7 +109,7 @@ def _clamp_passes(t, CLAMP: tl.constexpr):
 @triton.jit
 def _token_rows(base, rows, valid, stride_n, stride_d, head_dim, acc_dtype, BLOCK_D: tl.constexpr):
     """A ``(BLOCK_N, BLOCK_D)`` tile of a ``(..., N, d)`` tensor in the accumulation dtype, zero where not valid."""
-    return tc.load_rows(base, rows, valid, stride_n, stride_d, head_dim, BLOCK_D).to(acc_dtype)
+    return kp.load_rows(base, rows, valid, stride_n, stride_d, head_dim, BLOCK_D).to(acc_dtype)
 
 
 @triton.jit
@@ -234,7 +237,7 @@ def _vicinity_forward(
                                                   BLOCK_D, DOT_PRECISION)
         rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None],
                                  CLAMP)
-        tc.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
+        kp.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
 
 
 @triton.jit
@@ -270,7 +273,7 @@ def _vicinity_backward_queries(
         grad_denominators = -grad_normalisers * normalisers * normalisers
         grad_features = (tl.dot(grad_numerators, tl.trans(kv), input_precision=DOT_PRECISION)
                          + grad_denominators[:, None] * pair_k_sum[None, :])
-        tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, rows, valid, dq_sn, dq_sd, head_dim,
+        kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, rows, valid, dq_sn, dq_sd, head_dim,
                       _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
         grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=DOT_PRECISION)
         grad_k_sum += tl.sum(grad_denominators[:, None] * features, 0)
@@ -298,18 +301,18 @@ def _vicinity_backward_keys(
                              BLOCK_D)
         grad_features = (tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION)
                          + pair_grad_k_sum[None, :])
-        tc.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
+        kp.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
                       _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
         grad_values = tl.dot(_features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv,
                              input_precision=DOT_PRECISION)
-        tc.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values,
+        kp.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values,
                       BLOCK_D)
 
 
 def _layout(batch_heads, tokens, max_block):
     """Token tile side, splits and tiles per split of the kernels' ``(splits, batch * heads)`` grids: about
     :data:`PROGRAMS` programs in all, each over a range of consecutive tiles of at most ``max_block`` tokens."""
-    block = min(max_block, tc.tile(tokens))
+    block = min(max_block, host.tile(tokens))
     tiles = triton.cdiv(tokens, block)
     tiles_per_split = triton.cdiv(tiles * batch_heads, PROGRAMS)
     return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
@@ -319,11 +322,11 @@ def _launch_setup(q, height, width):
     """Position weights, grid, launch settings, geometry arguments and constexprs of the four kernels."""
     batch, heads, tokens, head_dim = q.shape
     pairs = batch * heads
-    acc_dtype = tc.acc_dtype(q.dtype)
-    block_d = tc.tile(head_dim)
+    acc_dtype = host.acc_dtype(q.dtype)
+    block_d = host.tile(head_dim)
     wide = block_d >= WIDE_BLOCK_D
     block, splits, tiles_per_split = _layout(pairs, tokens, min(MAX_BLOCK_N, WIDE_BLOCK_N) if wide else MAX_BLOCK_N)
-    constexprs = dict(BLOCK_N=block, BLOCK_D=block_d, DOT_PRECISION=tc.dot_precision(acc_dtype))
+    constexprs = dict(BLOCK_N=block, BLOCK_D=block_d, DOT_PRECISION=host.dot_precision(acc_dtype))
     return (vicinity_weights(height, width, q.device, acc_dtype), (splits, pairs),
             dict(num_warps=WIDE_WARPS if wide else 8), (heads, tokens, head_dim, tiles_per_split), constexprs)
 
@@ -334,20 +337,20 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, wid
     weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
-    tc.launch(_vicinity_sums, grid, settings, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
+    host.launch(_vicinity_sums, grid, settings, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
               *shape, **constexprs)
     kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
-    out = tc.like_heads_last(q)
-    tc.launch(_vicinity_forward, grid, settings, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
+    out = host.like_heads_last(q)
+    host.launch(_vicinity_forward, grid, settings, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
               *shape, CLAMP=clamp, EPS=eps, **constexprs)
     return out, kv_raw, k_sum
 
 
 def _forward_fake(q, k, v, height, width, eps, clamp):
     batch, heads, _, head_dim = q.shape
-    sums = q.new_empty(batch * heads, 4, head_dim, dtype=tc.acc_dtype(q.dtype))
-    return tc.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
+    sums = q.new_empty(batch * heads, 4, head_dim, dtype=host.acc_dtype(q.dtype))
+    return host.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
 
 
 def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -356,19 +359,19 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
     weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     constexprs.update(CLAMP=clamp)
-    grad_q, grad_k, grad_v = tc.like_heads_last(q), tc.like_heads_last(k), tc.like_heads_last(v)
+    grad_q, grad_k, grad_v = host.like_heads_last(q), host.like_heads_last(k), host.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
     grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
-    tc.launch(_vicinity_backward_queries, grid, settings, q, grad_out, weights, kv_raw, k_sum, grad_q,
+    host.launch(_vicinity_backward_queries, grid, settings, q, grad_out, weights, kv_raw, k_sum, grad_q,
               grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
               EPS=eps, **constexprs)
-    tc.launch(_vicinity_backward_keys, grid, settings, k, v, weights, kv_raw, grad_kv_parts.sum(1),
+    host.launch(_vicinity_backward_keys, grid, settings, k, v, weights, kv_raw, grad_kv_parts.sum(1),
               grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
               *grad_v.stride(), *shape, **constexprs)
-    return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
+    return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_vicinity_op = tc.define_op('triton_vicinity_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
+_vicinity_op = host.define_op('triton_vicinity_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
 
 
 def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
@@ -392,13 +395,13 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
                          f'{tuple(k.shape)} and {tuple(v.shape)}')
-    tc.check_supported(q, height * width, dropout_p=0.0)
-    head_dim, gpu_float64 = q.shape[-1], q.dtype == torch.float64 and not tc.INTERPRETED
+    host.check_supported(q, height * width, dropout_p=0.0)
+    head_dim, gpu_float64 = q.shape[-1], q.dtype == torch.float64 and not impl.triton_interpreted()
     limit = MAX_FLOAT64_HEAD_DIM if gpu_float64 else MAX_HEAD_DIM
     if head_dim > limit:
         raise ValueError(f"impl 'triton' runs vicinity attention with head dims up to {limit}"
                          f"{' in float64' if gpu_float64 else ''}, got {head_dim}: a program's (4d x d) sums would "
                          "not fit the GPU's shared memory; use impl 'math' (or 'fast') for this model")
     k, v = k.to(q.dtype), v.to(q.dtype)
-    tc.check_device(q)
+    host.check_device(q)
     return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]

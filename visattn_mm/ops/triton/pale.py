@@ -6,7 +6,7 @@ gathering, padding or permuting the groups and without storing logits. The
 kernels read each group's tokens straight from the ``(B, heads, H*W, d)``
 tensors: slot ``t`` of group ``g`` is line ``g + (t // L) * stride`` of the
 grouping axis and position ``t % L`` along the other one (``L`` its length);
-slots on lines beyond the map (the padding of :func:`~visattn_mm.ops.pale.interlace_stride`)
+slots on lines beyond the map (the padding of :func:`~visattn_mm.ops.indexing.interlace_stride`)
 are masked loads. The row branch (first half of the heads) groups rows, the
 column branch (second half) columns: one launch per branch and kernel, one
 program per (group, tile of its tokens, batch * head of the branch).
@@ -19,17 +19,20 @@ program per (group, tile of its tokens, batch * head of the branch).
   queries and writes the gradients of the keys and values.
 
 A row group holds ``s_r * W`` tokens, a column group ``s_c * H``: tiles of at
-most :data:`MAX_BLOCK` slots (fewer for small groups). No bias; numerics, dtypes
-and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
+most :data:`MAX_BLOCK` slots (fewer for small groups). No bias; numerics and
+dtypes: see :mod:`visattn_mm.ops.triton.kernel_parts`; the interpreter: see
+:mod:`visattn_mm.ops.triton`.
 
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
 import torch
+import triton
+import triton.language as tl
 
-from . import triton_common as tc
-from .pale import half_heads, interlace_stride, pale_size_pair
-from .triton_common import tl, triton
+from ..indexing import half_heads, interlace_stride, pale_size_pair
+from . import host
+from . import kernel_parts as kp
 
 __all__ = ['triton_pale_attention']
 
@@ -55,7 +58,7 @@ def _group_key_tile(queries, group, start, k_base, v_base, k_sn, k_sd, v_sn, v_s
     logits, ``-inf`` at the slots that are no token of the map."""
     key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
                                          BLOCK)
-    keys, values, scores = tc.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
+    keys, values, scores = kp.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
                                        head_dim, BLOCK_D, DOT_PRECISION)
     return keys, values, tl.where(key_valid[None, :], scores, float('-inf'))
 
@@ -79,17 +82,17 @@ def _pale_forward(
     group, tile, batch, head = _program_tile(half, head_start, tiles)
     tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
                                        other_step, BLOCK)
-    queries = tc.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
 
-    row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
+    row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         _, values, scores = _group_key_tile(
             queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
             v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
             DOT_PRECISION)
-        row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    tc.finish_forward(out + batch * o_sb + head * o_sh, lse + (batch * heads + head) * tokens_per_map, tokens,
+    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + (batch * heads + head) * tokens_per_map, tokens,
                       query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
@@ -106,20 +109,20 @@ def _pale_backward_queries(
     tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
                                        other_step, BLOCK)
     row = (batch * heads + head) * tokens_per_map
-    queries, grad_rows, row_lse, row_delta = tc.backward_rows(
+    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
         lse + row, delta + row, tokens, query_valid, q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
 
-    grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         keys, values, scores = _group_key_tile(
             queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
             v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
             DOT_PRECISION)
-        _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
 
-    tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
+    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
                   grad_queries, BLOCK_D)
 
 
@@ -138,20 +141,20 @@ def _pale_backward_keys(
     group, tile, batch, head = _program_tile(half, head_start, tiles)
     key_tokens, key_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
                                          other_step, BLOCK)
-    keys, values = tc.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
+    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
                                      key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
-    grad_keys, grad_values = tc.accumulator(lse, BLOCK, BLOCK_D), tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
     row = (batch * heads + head) * tokens_per_map
     for start in range(0, group_size, BLOCK):
         tokens, query_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
                                            BLOCK)
-        queries, grad_rows, row_lse, row_delta, scores = tc.query_tile(
+        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, lse + row, delta + row,
             tokens, query_valid, q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
-        grad_keys, grad_values = tc.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
+        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
                                                    row_lse, row_delta, query_valid, DOT_PRECISION)
 
-    tc.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
+    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
                        key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
@@ -170,7 +173,7 @@ def _branches(batch, heads, height, width, pale_size):
                                                                           (width, height, 1, width, s_c, half)):
         size, stride, _ = interlace_stride(side, size_asked)
         group_size = size * length
-        block = min(tc.tile(group_size), MAX_BLOCK)
+        block = min(host.tile(group_size), MAX_BLOCK)
         tiles = triton.cdiv(group_size, block)
         geometry = (heads, height * width, half, head_start, tiles, side, length, stride, group_size, line_step,
                     other_step)
@@ -182,18 +185,18 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, wid
              pale_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     batch, heads, _, head_dim = q.shape
-    constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
-    settings = tc.launch_settings(q.dtype, constexprs['BLOCK_D'])
-    out, lse = tc.forward_outputs(q)
+    constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
+    settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
+    out, lse = host.forward_outputs(q)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        tc.launch(_pale_forward, grid, settings, q, k, v, out, lse,
+        host.launch(_pale_forward, grid, settings, q, k, v, out, lse,
                   *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
                   **constexprs)
     return out, lse
 
 
 def _forward_fake(q, k, v, height, width, pale_rows, pale_cols):
-    return tc.forward_outputs(q)
+    return host.forward_outputs(q)
 
 
 def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -201,20 +204,20 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
               needs_grad: list[bool]) -> list[torch.Tensor]:
     """The gradients of ``q, k, v``."""
     batch, heads, _, head_dim = q.shape
-    constexprs = dict(BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
-    settings = tc.launch_settings(q.dtype, constexprs['BLOCK_D'])
-    grad_out, grad_q, grad_k, grad_v, delta, _ = tc.backward_buffers(q, k, v, grad_out, lse, None, False)
+    constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
+    settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
+    grad_out, grad_q, grad_k, grad_v, delta, _ = host.backward_buffers(q, k, v, grad_out, lse, None, False)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        tc.launch(_pale_backward_queries, grid, settings, q, k, v, out, grad_out, lse, delta, grad_q,
+        host.launch(_pale_backward_queries, grid, settings, q, k, v, out, grad_out, lse, delta, grad_q,
                   *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
                   *branch, head_dim, BLOCK=block, **constexprs)
-        tc.launch(_pale_backward_keys, grid, settings, q, k, v, grad_out, lse, delta, grad_k, grad_v,
+        host.launch(_pale_backward_keys, grid, settings, q, k, v, grad_out, lse, delta, grad_k, grad_v,
                   *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
                   *branch, head_dim, BLOCK=block, **constexprs)
-    return tc.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
+    return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_pale_op = tc.define_op('triton_pale_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
+_pale_op = host.define_op('triton_pale_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
 
 
 def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
@@ -232,10 +235,10 @@ def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    tc.check_supported(q, height * width, dropout_p)
+    host.check_supported(q, height * width, dropout_p)
     half_heads(q)
     for side, size in zip((height, width), pale_size_pair(pale_size)):
         interlace_stride(side, size)
     k, v = k.to(q.dtype), v.to(q.dtype)
-    tc.check_device(q)
+    host.check_device(q)
     return _pale_op(q, k, v, height, width, *pale_size_pair(pale_size))[0]

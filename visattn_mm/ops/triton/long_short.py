@@ -20,10 +20,11 @@ materialised: padded slots are masked loads.
   (``p <= w``: no patch reaches farther) and writes the gradients of the local
   keys and values.
 
-Numerics, dtypes and the interpreter: see :mod:`visattn_mm.ops.triton_common`.
-The gradient of the window RPB is summed with atomics over all segments and
-the batch (spread over copies, see :func:`~visattn_mm.ops.triton_common.add_bias_grad`),
-so its last bits may vary from run to run.
+Numerics and dtypes: see :mod:`visattn_mm.ops.triton.kernel_parts`; the interpreter:
+see :mod:`visattn_mm.ops.triton`. The gradient of the window RPB is summed with
+atomics over all segments and the batch (spread over copies, see
+:func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`), so its last bits may
+vary from run to run.
 
 Cost: the patch tiles hold ``ceil((w + 2p)^2 / B)`` tiles of ``B = next_pow2(w*w)``
 keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles of
@@ -36,11 +37,13 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 from typing import Optional
 
 import torch
+import triton
+import triton.language as tl
 
-from . import triton_common as tc
-from .common import chunk_grid
-from .long_short import segment_pad
-from .triton_common import tl, triton
+from ..common import chunk_grid
+from ..indexing import segment_pad
+from . import host
+from . import kernel_parts as kp
 
 __all__ = ['triton_long_short_attention']
 
@@ -57,6 +60,7 @@ def _window_logits(scores, query_slots, patch_slots, visible, bias_base, bias_st
     A visible key lies in the patch, so its patch slot indexes the RPB.
     """
     if HAS_LOCAL_BIAS:
+        # The patch slot is the key's column in the gathered bias: the key order of rel_pos.long_short_rpb_index.
         pointers = bias_base + query_slots * bias_stride_q + patch_slots * bias_stride_k
         scores += tl.load(pointers, mask=visible & (query_slots < WINDOW * WINDOW), other=0.0).to(scores.dtype)
     return tl.where(visible, scores, float('-inf'))
@@ -78,7 +82,7 @@ def _patch_tile(queries, segment_row, segment_col, start, k_base, v_base, k_sn, 
     y = segment_row * WINDOW - PAD + patch_slots // span
     x = segment_col * WINDOW - PAD + patch_slots % span
     key_valid = (patch_slots < span * span) & (y >= 0) & (y < height) & (x >= 0) & (x < width)
-    keys, values, scores = tc.key_tile(queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd,
+    keys, values, scores = kp.key_tile(queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd,
                                        head_dim, BLOCK_D, DOT_PRECISION)
     scores = _window_logits(scores, tl.arange(0, BLOCK)[:, None], patch_slots[None, :], key_valid[None, :],
                             bias_base, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
@@ -97,13 +101,13 @@ def _long_short_forward(
         HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``."""
-    segment, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
-    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = tc.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
 
-    row_max, row_sum, acc = tc.softmax_start(lse, BLOCK, BLOCK_D)
+    row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_BAR > 0:
-        row_max, row_sum, acc = tc.shared_keys_forward(
+        row_max, row_sum, acc = kp.shared_keys_forward(
             row_max, row_sum, acc, queries, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
             v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, head_dim,
             NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
@@ -113,15 +117,15 @@ def _long_short_forward(
             queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
             v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
             HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
-        row_max, row_sum, acc = tc.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
     if NUM_GLOBAL > 0:
-        row_max, row_sum, acc = tc.shared_keys_forward(
+        row_max, row_sum, acc = kp.shared_keys_forward(
             row_max, row_sum, acc, queries, global_k + batch * gk_sb + head * gk_sh, gk_sn, gk_sd,
             global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, head_dim,
             NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
 
-    tc.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
+    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
                       o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
@@ -146,22 +150,22 @@ def _long_short_backward_queries(
     (``(batch * heads * rows * cols, r or G, head_dim)``), and adds its patch
     logit gradients to ``grad_local_bias`` (``(bias_copies, heads, w*w, (w + 2p)^2)``, contiguous).
     """
-    segment, batch_head, batch, head, row, col = tc.program_chunk(heads, cols)
-    tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries, grad_rows, row_lse, row_delta = tc.backward_rows(
+    segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
         lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
         q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
-    grad_queries = tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
     if NUM_BAR > 0:
-        grad_queries += tc.shared_keys_backward(
+        grad_queries += kp.shared_keys_backward(
             queries, grad_rows, query_valid, row_lse, row_delta, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
             v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, grad_k_bar, grad_v_bar, lse, part,
             head_dim, NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
     if NUM_GLOBAL > 0:
-        grad_queries += tc.shared_keys_backward(
+        grad_queries += kp.shared_keys_backward(
             queries, grad_rows, query_valid, row_lse, row_delta, global_k + batch * gk_sb + head * gk_sh, gk_sn,
             gk_sd, global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, grad_global_k, grad_global_v,
             lse, part, head_dim, NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
@@ -171,14 +175,14 @@ def _long_short_backward_queries(
             queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
             v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
             HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
-        _, grad_scores = tc.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            tc.add_bias_grad(grad_local_bias, bias_copies, heads, head, tl.arange(0, BLOCK), patch_slots,
+            kp.add_bias_grad(grad_local_bias, bias_copies, heads, head, tl.arange(0, BLOCK), patch_slots,
                              grad_scores, query_valid[:, None] & key_valid[None, :], WINDOW * WINDOW,
                              (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD))
 
-    tc.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
+    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
                   grad_queries, BLOCK_D)
 
 
@@ -198,21 +202,21 @@ def _long_short_backward_keys(
     chunk is patch slot ``(sy - dy * w + p, sx - dx * w + p)`` of the segment
     ``(dy, dx)`` chunks away, visible where that lies in the patch.
     """
-    chunk, batch_head, batch, head, key_row, key_col = tc.program_chunk(heads, cols)
-    key_tokens, key_valid = tc.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = tc.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
+    chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
+    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
                                      key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
-    grad_keys, grad_values = tc.accumulator(lse, BLOCK, BLOCK_D), tc.accumulator(lse, BLOCK, BLOCK_D)
+    grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     span = WINDOW + 2 * PAD
     slots = tl.arange(0, BLOCK)
     for step in range(9):
         row_offset, col_offset = step // 3 - 1, step % 3 - 1
         row, col = key_row + row_offset, key_col + col_offset
-        tokens, query_valid = tc.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+        tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
         # chunk_tokens already hides segments below or right of the grid (their pixels lie outside the map).
         query_valid = query_valid & (row >= 0) & (col >= 0)
-        queries, grad_rows, row_lse, row_delta, scores = tc.query_tile(
+        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh,
             lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
             q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
@@ -221,10 +225,10 @@ def _long_short_backward_keys(
         visible = key_valid & (patch_y >= 0) & (patch_y < span) & (patch_x >= 0) & (patch_x < span)
         scores = _window_logits(scores, slots[None, :], (patch_y * span + patch_x)[:, None], visible[:, None],
                                 local_bias + head * bias_sh, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
-        grad_keys, grad_values = tc.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
+        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
                                                    row_lse, row_delta, query_valid, DOT_PRECISION)
 
-    tc.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
+    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
                        key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
@@ -237,11 +241,11 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     num_global = 0 if global_k is None else global_k.shape[2]
     constexprs = dict(
         WINDOW=window, PAD=segment_pad(window), HAS_LOCAL_BIAS=local_bias is not None,
-        BLOCK=tc.tile(window * window), BLOCK_D=tc.tile(head_dim), DOT_PRECISION=tc.dot_precision(q.dtype))
-    shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=tc.tile(num_bar),
-                             BLOCK_G=tc.tile(num_global))
+        BLOCK=host.tile(window * window), BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
+    shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar),
+                             BLOCK_G=host.tile(num_global))
     return ((rows * cols, batch * heads), (heads, height, width, cols, head_dim), constexprs, shared_constexprs,
-            tc.launch_settings(q.dtype, constexprs['BLOCK_D']))
+            host.launch_settings(q.dtype, constexprs['BLOCK_D']))
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[torch.Tensor],
@@ -251,18 +255,18 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
                                                                          width, window)
-    out, lse = tc.forward_outputs(q)
-    tc.launch(_long_short_forward, grid, settings,
-              q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
-              tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, lse,
-              *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
-              *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *tc.strides(local_bias, 3),
+    out, lse = host.forward_outputs(q)
+    host.launch(_long_short_forward, grid, settings,
+              q, k, v, host.stand_in(k_bar, q), host.stand_in(v_bar, q), host.stand_in(global_k, q),
+              host.stand_in(global_v, q), host.stand_in(local_bias, q), out, lse,
+              *q.stride(), *k.stride(), *v.stride(), *host.strides(k_bar, 4), *host.strides(v_bar, 4),
+              *host.strides(global_k, 4), *host.strides(global_v, 4), *out.stride(), *host.strides(local_bias, 3),
               *shape, **constexprs, **shared_constexprs)
     return out, lse
 
 
 def _forward_fake(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window):
-    return tc.forward_outputs(q)
+    return host.forward_outputs(q)
 
 
 def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -274,35 +278,35 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
     grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
                                                                          width, window)
-    local_bias_grad = tc.gradient_wanted(7, inputs, needs_grad)
+    local_bias_grad = host.gradient_wanted(7, inputs, needs_grad)
     parts = grid[0] * grid[1]
-    bias_copies = tc.bias_grad_copies(parts)
-    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = tc.backward_buffers(
+    bias_copies = host.bias_grad_copies(parts)
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
         q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
-    grad_k_bar, grad_v_bar, _ = tc.shared_key_parts(lse, parts, k_bar)
-    grad_global_k, grad_global_v, _ = tc.shared_key_parts(lse, parts, global_k)
+    grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
+    grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
 
-    tc.launch(_long_short_backward_queries, grid, settings,
-              q, k, v, tc.stand_in(k_bar, q), tc.stand_in(v_bar, q), tc.stand_in(global_k, q),
-              tc.stand_in(global_v, q), tc.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
-              tc.stand_in(grad_local_bias, lse), tc.stand_in(grad_k_bar, lse), tc.stand_in(grad_v_bar, lse),
-              tc.stand_in(grad_global_k, lse), tc.stand_in(grad_global_v, lse),
-              *q.stride(), *k.stride(), *v.stride(), *tc.strides(k_bar, 4), *tc.strides(v_bar, 4),
-              *tc.strides(global_k, 4), *tc.strides(global_v, 4), *out.stride(), *grad_out.stride(),
-              *grad_q.stride(), *tc.strides(local_bias, 3), *shape, bias_copies,
+    host.launch(_long_short_backward_queries, grid, settings,
+              q, k, v, host.stand_in(k_bar, q), host.stand_in(v_bar, q), host.stand_in(global_k, q),
+              host.stand_in(global_v, q), host.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
+              host.stand_in(grad_local_bias, lse), host.stand_in(grad_k_bar, lse), host.stand_in(grad_v_bar, lse),
+              host.stand_in(grad_global_k, lse), host.stand_in(grad_global_v, lse),
+              *q.stride(), *k.stride(), *v.stride(), *host.strides(k_bar, 4), *host.strides(v_bar, 4),
+              *host.strides(global_k, 4), *host.strides(global_v, 4), *out.stride(), *grad_out.stride(),
+              *grad_q.stride(), *host.strides(local_bias, 3), *shape, bias_copies,
               LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
-    tc.launch(_long_short_backward_keys, grid, settings,
-              q, k, v, tc.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
+    host.launch(_long_short_backward_keys, grid, settings,
+              q, k, v, host.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
               *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-              *tc.strides(local_bias, 3), *shape, **constexprs)
+              *host.strides(local_bias, 3), *shape, **constexprs)
 
-    return tc.gradient_list([grad_q, grad_k, grad_v, tc.summed_parts(grad_k_bar, k_bar),
-                             tc.summed_parts(grad_v_bar, v_bar), tc.summed_parts(grad_global_k, global_k),
-                             tc.summed_parts(grad_global_v, global_v), tc.summed_copies(grad_local_bias, local_bias)],
-                            inputs, needs_grad)
+    return host.gradient_list([grad_q, grad_k, grad_v, host.summed_parts(grad_k_bar, k_bar),
+                               host.summed_parts(grad_v_bar, v_bar), host.summed_parts(grad_global_k, global_k),
+                               host.summed_parts(grad_global_v, global_v),
+                               host.summed_copies(grad_local_bias, local_bias)], inputs, needs_grad)
 
 
-_long_short_op = tc.define_op('triton_long_short_attention', _forward, _forward_fake, _backward,
+_long_short_op = host.define_op('triton_long_short_attention', _forward, _forward_fake, _backward,
                               num_tensor_inputs=8)
 
 
@@ -324,13 +328,13 @@ def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    tc.check_supported(q, height * width, dropout_p)
-    tc.check_window(window)
+    host.check_supported(q, height * width, dropout_p)
+    host.check_window(window)
     span = window + 2 * segment_pad(window)
-    tc.check_bias_shape(local_bias, (q.shape[1], window * window, span * span), 'local_bias',
+    host.check_bias_shape(local_bias, (q.shape[1], window * window, span * span), 'local_bias',
                         '(heads, w*w, (w + 2p)**2)')
     k, v = k.to(q.dtype), v.to(q.dtype)
-    k_bar, v_bar = tc.shared_keys(k_bar, v_bar, q, ('k_bar', 'v_bar'))
-    global_k, global_v = tc.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
-    tc.check_device(q)
+    k_bar, v_bar = host.shared_keys(k_bar, v_bar, q, ('k_bar', 'v_bar'))
+    global_k, global_v = host.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))
+    host.check_device(q)
     return _long_short_op(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window)[0]

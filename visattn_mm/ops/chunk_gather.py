@@ -1,0 +1,147 @@
+"""Row gathers of chunked tokens: the fused paths of sliding-chunk and long-short attention.
+
+Both fused paths (:mod:`visattn_mm.ops.sliding_chunk`, :mod:`visattn_mm.ops.long_short`)
+make the ``w x w`` chunks (segments) the batch of
+:func:`~visattn_mm.ops.common.fused_attention`: queries, and keys with values, are each
+one row gather (:class:`ChunkGather`) from the heads-last tokens. This module holds
+the gather, its functional form for torch.export, the constant rows it appends, and
+the query-side indices both ops share (the key indices are each op's own).
+"""
+import torch
+
+from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache
+
+
+@device_cache
+def chunk_query_index(height, width, window, first, device):
+    """Which token each chunk position holds, for :class:`ChunkGather`.
+
+    Args:
+        first (int): Tokens before the map's (the leading global ones).
+
+    Returns:
+        LongTensor: ``(R*C*w*w,)``: ``first + y * W + x`` for chunk positions in the image,
+        ``first + H * W`` (the gather's extra row) for the padding.
+    """
+    w = window
+    rows, cols = chunk_grid(height, width, w)
+    inner = torch.arange(w)
+    y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]      # (R, 1, w, 1)
+    x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]      # (1, C, 1, w)
+    index = torch.where((y < height) & (x < width), y * width + x, height * width)
+    return (first + index).reshape(-1).to(device)
+
+
+@device_cache
+def chunk_token_positions(height, width, window, device):
+    """Inverse of :func:`chunk_query_index`: the chunk position of every map token.
+
+    Returns:
+        LongTensor: ``(H*W,)`` flat indices into ``(R*C*w*w)`` chunk positions, row-major tokens.
+    """
+    w = window
+    cols = chunk_grid(height, width, w)[1]
+    y = torch.arange(height)[:, None]
+    x = torch.arange(width)[None, :]
+    position = ((y // w) * cols + x // w) * (w * w) + (y % w) * w + x % w
+    return position.reshape(-1).to(device)
+
+
+@device_cache
+def gather_fill_rows(head_dim, extra, dtype, device):
+    """The constant parts of the rows that the fused paths gather (:class:`ChunkGather`).
+
+    With ``extra`` features (see :func:`~visattn_mm.ops.common.fused_attention`): queries get ``[1, 0, ...]``,
+    keys and values zeros; the extra row is a zero query with the feature 1, the
+    hidden key (zeros, then :data:`HIDDEN_KEY_LOGIT`) and a zero value.
+
+    Returns:
+        tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]: ``(features, extra_row)``
+        of the queries, ``(1, extra)`` and ``(1, head_dim + extra)``, and of the keys
+        and values, ``(2, extra)`` and ``(2, head_dim + extra)``.
+    """
+    q_features = torch.zeros(1, extra, dtype=dtype)
+    kv_features = torch.zeros(2, extra, dtype=dtype)
+    q_row = torch.zeros(1, head_dim + extra, dtype=dtype)
+    kv_row = torch.zeros(2, head_dim + extra, dtype=dtype)
+    if extra:
+        q_features[0, 0] = q_row[0, head_dim] = 1
+        kv_row[0, head_dim] = HIDDEN_KEY_LOGIT
+    return ((q_features.to(device), q_row.to(device)), (kv_features.to(device), kv_row.to(device)))
+
+
+def gather_rows(index, features, extra_row, *tokens):
+    """What :class:`ChunkGather` computes, in functional ops (for torch.export; no custom backward)."""
+    outputs, extra = features.shape
+    per_output = len(tokens) // outputs
+    b, heads, _, d = tokens[0].shape
+    gathered = []
+    for p in range(outputs):
+        rows = torch.cat([t.transpose(1, 2) for t in tokens[p * per_output:(p + 1) * per_output]], dim=1)
+        if extra:
+            rows = torch.cat([rows, features[p].expand(b, rows.shape[1], heads, extra)], dim=-1)
+        rows = torch.cat([rows, extra_row[p].expand(b, 1, heads, d + extra)], dim=1)
+        gathered.append(rows.index_select(1, index))
+    return tuple(gathered)
+
+
+class ChunkGather(torch.autograd.Function):
+    """Rows of token tensors gathered by one index: chunks, their neighbours, global tokens.
+
+    ``P`` outputs (queries; or keys and values) share the index. Output ``p``'s
+    source rows are its ``S`` token tensors concatenated along the tokens, each row
+    extended by ``extra`` constant features, plus one extra constant row at the end
+    (index ``M``, the number of tokens). Every output is gathered heads-last in one
+    op; the backward accumulates every output's gradient into one buffer with one
+    ``index_add_`` each and returns views of it, instead of a zero-filled full-size
+    gradient per neighbour slice and the additions of those.
+
+    Args (of ``apply``):
+        index (LongTensor): ``(K,)`` source rows, each in ``[0, M]``.
+        features (Tensor): ``(P, extra)`` extra features of the token rows.
+        extra_row (Tensor): ``(P, d + extra)`` the last row.
+        *tokens (Tensor): ``P * S`` tensors ``(B, heads, n_s, d)``, output ``p``'s
+            are ``tokens[p*S:(p+1)*S]``, with the same ``n_s`` for every ``p``.
+
+    Returns:
+        tuple[Tensor]: ``P`` tensors ``(B, K, heads, d + extra)``.
+    """
+
+    @staticmethod
+    def forward(ctx, index, features, extra_row, *tokens):
+        outputs, extra = features.shape
+        per_output = len(tokens) // outputs
+        b, heads, _, d = tokens[0].shape
+        counts = [t.shape[2] for t in tokens[:per_output]]
+        total = sum(counts)
+        source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
+        for p in range(outputs):
+            start = 0
+            for t, n in zip(tokens[p * per_output:(p + 1) * per_output], counts):
+                source[:, start:start + n, p, :, :d].copy_(t.transpose(1, 2))
+                start += n
+        if extra:
+            source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
+        source[:, total].copy_(extra_row[:, None, :].expand(b, outputs, heads, d + extra))
+        ctx.save_for_backward(index)
+        ctx.counts, ctx.outputs, ctx.d = counts, outputs, d
+        return tuple(source[:, :, p].index_select(1, index) for p in range(outputs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        index, = ctx.saved_tensors
+        counts, outputs = ctx.counts, ctx.outputs
+        reference = next(g for g in grads if g is not None)
+        b, _, heads, _ = reference.shape
+        d = ctx.d
+        grad = reference.new_zeros(b, sum(counts) + 1, outputs, heads, d)
+        for p, g in enumerate(grads):
+            if g is not None:
+                grad[:, :, p].index_add_(1, index, g[..., :d])
+        token_grads = []
+        for p in range(outputs):
+            start = 0
+            for n in counts:
+                token_grads.append(grad[:, start:start + n, p].transpose(1, 2))
+                start += n
+        return (None, None, None, *token_grads)

@@ -1,0 +1,321 @@
+"""Host side of the fused Triton attention kernels (``impl='triton'``), shared by the ops.
+
+Registration of a kernel pair as custom ops (:func:`define_op`), launching and
+counting kernels (:func:`launch`), launch settings, tile sizes and dtypes, the
+buffers and reductions around the kernels, and the checks of what the kernels
+support; the device functions they call are in :mod:`visattn_mm.ops.triton.kernel_parts`.
+
+The kernels run on CUDA tensors; :func:`check_device` lets CPU tensors through
+where Triton's interpreter runs them (:func:`~visattn_mm.ops.impl.triton_interpreted`,
+the one flag that also steers the ops' choice of path).
+"""
+import collections
+import contextlib
+
+import torch
+import triton
+
+from .. import impl
+
+# Launches per kernel name since import (tests use it to prove the Triton path ran).
+KERNEL_LAUNCHES = collections.Counter()
+
+# Smallest tile side: tl.dot needs at least 16 rows, columns and depth on GPUs.
+MIN_TILE = 16
+
+
+def launch(kernel, grid, settings, *args, **constexprs):
+    """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
+    :func:`launch_settings`) on the device of its first argument (a tensor); tests and
+    ``tools/analysis/triton_resources.py`` replace this to compile without a GPU."""
+    KERNEL_LAUNCHES[kernel.fn.__name__] += 1
+    with on_device(args[0].device):
+        kernel[grid](*args, **settings, **constexprs)
+
+
+def on_device(device):
+    """Makes a CUDA ``device`` the current one inside: Triton launches on the current device and stream,
+    which need not be the tensors' (a model on ``cuda:1`` in a process whose current device is 0)."""
+    return torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext()
+
+
+def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
+    """Registers a kernel pair as the custom ops ``visattn_mm::<name>`` and
+    ``visattn_mm::<name>_backward``, linked by an autograd formula.
+
+    As custom ops, the kernel launches are one opaque node per direction for
+    torch.compile: Dynamo and AOTAutograd take the output shapes from the fake
+    functions and never trace into Triton (``tests/test_compile.py``).
+
+    Args:
+        name (str): The op's name in the ``visattn_mm`` namespace.
+        forward (callable): ``(tensor inputs..., geometry...) -> (out, *saved)``,
+            with type annotations (they are the op's schema). The first three
+            tensor inputs are ``q, k, v``; the others may be None.
+        forward_fake (callable): ``forward``'s outputs as empty tensors, from the
+            same arguments.
+        backward (callable): ``(grad_out, tensor inputs..., forward outputs...,
+            geometry..., needs_grad) -> list[Tensor]``, annotated; ``needs_grad``
+            holds ``needs_input_grad`` of the tensor inputs; the result comes from
+            :func:`gradient_list`.
+        num_tensor_inputs (int): How many leading arguments of ``forward`` are tensors.
+
+    Returns:
+        The forward op: call it with ``forward``'s arguments; it returns ``(out, *saved)``.
+    """
+    forward_op = torch.library.custom_op(f'visattn_mm::{name}', forward, mutates_args=())
+    forward_op.register_fake(forward_fake)
+    backward_op = torch.library.custom_op(f'visattn_mm::{name}_backward', backward, mutates_args=())
+
+    @backward_op.register_fake
+    def _(grad_out, *args):
+        inputs, needs_grad = args[:num_tensor_inputs], args[-1]
+        empty = [like_heads_last(t) if i < 3 else t if t is None else t.new_empty(t.shape)
+                 for i, t in enumerate(inputs)]
+        return gradient_list(empty, inputs, needs_grad)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:num_tensor_inputs], *output)
+        ctx.geometry = inputs[num_tensor_inputs:]
+
+    def differentiate(ctx, grad_out, *_saved_grads):
+        saved = ctx.saved_tensors
+        needs_grad = list(ctx.needs_input_grad[:num_tensor_inputs])
+        grads = backward_op(grad_out, *saved, *ctx.geometry, needs_grad)
+        inputs = saved[:num_tensor_inputs]
+        wanted = [gradient_wanted(i, inputs, needs_grad) for i in range(num_tensor_inputs)]
+        return (*(g if want else None for g, want in zip(grads, wanted)), *(None, ) * len(ctx.geometry))
+
+    forward_op.register_autograd(differentiate, setup_context=setup_context)
+    return forward_op
+
+
+def gradient_wanted(index, inputs, needs_grad):
+    """Whether the backward op returns the gradient of tensor input ``index``: always for ``q, k, v``
+    (their kernels write it anyway), for the others where given and needed."""
+    return index < 3 or (inputs[index] is not None and needs_grad[index])
+
+
+def gradient_list(grads, inputs, needs_grad):
+    """The backward op's result: per tensor input its gradient where :func:`gradient_wanted` (for
+    ``q, k, v`` stored as :func:`like_heads_last`, for the others contiguous), else an empty
+    placeholder (a custom op returns no None)."""
+    return [grad if gradient_wanted(i, inputs, needs_grad) else inputs[0].new_empty(0)
+            for i, grad in enumerate(grads)]
+
+
+def check_supported(q, tokens, dropout_p):
+    """Refuses attention dropout, naming the alternative, and another token count than the map's.
+
+    Args:
+        q (Tensor): ``(B, heads, N, d)`` queries.
+        tokens (int): ``N`` the map has (``height * width``).
+        dropout_p (float): Attention dropout asked for.
+
+    Raises:
+        ValueError: For ``dropout_p > 0`` or another token count.
+    """
+    if dropout_p > 0:
+        raise ValueError(f"impl 'triton' does not support attention dropout (dropout_p={dropout_p}); "
+                         "use impl 'fast' or 'math' with dropout, or set the attention dropout to 0")
+    if q.shape[2] != tokens:
+        raise ValueError(f'q has {q.shape[2]} tokens, not height * width = {tokens}')
+
+
+def check_device(q):
+    """Refuses tensors that are not on a CUDA device, naming the alternative, unless Triton's interpreter
+    is on (then the kernels run on CPU tensors).
+
+    Raises:
+        RuntimeError: For such tensors.
+    """
+    if impl.dispatch_device_type(q.device.type) != 'cuda' and not impl.triton_interpreted():
+        raise RuntimeError(f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use impl 'fast' or "
+                           "'math' there (TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are "
+                           'imported runs them on the CPU, slowly, for tests)')
+
+
+def shared_keys(keys, values, q, names):
+    """Keys and values every query sees, in ``q``'s dtype; ``(None, None)`` where there are none.
+
+    Args:
+        keys (Tensor | None): ``(B, heads, M, d)``.
+        values (Tensor | None): ``(B, heads, M, d)``.
+        q (Tensor): The ``(B, heads, N, d)`` queries.
+        names (tuple[str, str]): The arguments' names, for the error.
+
+    Raises:
+        ValueError: For keys without values or the reverse, or of another shape than ``(B, heads, M, d)``.
+    """
+    if (keys is None) != (values is None):
+        raise ValueError(f'{names[0]} and {names[1]} must be given together')
+    if keys is None or keys.shape[2] == 0:
+        return None, None
+    batch, heads, _, head_dim = q.shape
+    for name, tensor in zip(names, (keys, values)):
+        if tensor.dim() != 4 or tuple(tensor.shape) != (batch, heads, keys.shape[2], head_dim):
+            raise ValueError(f'{name} has shape {tuple(tensor.shape)}, not (B, heads, M, d) = '
+                             f'({batch}, {heads}, {keys.shape[2]}, {head_dim}) like q')
+    return keys.to(q.dtype), values.to(q.dtype)
+
+
+def check_bias_shape(bias, shape, name, layout):
+    """Refuses a bias of another shape than the kernels index (they read it unchecked).
+
+    Args:
+        bias (Tensor | None): The bias, or None.
+        shape (tuple[int, ...]): The shape the kernels expect.
+        name (str): The argument's name, for the error.
+        layout (str): What ``shape`` stands for, for the error.
+
+    Raises:
+        ValueError: For a bias of another shape.
+    """
+    if bias is not None and tuple(bias.shape) != tuple(shape):
+        raise ValueError(f'{name} has shape {tuple(bias.shape)}, not {layout} = {tuple(shape)}')
+
+
+# Largest tile of a chunk's (segment's) slots: one tile covers a ``w x w`` chunk, and tiles of 256 slots
+# (``w`` from 12) need more shared memory than an H100's 227 KB (sm_90 compiles: 330 KB for the fp32
+# forward of sliding-chunk attention at ``w = 12``).
+MAX_CHUNK_TILE = 128
+
+
+def check_window(window):
+    """Refuses chunk (segment) sizes whose tiles exceed :data:`MAX_CHUNK_TILE`, naming the alternative.
+
+    Raises:
+        ValueError: For ``window`` 12 and more.
+    """
+    if tile(window * window) > MAX_CHUNK_TILE:
+        raise ValueError(f"impl 'triton' takes windows of at most {MAX_CHUNK_TILE} tokens ({MAX_CHUNK_TILE}-slot "
+                         f"tiles: window <= 11), got window={window}: its tiles would not fit the GPU's shared "
+                         "memory; use impl 'fast' or 'math' for this model")
+
+
+def forward_outputs(q):
+    """Empty output (:func:`like_heads_last`) and log-sum-exp ``(B * heads, N)`` (accumulation dtype) of a
+    softmax attention's forward kernels."""
+    batch, heads, tokens, _ = q.shape
+    return like_heads_last(q), q.new_empty(batch * heads, tokens, dtype=acc_dtype(q.dtype))
+
+
+def backward_buffers(q, k, v, grad_out, lse, local_bias, local_bias_grad, copies=1):
+    """What the backward kernels read and write besides the saved tensors.
+
+    Returns:
+        tuple: ``grad_out`` in ``q``'s dtype; empty gradients of ``q, k, v``
+        (:func:`like_heads_last`); empty ``delta`` like ``lse``; and where
+        ``local_bias_grad`` ``copies`` zeroed gradients of ``local_bias`` in the
+        accumulation dtype (atomics add to them, see
+        :func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`), else None.
+    """
+    grad_local_bias = None
+    if local_bias_grad:
+        grad_local_bias = torch.zeros(copies, *local_bias.shape, dtype=lse.dtype, device=q.device)
+    return (grad_out.to(q.dtype), like_heads_last(q), like_heads_last(k), like_heads_last(v), torch.empty_like(lse),
+            grad_local_bias)
+
+
+def shared_key_parts(like, parts, keys, with_bias=False):
+    """Buffers for the per-chunk partial gradients of shared keys (see
+    :func:`~visattn_mm.ops.triton.kernel_parts.shared_keys_backward`).
+
+    Args:
+        like (Tensor): Gives the dtype (the accumulation one) and device.
+        parts (int): Programs that write one part each.
+        keys (Tensor | None): The shared keys, ``(B, heads, M, d)``.
+        with_bias (bool): Whether a per-key bias needs a partial gradient too.
+
+    Returns:
+        tuple: Partial gradients of keys, values (``(parts, M, d)``) and bias
+        (``(parts, M)``); ``None`` for those not needed.
+    """
+    if keys is None:
+        return None, None, None
+    num_keys, head_dim = keys.shape[2:]
+    bias_part = like.new_empty(parts, num_keys) if with_bias else None
+    return like.new_empty(parts, num_keys, head_dim), like.new_empty(parts, num_keys, head_dim), bias_part
+
+
+def summed_parts(part, like):
+    """A ``(B * heads * chunks, M, d)`` partial gradient summed over the chunks, shaped and typed ``like``."""
+    if part is None:
+        return None
+    batch, heads = like.shape[:2]
+    return part.reshape(batch, heads, -1, *part.shape[1:]).sum(2).to(like.dtype)
+
+
+def cast_like(grad, like):
+    """``grad`` in ``like``'s dtype, or None."""
+    return None if grad is None else grad.to(like.dtype)
+
+
+# How many copies of a bias gradient the programs of a backward kernel spread their atomic adds over
+# (see kernel_parts.add_bias_grad). Every query chunk of every batch element adds to the same table, a few thousand
+# to a few ten thousand entries, and atomic adds to one address serialise; 32 copies cut that
+# contention 32-fold for 32 times a table's memory (8 MB in fp32 for 3 heads of w = 7, ViL-S's first
+# stage). Not yet timed on a GPU: tools/analysis/triton_tuning.py --bias-grad-copies compares values.
+BIAS_GRAD_COPIES = 32
+
+
+def bias_grad_copies(programs):
+    """Copies of the bias gradient for a launch of ``programs`` programs: :data:`BIAS_GRAD_COPIES`, at most one
+    per program."""
+    return min(BIAS_GRAD_COPIES, programs)
+
+
+def summed_copies(grad, like):
+    """The copies of a bias gradient (see :func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`) summed,
+    in ``like``'s dtype; or None."""
+    return None if grad is None else grad.sum(0).to(like.dtype)
+
+
+def stand_in(tensor, other):
+    """``tensor``, or ``other`` as the pointer argument of an absent one (its kernel branch is compiled out)."""
+    return other if tensor is None else tensor
+
+
+def dot_precision(dtype):
+    """tl.dot's input precision: fp32 products in TF32 only where PyTorch's matmuls may use it
+    (``torch.set_float32_matmul_precision``); 16-bit inputs ignore it."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != 'highest':
+        return 'tf32'
+    return 'ieee' if dtype in (torch.float32, torch.float64) else 'tf32'
+
+
+def launch_settings(dtype, block_d):
+    """Warps and software-pipeline stages of the softmax attention kernels, for inputs in ``dtype`` and
+    head-dim tiles of ``block_d``.
+
+    Chosen by the register spills ``ptxas`` reports for sm_90 at the backbones' shapes
+    (``tools/analysis/triton_resources.py``, no GPU needed; timings will refine them): with 16-bit
+    inputs, 4 warps, and 8 for head-dim tiles of 64, where the query-side backward kernels spill up to
+    260 bytes per thread with 4; with fp32 (and fp64) inputs, whose products run on CUDA cores and hold
+    more registers, 8 warps and no pipelining of the loads, which keeps the key-side backward kernels
+    from spilling up to 8 KB per thread (3 stages) to under 1 KB.
+    """
+    if dtype.itemsize == 2:
+        return dict(num_warps=4 if block_d <= 32 else 8, num_stages=3)
+    return dict(num_warps=8, num_stages=1)
+
+
+def tile(size):
+    """Tile side for ``size`` rows: a power of 2, at least :data:`MIN_TILE`."""
+    return max(MIN_TILE, triton.next_power_of_2(size))
+
+
+def strides(tensor, ndim):
+    """The tensor's strides, or zeros for an absent tensor (its kernel branch is compiled out)."""
+    return tuple(tensor.stride()) if tensor is not None else (0, ) * ndim
+
+
+def like_heads_last(t):
+    """An empty ``(B, h, N, d)`` tensor stored as ``(B, N, h, d)``: the layout the heads are merged from."""
+    b, heads, n, d = t.shape
+    return t.new_empty(b, n, heads, d).transpose(1, 2)
+
+
+def acc_dtype(dtype):
+    """Accumulation dtype of the kernels for inputs in ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
