@@ -287,3 +287,13 @@ def test_train_throughput_end_to_end(tmp_path):
 def test_train_throughput_refuses_amp_without_gpu():
     with pytest.raises(SystemExit, match='needs a GPU'):
         train_throughput.parse_args(['x.py', '--dtypes', 'fp32,fp16'])
+
+
+def test_vvt_bf16_variants_build_vvt_with_bf16_products():
+    """``vvt-<arch>-bf16`` is VVT of that arch with ``bf16_products=True``: the bf16 rows measure
+    what the opt-in costs, the plain name fp32 products."""
+    from visattn_mm.models.vvt import VicinityAttention
+    plain, bf16 = (benchmark.MODEL_ZOO[name][0]() for name in ('vvt-t', 'vvt-t-bf16'))
+    flags = [{m.bf16_products for m in model.modules() if isinstance(m, VicinityAttention)} for model in (plain, bf16)]
+    assert flags == [{False}, {True}]
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in bf16.parameters())

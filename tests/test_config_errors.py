@@ -82,6 +82,7 @@ SPECIFIC_CASES = {
     ],
     VVT: [
         (dict(fr_ratio=0), 'fr_ratio=0 must be an int >= 1'),
+        (dict(bf16_products='fast'), "bf16_products='fast' must be True or False"),
         (dict(se_ratio=1.5), 'se_ratio=1.5 must be an int >= 1'),
         (dict(se_ratio=7), 'not divisible by se_ratio=7'),
         (dict(arch=_arch(VVT, embed_dims=(6, 16, 16, 16), num_heads=(2, 2, 2, 4))),

@@ -247,10 +247,10 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
         cls(arch='tiny', attn_impl='flash')
 
 
-def test_vvt_attn_impl_sets_the_precision_of_its_products(monkeypatch):
-    """VVT's attn_impl reaches every vicinity attention: under bf16 autocast 'fast' runs their
-    matrix products on bf16 operands, every other value in fp32 (forward and the recomputing
-    backward); the outputs agree to bf16 precision."""
+def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
+    """VVT's bf16_products reaches every vicinity attention: under bf16 autocast True runs their
+    matrix products on bf16 operands, False in fp32 whatever the attn_impl (forward and the
+    recomputing backward); the outputs agree to bf16 precision."""
     import visattn_mm.ops.vicinity as vicinity
     from visattn_mm.models import VVT
     from visattn_mm.models.vvt import VicinityAttention
@@ -264,18 +264,18 @@ def test_vvt_attn_impl_sets_the_precision_of_its_products(monkeypatch):
     monkeypatch.setattr(vicinity, '_vicinity_parts', spy)
     images = torch.randn(1, 3, 45, 61)
     outputs = {}
-    for attn_impl in ATTENTION_IMPLS:
+    for attn_impl, bf16_products in [(impl, False) for impl in ATTENTION_IMPLS] + [('auto', True)]:
         torch.manual_seed(0)
-        model = VVT(arch='tiny', attn_impl=attn_impl, drop_path_rate=0.0)
+        model = VVT(arch='tiny', attn_impl=attn_impl, bf16_products=bf16_products, drop_path_rate=0.0)
         operands.clear()
         with torch.autocast('cpu', dtype=torch.bfloat16):
-            outputs[attn_impl] = model(images)
-        sum(out.float().sum() for out in outputs[attn_impl]).backward()
+            outputs[attn_impl, bf16_products] = out = model(images)
+        sum(o.float().sum() for o in out).backward()
         blocks = sum(isinstance(m, VicinityAttention) for m in model.modules())
-        assert set(operands) == {torch.bfloat16 if attn_impl == 'fast' else torch.float32}, (attn_impl, operands)
+        assert set(operands) == {torch.bfloat16 if bf16_products else torch.float32}, (attn_impl, operands)
         assert len(operands) == 2 * blocks    # forward, and recomputed in backward
-    for fast, auto in zip(outputs['fast'], outputs['auto']):
-        torch.testing.assert_close(fast.float(), auto.float(), rtol=0.05, atol=0.05)
+    for bf16, fp32 in zip(outputs['auto', True], outputs['auto', False]):
+        torch.testing.assert_close(bf16.float(), fp32.float(), rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize('backbone', ['ViL', 'ViLLS', 'PaleTransformer', 'VVT'])

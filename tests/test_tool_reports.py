@@ -66,13 +66,14 @@ def test_attention_lines_name_each_backbone_and_follow_the_selection():
         auto = plugin_env('cpu')
         assert auto['attention ViL'] == 'sliding_chunk math (training) / fast (inference)'
         assert auto['attention PaleTransformer'] == 'pale fast'
-        assert auto['attention VVT'] == 'vicinity fp32 products'
+        assert auto['attention VVT'] == 'vicinity torch ops'
         assert attention_paths('cuda')['ViLLS'] == 'long_short fast, sliding_chunk fast'
     with attention_impl('math'):
         assert plugin_env('cpu')['attention ViL'] == 'sliding_chunk math'
-        assert plugin_env('cpu')['attention VVT'] == 'vicinity fp32 products'
-    with attention_impl('fast'):
-        assert plugin_env('cpu')['attention VVT'] == 'vicinity bf16 products for bf16 inputs'
+        assert plugin_env('cpu')['attention VVT'] == 'vicinity torch ops'
+    with attention_impl('triton'):
+        assert attention_paths('cuda')['VVT'] == 'vicinity triton'
+        assert plugin_env('cpu')['attention VVT'] == 'vicinity torch ops'
 
 
 def test_collect_env_tool_prints_the_report(capsys):

@@ -261,40 +261,41 @@ def test_weights_are_the_cosines_and_sines_of_the_positions_built_once():
     assert vicinity_weights(3, 4, dtype=torch.bfloat16).dtype == torch.bfloat16
 
 
-def _bf16_forward_backward(q, k, v, height, width, impl):
+def _bf16_forward_backward(q, k, v, height, width, impl='auto', bf16_products=False):
     """Output and input gradients (float64) of bf16 ``q, k, v``, and the dtypes of the matrix products."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     recorder = OpRecorder()
     with recorder:
-        out = vicinity_attention(q, k, v, height, width, impl=impl)
+        out = vicinity_attention(q, k, v, height, width, impl=impl, bf16_products=bf16_products)
         weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
         grads = torch.autograd.grad((out.double() * weights).sum(), (q, k, v))
     products = {dtypes[0] for name, dtypes, _ in recorder.calls if name in ('mm', 'bmm')}
     return [out.double()] + [g.double() for g in grads], products
 
 
-def test_bf16_products_are_opt_in_with_impl_fast():
-    """bf16 inputs: 'auto' (and 'math') compute every product in fp32; 'fast' runs them all, forward
-    and backward, on bf16 operands (tensor cores). Both against the float64 result of the same
-    bf16-rounded inputs: 'fast' costs little in the output and up to 15x in the gradients (the
-    gradient of q is a small difference of two products), the figures the module docstring gives."""
+def test_bf16_products_are_opt_in():
+    """bf16 inputs: every product in fp32 by default, whatever the impl; ``bf16_products=True`` runs
+    them all, forward and backward, on bf16 operands (tensor cores). Both against the float64 result
+    of the same bf16-rounded inputs: bf16 products cost little in the output and up to 15x in the
+    gradients (the gradient of q is a small difference of two products), the figures the module
+    docstring gives."""
     g = torch.Generator().manual_seed(0)
     h, w = 24, 32
     q, k, v = (torch.randn(2, 2, h * w, 32, generator=g).bfloat16() for _ in range(3))
-    exact, _ = _bf16_forward_backward(q.double(), k.double(), v.double(), h, w, 'math')
+    exact, _ = _bf16_forward_backward(q.double(), k.double(), v.double(), h, w)
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
     errors = {}
-    for impl in ('auto', 'math', 'fast'):
-        results, products = _bf16_forward_backward(q, k, v, h, w, impl)
+    for impl, bf16_products in (('auto', False), ('math', False), ('fast', False), ('auto', True)):
+        results, products = _bf16_forward_backward(q, k, v, h, w, impl, bf16_products)
         assert results[0].isfinite().all()
-        assert products == ({torch.bfloat16} if impl == 'fast' else {torch.float32}), (impl, products)
-        errors[impl] = [rel(a, b) for a, b in zip(results, exact)]
-    assert errors['auto'] == errors['math']
-    assert max(errors['auto']) < 3e-3, errors            # the bf16 rounding of the result
-    assert errors['fast'][0] < 5e-3, errors               # output
-    assert max(errors['fast'][1:]) < 5e-2, errors         # gradients
-    # The process-wide selection decides what 'auto' is, as for the softmax attentions.
+        assert products == ({torch.bfloat16} if bf16_products else {torch.float32}), (impl, products)
+        errors[impl, bf16_products] = [rel(a, b) for a, b in zip(results, exact)]
+    assert errors['auto', False] == errors['math', False] == errors['fast', False]
+    assert max(errors['auto', False]) < 3e-3, errors      # the bf16 rounding of the result
+    assert errors['auto', True][0] < 5e-3, errors          # output
+    assert max(errors['auto', True][1:]) < 5e-2, errors    # gradients
+    # The process-wide selection does not choose the precision.
     with attention_impl('fast'):
-        assert _bf16_forward_backward(q, k, v, h, w, 'auto')[1] == {torch.bfloat16}
+        assert _bf16_forward_backward(q, k, v, h, w)[1] == {torch.float32}
 
 

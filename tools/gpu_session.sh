@@ -48,7 +48,7 @@ if [[ "$SMOKE" == 1 ]]; then
 else
     DEVICE=cuda
     # The baselines first, so that an interrupted run still has the ratios' reference.
-    BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333
+    BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s,vvt-s-bf16}" --sizes 800x1333
            --batches 8,2 --dtypes bf16,fp32 --impls fast,math,triton --warmup 3 --repeats 10)
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
 fi

@@ -16,7 +16,6 @@ import torch
 
 from .models import BACKBONES
 from .ops.impl import chosen_path, get_attention_impl
-from .ops.vicinity import matmul_dtype
 
 LIBRARIES = (('MMDetection', 'mmdet'), ('MMSegmentation', 'mmseg'), ('timm', 'timm'),
              ('Triton', 'triton'), ('visattn_mm', 'visattn_mm'))
@@ -68,12 +67,8 @@ def attention_paths(device_type):
     for backbone, cls in BACKBONES.items():
         parts = []
         for op, has_bias in cls.attention_ops:
-            if has_bias is None:
-                if chosen_path(device_type, op=op) == 'triton':
-                    parts.append(f'{op} triton')
-                else:
-                    bf16 = matmul_dtype(torch.bfloat16, get_attention_impl()) == torch.bfloat16
-                    parts.append(f'{op} ' + ('bf16 products for bf16 inputs' if bf16 else 'fp32 products'))
+            if has_bias is None:   # no softmax: the Triton kernels or torch ops
+                parts.append(f'{op} ' + ('triton' if chosen_path(device_type, op=op) == 'triton' else 'torch ops'))
                 continue
             train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
             parts.append(f'{op} {train}' if train == infer

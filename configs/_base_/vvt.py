@@ -12,7 +12,8 @@ vvt_backbone = dict(
     frozen_stages=-1,
     norm_eval=False,
     with_cp=False,
-    # 'auto' / 'math': the attention's matrix products in fp32 (also under bf16 AMP); 'fast': bf16
-    # products under bf16 AMP (tensor cores, coarser gradients; see visattn_mm.ops.vicinity);
-    # 'triton': fused Triton kernels in fp32 on CUDA (opt-in, not yet measured on a GPU)
-    attn_impl='auto')
+    # 'triton': fused Triton kernels in fp32 on CUDA (opt-in); the other values: torch ops
+    attn_impl='auto',
+    # True: the attention's matrix products on bf16 operands under bf16 AMP (tensor cores,
+    # coarser gradients; see visattn_mm.ops.vicinity); False: fp32 products
+    bf16_products=False)

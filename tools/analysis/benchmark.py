@@ -45,9 +45,9 @@ RESNET_50 = dict(depth=50, num_stages=4, out_indices=(0, 1, 2, 3), frozen_stages
                  norm_cfg=dict(type='BN', requires_grad=True), norm_eval=True, style='pytorch')
 
 
-def _ours(class_name, arch):
+def _ours(class_name, arch, **kwargs):
     import visattn_mm.models as models
-    return getattr(models, class_name)(arch=arch)
+    return getattr(models, class_name)(arch=arch, **kwargs)
 
 
 def _timm_swin_t():
@@ -90,6 +90,8 @@ def _model_zoo():
                                       ('pale', 'PaleTransformer', 'tsb'), ('vvt', 'VVT', 'tsml')):
         for arch in archs:
             zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
+    for arch in 'tsml':   # VVT with its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
+        zoo[f'vvt-{arch}-bf16'] = (functools.partial(_ours, 'VVT', arch, bf16_products=True), True)
     zoo['swin-t'] = (functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t,
                                        "timm's swin_tiny_patch4_window7_224"), False)
     zoo['r50'] = (functools.partial(_baseline, 'ResNet', RESNET_50, _torchvision_resnet_50,

@@ -73,17 +73,19 @@ class VicinityAttention(nn.Module):
         se_ratio (int): Hidden-width reduction of the gate's ``se_fc`` MLP
             (official models: 1, i.e. ``Linear(C, C)`` twice, without bias). Default: 1.
         proj_drop (float): Dropout on the output. Default: 0.
-        attn_impl (str): How the attention runs: 'triton' through fused Triton
-            kernels on CUDA tensors; otherwise the precision of its matrix
-            products for bf16 inputs: 'fast' for bf16 products, any other value of
-            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS` for fp32 ones (see
-            :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+        attn_impl (str): 'triton' runs the attention through fused Triton kernels on
+            CUDA tensors; every other value of :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`
+            through torch ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+        bf16_products (bool): bf16 operands for the torch path's matrix products of
+            bf16 inputs (tensor cores, coarser gradients); False: fp32. Default: False.
     """
 
-    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto'):
+    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto',
+                 bf16_products=False):
         super().__init__()
         self.num_heads = num_heads
         self.attn_impl = attn_impl
+        self.bf16_products = bf16_products
         reduced = dim // fr_ratio
         self.q_proj = nn.Linear(dim, reduced)
         self.k_proj = nn.Linear(dim, reduced)
@@ -103,7 +105,7 @@ class VicinityAttention(nn.Module):
         x = x.to(autocast_dtype(x))
         q, k, v = (proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl)
+        out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl, bf16_products=self.bf16_products)
         out = lean_signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
         return self.proj_drop(preserve_features(out, gate))
 
@@ -187,10 +189,11 @@ class VVTBlock(nn.Module):
     """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6."""
 
     def __init__(self, dim, num_heads, mlp_ratio, fr_ratio=2, se_ratio=1, drop=0.0, drop_path=0.0,
-                 attn_impl='auto'):
+                 attn_impl='auto', bf16_products=False):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl)
+        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl,
+                                      bf16_products=bf16_products)
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -248,12 +251,13 @@ class VVT(DenseBackbone):
             subclasses). Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
         attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see
-            :mod:`visattn_mm.ops.impl`). Vicinity attention has no softmax: 'fast'
-            runs its matrix products on bf16 operands when the inputs are bf16
-            (bf16 autocast; tensor cores, coarser gradients, opt-in), 'triton'
+            :mod:`visattn_mm.ops.impl`). Vicinity attention has no softmax: 'triton'
             runs it through fused Triton kernels in fp32 on CUDA tensors (opt-in,
-            :mod:`visattn_mm.ops.triton.vicinity`), the other values in fp32
-            through torch ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+            :mod:`visattn_mm.ops.triton.vicinity`), the other values through torch
+            ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+        bf16_products (bool): Run the torch path's matrix products on bf16 operands
+            when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
+            opt-in. False: fp32 products. Default: False.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             official VVT checkpoints (``model`` container or bare) load as they are.
@@ -268,9 +272,11 @@ class VVT(DenseBackbone):
 
     def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                 with_cp=False, attn_impl='auto', pretrained=None, init_cfg=None):
+                 with_cp=False, attn_impl='auto', bf16_products=False, pretrained=None, init_cfg=None):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
         check_attn_impl(attn_impl, 'VVT')
+        if not isinstance(bf16_products, bool):
+            raise ValueError(f'VVT: bf16_products={bf16_products!r} must be True or False')
         spec = self.resolve_arch(arch)
         depths, dims, heads, mlp_ratios = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['mlp_ratios']
         check_int(fr_ratio, 'fr_ratio', 'VVT')
@@ -288,7 +294,8 @@ class VVT(DenseBackbone):
         for i in range(self.num_stages):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
-                               drop_paths[sum(depths[:i]) + j], attn_impl) for j in range(depths[i])]
+                               drop_paths[sum(depths[:i]) + j], attn_impl, bf16_products)
+                      for j in range(depths[i])]
             embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
             self.stages.append(Stage(embed, blocks, nn.LayerNorm(dims[i], eps=LN_EPS)))
             in_dim = dims[i]

@@ -20,11 +20,10 @@ function:
   'auto' picks.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
-linear by construction. Its torch path has one choice, the precision of its
-matrix products: 'fast' gives bf16 inputs bf16 products (tensor cores; opt-in,
-never picked by 'auto', since its gradients are coarser: see there); 'auto' and
-'math' compute in at least fp32. 'triton' runs its fused kernels (in at least
-fp32) on CUDA tensors, and computes like 'auto' elsewhere.
+linear by construction: 'auto', 'fast' and 'math' run its one torch path; 'triton'
+runs its fused kernels (in at least fp32) on CUDA tensors, the torch path elsewhere.
+The precision of its torch-path products is a choice of its own (VVT's
+``bf16_products``), not of the implementation.
 
 The choice is made per model: the backbones' ``attn_impl`` argument, passed to
 every op as ``impl``. An explicit value ('fast', 'math', 'triton') is what runs; a
@@ -56,10 +55,9 @@ FUSED_DEVICES = ('cpu', 'cuda')
 # One line per choice, for the log line a backbone writes at build (describe_impl).
 IMPL_SUMMARIES = dict(
     auto="per device: the fused softmax kernels ('fast') on CPU and CUDA, the explicit softmax on the CPU "
-         'when a bias needs its gradient; vicinity attention in fp32',
-    fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention with bf16 matrix '
-         'products for bf16 inputs',
-    math='the explicit softmax (the reference); vicinity attention in fp32',
+         'when a bias needs its gradient; vicinity attention in torch ops',
+    fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention in torch ops',
+    math='the explicit softmax (the reference); vicinity attention in torch ops',
     triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' "
            'elsewhere',
 )

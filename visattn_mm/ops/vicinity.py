@@ -19,12 +19,12 @@ zeros stay zero) is applied after KV, after Z, after ``q' KV`` and after the
 multiplication by Z; the attention layer adds it after ``out_proj`` and after the
 feature-preserving gate (:func:`preserve_features`).
 
-Precision (autocast is switched off inside; the input dtype and ``impl`` decide):
+Precision (autocast is switched off inside; the input dtype and ``bf16_products`` decide):
 
 * fp32 / fp64 inputs: everything in that dtype.
 * fp16 and bf16 inputs: upcast to fp32 throughout (default). The sums over a
   detection-sized map (and their gradients under a loss scale) overflow fp16.
-* bf16 inputs with ``impl='fast'`` (opt-in): the three matrix products take bf16
+* bf16 inputs with ``bf16_products=True`` (opt-in): the three matrix products take bf16
   operands, so they can run on tensor cores. The GEMMs accumulate in fp32 and bf16
   has fp32's range; the sum of the key features, the normaliser, the clamps and the
   scaling by Z stay in fp32. The forward loses little (relative error 3e-3
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .impl import chosen_path, resolve_impl
+from .impl import chosen_path
 from .indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 
@@ -102,7 +102,8 @@ def vicinity_features(x, weights):
     return (x[..., None, :] * weights[:, :, None]).flatten(-2)
 
 
-def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True, impl='auto'):
+def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True, impl='auto',
+                       bf16_products=False):
     """Linear vicinity attention of one map.
 
     Args:
@@ -119,12 +120,14 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
             The Triton path always keeps only those and the small sums. Default: True.
-        impl (str): 'fast' gives bf16 inputs bf16 matrix products (see the module
-            docstring); 'triton' runs the Triton kernels on CUDA tensors
-            (:func:`~visattn_mm.ops.impl.chosen_path`); any other value of
-            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere,
-            computes in at least fp32. The process-wide selection decides what
-            'auto' is (:func:`~visattn_mm.ops.impl.resolve_impl`). Default: 'auto'.
+        impl (str): 'triton' runs the Triton kernels on CUDA tensors
+            (:func:`~visattn_mm.ops.impl.chosen_path`; the process-wide selection
+            decides whether 'auto' does); every other value of
+            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere, runs
+            the torch ops (this attention has no softmax to fuse). Default: 'auto'.
+        bf16_products (bool): Give bf16 inputs bf16 matrix products on the torch path
+            (tensor cores, coarser gradients; see the module docstring). False: at least
+            fp32. The Triton kernels compute in at least fp32 either way. Default: False.
 
     Returns:
         Tensor: ``(B, heads, N, d)`` in the dtype of ``q``.
@@ -135,7 +138,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     if chosen_path(q.device.type, impl=impl, op='vicinity') == 'triton':
         from .triton.vicinity import triton_vicinity_attention
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
-    operands = matmul_dtype(q.dtype, resolve_impl(impl))
+    operands = matmul_dtype(q.dtype, bf16_products)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute and needs_grad and operands == torch.promote_types(q.dtype, torch.float32):
         return _VicinityAttention.apply(q, k, v, height, width, eps, clamp)
@@ -144,10 +147,10 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     return _vicinity_attention(q, k, v, height, width, eps, clamp, operands)
 
 
-def matmul_dtype(dtype, impl='auto'):
-    """Operand dtype of vicinity attention's matrix products for inputs of ``dtype`` under the
-    resolved ``impl`` (see the module docstring): bf16 for bf16 inputs and 'fast', else at least fp32."""
-    if dtype == torch.bfloat16 and impl == 'fast':
+def matmul_dtype(dtype, bf16_products=False):
+    """Operand dtype of vicinity attention's torch-path matrix products for inputs of ``dtype``
+    (see the module docstring): bf16 for bf16 inputs with ``bf16_products``, else at least fp32."""
+    if dtype == torch.bfloat16 and bf16_products:
         return torch.bfloat16
     return torch.promote_types(dtype, torch.float32)
 
