@@ -5,6 +5,7 @@ package's model index, configs and training script (``mim search``, ``mim train`
 An installed copy gets real copies; a develop (editable) install gets links to the
 checkout, so that edits to a config are seen without reinstalling.
 """
+
 import shutil
 import sys
 from pathlib import Path

@@ -2,7 +2,12 @@
 # Paper numbers (Pale, Table 3): 41M params, 47.4 / 42.7 box / mask AP.
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/pale.py']
 model = dict(
-    backbone=dict(_base_.pale_backbone, arch='tiny', drop_path_rate=0.2,
-                  init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pale_tiny.pth')),
-    neck=dict(in_channels=[64, 128, 256, 512]))
+    backbone=dict(
+        _base_.pale_backbone,
+        arch='tiny',
+        drop_path_rate=0.2,
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pale_tiny.pth'),
+    ),
+    neck=dict(in_channels=[64, 128, 256, 512]),
+)
 optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)

@@ -1,4 +1,5 @@
 """Helpers shared by the backbone test files: tiny variants, output checks, gradient checks."""
+
 import re
 
 import torch
@@ -10,10 +11,8 @@ STRIDES = (4, 8, 16, 32)
 
 # Custom tiny archs (the arch-dict escape hatch): one block per stage, a few channels.
 VIL_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))
-VVT_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(1, 2, 2, 4),
-                     mlp_ratios=(2, 2, 2, 2))
-PALE_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(2, 2, 2, 4),
-                      mlp_ratios=(2, 2, 2, 2))
+VVT_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
+PALE_TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16), num_heads=(2, 2, 2, 4), mlp_ratios=(2, 2, 2, 2))
 TINY_ARCHS = {ViL: VIL_TINY_ARCH, ViLLS: VIL_TINY_ARCH, VVT: VVT_TINY_ARCH, PaleTransformer: PALE_TINY_ARCH}
 BACKBONES = tuple(TINY_ARCHS)
 
@@ -124,7 +123,7 @@ def official_vil_layout_checkpoint(spec, local_attention, seed=0, img_size=224, 
                 net[f'{attn}.attn.qkv.weight'], net[f'{attn}.attn.qkv.bias'] = rand(3 * dim, dim), rand(3 * dim)
                 net[f'{attn}.attn.proj.weight'], net[f'{attn}.attn.proj.bias'] = rand(dim, dim), rand(dim)
                 net[f'{attn}.attn.local_relative_position_bias_table'] = rand((2 * side - 1) ** 2, heads)
-                net[f'{attn}.attn.relative_position_index'] = torch.zeros(side ** 2, side ** 2, dtype=torch.long)
+                net[f'{attn}.attn.relative_position_index'] = torch.zeros(side**2, side**2, dtype=torch.long)
                 if num_global:
                     add_global_biases(net, attn, heads, num_global, rand)
             net[f'{mlp}.norm.weight'], net[f'{mlp}.norm.bias'] = 1 + rand(dim), rand(dim)
@@ -179,6 +178,7 @@ def numbered_layout_names(state_dict, stage_norm):
     """``state_dict`` under the numbered names VVT and Pale had before the shared stage layout
     (``patch_embed{n}``, ``block{n}``, ``norm{n}``, 1-based), written out here independently of
     the library's renaming."""
+
     def old_name(key):
         stage = re.match(r'stages\.(\d+)\.(patch_embed|blocks|norm)\.(.*)', key)
         if stage:
@@ -187,4 +187,5 @@ def numbered_layout_names(state_dict, stage_norm):
         norm = re.match(r'norm(\d+)\.(.*)', key)
         assert not (norm and stage_norm)
         return f'norm{int(norm.group(1)) + 1}.{norm.group(2)}' if norm else key
+
     return {old_name(key): value for key, value in state_dict.items()}

@@ -1,6 +1,7 @@
 """tools/analysis/benchmark.py and attention_benchmark.py: end to end (their main()) on tiny cases,
 the ratio and growth arithmetic on crafted rows, and the peak-memory meter on known
 allocations."""
+
 from __future__ import annotations
 
 import csv
@@ -17,7 +18,7 @@ import _bench_common as common  # noqa: E402
 
 from test_tools_cli import DET_CONFIG, _run, toy  # noqa: E402
 
-MIB = 2 ** 20
+MIB = 2**20
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
@@ -41,12 +42,14 @@ def _read_csv(path):
 
 def _assert_png(path):
     import matplotlib.image as mpimg
+
     assert path.read_bytes()[:8] == PNG_MAGIC
     height, width, _ = mpimg.imread(path).shape
     assert height > 100 and width > 100
 
 
 # --- peak memory -------------------------------------------------------------------
+
 
 @pytest.fixture(scope='module')
 def cpu_meter():
@@ -62,16 +65,22 @@ _HEAP_PINS = []
 
 def _measure_touched(meter, block_bytes, count):
     meter.start()
-    blocks = [torch.ones(block_bytes // 4) for _ in range(count)]     # ones() touches every page
+    blocks = [torch.ones(block_bytes // 4) for _ in range(count)]  # ones() touches every page
     _HEAP_PINS.append(torch.ones(min(block_bytes, 256 * 1024) // 4))
     del blocks
     return meter.peak()
 
 
-@pytest.mark.parametrize('block_bytes, count', [
-    (256 * MIB, 1), (64 * MIB, 1),
-    # Twice the same heap-sized blocks: the second must not hide in memory kept from the first.
-    (256 * 1024, 200), (256 * 1024, 200)])
+@pytest.mark.parametrize(
+    'block_bytes, count',
+    [
+        (256 * MIB, 1),
+        (64 * MIB, 1),
+        # Twice the same heap-sized blocks: the second must not hide in memory kept from the first.
+        (256 * 1024, 200),
+        (256 * 1024, 200),
+    ],
+)
 def test_cpu_meter_measures_known_allocations(cpu_meter, block_bytes, count):
     size = block_bytes * count
     assert abs(_measure_touched(cpu_meter, block_bytes, count) - size) < 0.05 * size + 4 * MIB
@@ -93,13 +102,16 @@ def test_cuda_meter_measures_known_allocation():
 
 # --- ratios and growth on crafted rows ------------------------------------------------
 
+
 def test_ratio_columns_use_the_baseline_row_of_the_same_case():
-    rows = [dict(model='swin-t', size=512, mode='fwd', time_ms=10.0, mem=100.0),
-            dict(model='swin-t', size=800, mode='fwd', time_ms=40.0, mem=400.0),
-            dict(model='vil-t', size=512, mode='fwd', time_ms=5.0, mem=300.0),
-            dict(model='vil-t', size=800, mode='fwd', time_ms=30.0, mem=100.0),
-            dict(model='vil-t', size=800, mode='fwd+bwd', time_ms=90.0, mem=500.0),
-            dict(model='r50', size=512, mode='fwd', time_ms=None, mem=50.0)]
+    rows = [
+        dict(model='swin-t', size=512, mode='fwd', time_ms=10.0, mem=100.0),
+        dict(model='swin-t', size=800, mode='fwd', time_ms=40.0, mem=400.0),
+        dict(model='vil-t', size=512, mode='fwd', time_ms=5.0, mem=300.0),
+        dict(model='vil-t', size=800, mode='fwd', time_ms=30.0, mem=100.0),
+        dict(model='vil-t', size=800, mode='fwd+bwd', time_ms=90.0, mem=500.0),
+        dict(model='r50', size=512, mode='fwd', time_ms=None, mem=50.0),
+    ]
     common.add_ratio_columns(rows, 'swin-t', ('size', 'mode'), ('time_ms', 'mem'))
     assert [r['time_ms_vs_swin-t'] for r in rows] == [1.0, 1.0, 0.5, 0.75, None, None]
     assert [r['mem_vs_swin-t'] for r in rows] == [1.0, 1.0, 3.0, 0.25, None, 0.5]
@@ -107,10 +119,23 @@ def test_ratio_columns_use_the_baseline_row_of_the_same_case():
 
 def test_growth_rows_divide_consecutive_sizes():
     def row(tokens, ms, mib, status='ok'):
-        return dict(attention='vicinity', impl='math', mode='fwd', dtype='fp32', tokens=tokens,
-                    time_ms=ms, peak_mem_mib=mib, status=status)
-    rows = [row(3136, 8.0, 40.0), row(784, 2.0, 10.0), row(196, 1.0, 2.0),
-            row(12544, None, None, 'skipped: would need 9.0 GiB')]
+        return dict(
+            attention='vicinity',
+            impl='math',
+            mode='fwd',
+            dtype='fp32',
+            tokens=tokens,
+            time_ms=ms,
+            peak_mem_mib=mib,
+            status=status,
+        )
+
+    rows = [
+        row(3136, 8.0, 40.0),
+        row(784, 2.0, 10.0),
+        row(196, 1.0, 2.0),
+        row(12544, None, None, 'skipped: would need 9.0 GiB'),
+    ]
     growth = attention_benchmark.growth_rows(rows)
     assert [(g['tokens_from'], g['tokens_to']) for g in growth] == [(196, 784), (784, 3136)]
     assert [g['mem_ratio'] for g in growth] == [5.0, 4.0]
@@ -125,15 +150,19 @@ def test_dense_memory_estimate_is_the_fp32_score_matrices():
 
 # --- bad input ------------------------------------------------------------------------
 
-@pytest.mark.parametrize('argv, message', [
-    (['--sizes', '800by1333'], 'HEIGHTxWIDTH'),
-    (['--models', 'vit-b'], '--models'),
-    (['--dtypes', 'fp8'], '--dtypes'),
-    (['--repeats', '0'], '--repeats'),
-    (['--batches', 'two'], '--batches'),
-    (['--batches', '2,0'], '--batches: batch sizes must be >= 1'),
-    (['--device', 'tpu'], '--device'),
-])
+
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--sizes', '800by1333'], 'HEIGHTxWIDTH'),
+        (['--models', 'vit-b'], '--models'),
+        (['--dtypes', 'fp8'], '--dtypes'),
+        (['--repeats', '0'], '--repeats'),
+        (['--batches', 'two'], '--batches'),
+        (['--batches', '2,0'], '--batches: batch sizes must be >= 1'),
+        (['--device', 'tpu'], '--device'),
+    ],
+)
 def test_benchmark_rejects_bad_options(argv, message):
     with pytest.raises(SystemExit, match=message):
         args = benchmark.parse_args(argv)
@@ -144,8 +173,11 @@ def test_benchmark_help_lists_the_choices(capsys):
     with pytest.raises(SystemExit):
         benchmark.parse_args(['--help'])
     text = ' '.join(capsys.readouterr().out.split())
-    for option, choices in (('--modes', 'any of: fwd, fwd+bwd'), ('--batches', 'batch sizes (ints >= 1)'),
-                            ('--warmup', 'calls before the timed ones, an int >= 0')):
+    for option, choices in (
+        ('--modes', 'any of: fwd, fwd+bwd'),
+        ('--batches', 'batch sizes (ints >= 1)'),
+        ('--warmup', 'calls before the timed ones, an int >= 0'),
+    ):
         assert choices in text.split(f'{option} {option[2:].upper()}', 1)[1], option
 
 
@@ -156,25 +188,46 @@ def test_attention_benchmark_rejects_odd_heads_for_pale():
 
 # --- end to end -----------------------------------------------------------------------
 
+
 def test_benchmark_end_to_end(tmp_path):
     # Two tiny backbones (a cheaper baseline than Swin-T) keep this fast.
-    benchmark.main(['--models', 'vvt-t', '--baseline', 'vil-t', '--sizes', '64x64',
-                    '--batches', '1', '--dtypes', 'fp32', '--impls', 'math', '--warmup', '0',
-                    '--repeats', '1', '--out-dir', str(tmp_path)])
+    benchmark.main(
+        [
+            '--models',
+            'vvt-t',
+            '--baseline',
+            'vil-t',
+            '--sizes',
+            '64x64',
+            '--batches',
+            '1',
+            '--dtypes',
+            'fp32',
+            '--impls',
+            'math',
+            '--warmup',
+            '0',
+            '--repeats',
+            '1',
+            '--out-dir',
+            str(tmp_path),
+        ]
+    )
     columns, rows = _read_csv(tmp_path / 'benchmark.csv')
     assert columns == benchmark.columns_for('vil-t')
     # The baseline joins the run by itself; each model runs forward and forward+backward.
     assert [(r['model'], r['impl'], r['mode']) for r in rows] == [
-        ('vvt-t', 'math', 'fwd'), ('vvt-t', 'math', 'fwd+bwd'),
-        ('vil-t', 'math', 'fwd'), ('vil-t', 'math', 'fwd+bwd')]
-    assert all(r['status'] == 'ok' and float(r['time_ms']) > 0 and float(r['peak_mem_mib']) > 0
-               for r in rows)
+        ('vvt-t', 'math', 'fwd'),
+        ('vvt-t', 'math', 'fwd+bwd'),
+        ('vil-t', 'math', 'fwd'),
+        ('vil-t', 'math', 'fwd+bwd'),
+    ]
+    assert all(r['status'] == 'ok' and float(r['time_ms']) > 0 and float(r['peak_mem_mib']) > 0 for r in rows)
     base = {r['mode']: r for r in rows if r['model'] == 'vil-t'}
     for r in rows:
         for key in ('time_ms', 'peak_mem_mib'):
             # The CSV holds 3 significant digits.
-            assert float(r[f'{key}_vs_vil-t']) == pytest.approx(
-                float(r[key]) / float(base[r['mode']][key]), rel=0.01)
+            assert float(r[f'{key}_vs_vil-t']) == pytest.approx(float(r[key]) / float(base[r['mode']][key]), rel=0.01)
     _assert_png(tmp_path / 'benchmark.png')
 
 
@@ -187,12 +240,34 @@ def test_interrupted_benchmark_writes_the_models_measured(tmp_path, monkeypatch,
         if name == 'vil-t':
             raise KeyboardInterrupt
         return measure(name, *args)
+
     monkeypatch.setattr(benchmark, 'run_model', interrupted_at_vil_t)
-    monkeypatch.setitem(sys.modules, 'matplotlib', None)   # import raises ImportError
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # import raises ImportError
     with pytest.raises(SystemExit, match='interrupted before all models were measured'):
-        benchmark.main(['--models', 'vvt-t', '--baseline', 'vil-t', '--sizes', '64x64',
-                        '--batches', '1', '--dtypes', 'fp32', '--impls', 'math', '--modes', 'fwd',
-                        '--warmup', '0', '--repeats', '1', '--out-dir', str(tmp_path)])
+        benchmark.main(
+            [
+                '--models',
+                'vvt-t',
+                '--baseline',
+                'vil-t',
+                '--sizes',
+                '64x64',
+                '--batches',
+                '1',
+                '--dtypes',
+                'fp32',
+                '--impls',
+                'math',
+                '--modes',
+                'fwd',
+                '--warmup',
+                '0',
+                '--repeats',
+                '1',
+                '--out-dir',
+                str(tmp_path),
+            ]
+        )
     _, rows = _read_csv(tmp_path / 'benchmark.csv')
     assert [(r['model'], r['status'], r['time_ms_vs_vil-t']) for r in rows] == [('vvt-t', 'ok', '')]
     assert not (tmp_path / 'benchmark.png').exists()
@@ -203,10 +278,28 @@ def test_interrupted_benchmark_writes_the_models_measured(tmp_path, monkeypatch,
 def test_attention_benchmark_end_to_end(tmp_path, capsys):
     # The dense limit lets 49 tokens through (7.2e-5 GiB of scores) and skips 196 (1.1e-3 GiB);
     # sdpa needs no N x N memory and is capped by the token count instead.
-    attention_benchmark.main(['--attentions', 'sliding_chunk,vicinity,dense,sdpa',
-                              '--sides', '7,14', '--impls', 'math', '--modes', 'fwd',
-                              '--warmup', '0', '--repeats', '1', '--dense-limit-gib', '1e-4',
-                              '--dense-max-tokens', '100', '--out-dir', str(tmp_path)])
+    attention_benchmark.main(
+        [
+            '--attentions',
+            'sliding_chunk,vicinity,dense,sdpa',
+            '--sides',
+            '7,14',
+            '--impls',
+            'math',
+            '--modes',
+            'fwd',
+            '--warmup',
+            '0',
+            '--repeats',
+            '1',
+            '--dense-limit-gib',
+            '1e-4',
+            '--dense-max-tokens',
+            '100',
+            '--out-dir',
+            str(tmp_path),
+        ]
+    )
     columns, rows = _read_csv(tmp_path / 'attention_benchmark.csv')
     assert columns == list(attention_benchmark.COLUMNS)
     status = {(r['attention'], int(r['tokens'])): r['status'] for r in rows}
@@ -224,24 +317,26 @@ def test_attention_benchmark_end_to_end(tmp_path, capsys):
 def test_baselines_come_from_timm_and_torchvision_without_mmdet(monkeypatch, capsys):
     """Same architectures (parameter counts within 0.1%), any input size, four maps at
     strides 4-32, and a line saying where they came from."""
-    with_mmdet = {name: sum(p.numel() for p in benchmark.MODEL_ZOO[name][0]().parameters())
-                  for name in ('swin-t', 'r50')}
-    monkeypatch.setitem(sys.modules, 'mmdet.models.backbones', None)   # import raises ImportError
+    with_mmdet = {
+        name: sum(p.numel() for p in benchmark.MODEL_ZOO[name][0]().parameters()) for name in ('swin-t', 'r50')
+    }
+    monkeypatch.setitem(sys.modules, 'mmdet.models.backbones', None)  # import raises ImportError
     for name, source in (('swin-t', 'timm'), ('r50', 'torchvision')):
         model = benchmark.MODEL_ZOO[name][0]()
         assert f'built from {source}' in capsys.readouterr().out
         params = sum(p.numel() for p in model.parameters())
         assert params == pytest.approx(with_mmdet[name], rel=1e-3)
         outputs = model(torch.randn(1, 3, 70, 90))
-        if name == 'r50':   # torchvision's extractor: a dict of NCHW maps
+        if name == 'r50':  # torchvision's extractor: a dict of NCHW maps
             sizes = [tuple(o.shape[2:]) for o in outputs.values()]
-        else:               # timm's Swin: NHWC maps
+        else:  # timm's Swin: NHWC maps
             sizes = [tuple(o.shape[1:3]) for o in outputs]
         assert sizes == [(18, 23), (9, 12), (5, 6), (3, 3)]
         benchmark.backbone_loss(model(torch.randn(1, 3, 70, 90))).backward()
 
 
 # --- training throughput ----------------------------------------------------------------
+
 
 def test_swin_t_baseline_is_prepared_for_toy_data(tmp_path):
     """mmdet's own Swin-T config, as the tool changes it: toy data, no ImageNet weights, AMP."""
@@ -264,23 +359,48 @@ def test_train_throughput_end_to_end(tmp_path):
     for name, channels in (('tiny_a', 16), ('tiny_b', 8)):
         text = DET_CONFIG.format(data_root=data, classes=toy.COCO_CLASSES)
         configs.append(tmp_path / f'{name}.py')
-        configs[-1].write_text(text.replace('base_channels=16', f'base_channels={channels}').replace(
-            'in_channels=[16, 32, 64, 128]', f'in_channels={[channels * 2 ** i for i in range(4)]}'))
+        configs[-1].write_text(
+            text.replace('base_channels=16', f'base_channels={channels}').replace(
+                'in_channels=[16, 32, 64, 128]', f'in_channels={[channels * 2**i for i in range(4)]}'
+            )
+        )
     # A subprocess: the Runners it builds leave no default scope behind for later tests.
-    _run([sys.executable, str(ANALYSIS / 'train_throughput.py'), str(configs[0]), '--baseline', str(configs[1]),
-          '--data-root', str(data), '--image-size', '64x96', '--batch', '2', '--warmup', '1', '--iters', '1',
-          '--workers', '0', '--out-dir', str(tmp_path / 'out')], cwd=tmp_path)
+    _run(
+        [
+            sys.executable,
+            str(ANALYSIS / 'train_throughput.py'),
+            str(configs[0]),
+            '--baseline',
+            str(configs[1]),
+            '--data-root',
+            str(data),
+            '--image-size',
+            '64x96',
+            '--batch',
+            '2',
+            '--warmup',
+            '1',
+            '--iters',
+            '1',
+            '--workers',
+            '0',
+            '--out-dir',
+            str(tmp_path / 'out'),
+        ],
+        cwd=tmp_path,
+    )
     columns, rows = _read_csv(tmp_path / 'out' / 'train_throughput.csv')
     assert columns == list(train_throughput.COLUMNS)
-    assert [r['config'] for r in rows] == ['tiny_b', 'tiny_a']      # the baseline first
+    assert [r['config'] for r in rows] == ['tiny_b', 'tiny_a']  # the baseline first
     for row in rows:
-        assert row['status'] == 'ok' and row['iters'] == '1', row   # warm-up not timed
+        assert row['status'] == 'ok' and row['iters'] == '1', row  # warm-up not timed
         assert float(row['images_per_s']) == pytest.approx(2e3 / float(row['step_ms']), rel=0.01)
         assert float(row['peak_mem_mib']) > 0
     baseline, measured = rows
     assert float(baseline['images_per_s_vs_baseline']) == 1.0
     assert float(measured['images_per_s_vs_baseline']) == pytest.approx(
-        float(measured['images_per_s']) / float(baseline['images_per_s']), rel=0.01)
+        float(measured['images_per_s']) / float(baseline['images_per_s']), rel=0.01
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the refusal concerns machines without a GPU')
@@ -293,6 +413,7 @@ def test_vvt_bf16_variants_build_vvt_with_bf16_products():
     """``vvt-<arch>-bf16`` is VVT of that arch with ``bf16_products=True``: the bf16 rows measure
     what the opt-in costs, the plain name fp32 products."""
     from visattn_mm.models.vvt import VicinityAttention
+
     plain, bf16 = (benchmark.MODEL_ZOO[name][0]() for name in ('vvt-t', 'vvt-t-bf16'))
     flags = [{m.bf16_products for m in model.modules() if isinstance(m, VicinityAttention)} for model in (plain, bf16)]
     assert flags == [{False}, {True}]

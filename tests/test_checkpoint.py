@@ -1,4 +1,5 @@
 """ImageNet checkpoints into dense backbones: official ViL layout, resizing, reports, refusals."""
+
 import argparse
 import math
 import subprocess
@@ -27,13 +28,14 @@ def official_vil_checkpoint(spec, seed=0, img_size=224, window=7):
     Sliding-chunk stages 1-2: separate ``query``/``kv``/``proj`` with duplicate ``*_global``
     keys sharing the same tensors, ``(4w-1)^2`` tables and index buffers, g2l/g2g biases.
     """
+
     def sliding_chunk_keys(net, attn, dim, heads, num_global, rand):
         for name, rows in (('query', dim), ('kv', 2 * dim), ('proj', dim)):
             weight, bias = rand(rows, dim), rand(rows)
             net[f'{attn}.attn.{name}.weight'] = net[f'{attn}.attn.{name}_global.weight'] = weight
             net[f'{attn}.attn.{name}.bias'] = net[f'{attn}.attn.{name}_global.bias'] = bias
         net[f'{attn}.attn.local_relative_position_bias_table'] = rand((4 * window - 1) ** 2, heads)
-        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window ** 2, 9 * window ** 2, dtype=torch.long)
+        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window**2, 9 * window**2, dtype=torch.long)
         add_global_biases(net, attn, heads, num_global, rand)
 
     return official_vil_layout_checkpoint(spec, sliding_chunk_keys, seed, img_size, best_acc=82.4)
@@ -54,8 +56,12 @@ def bilinear_reference(grid, size):
         y0, y1, wy = taps(y)
         for x in range(size):
             x0, x1, wx = taps(x)
-            out[y, x] = ((1 - wy) * (1 - wx) * grid[y0, x0] + (1 - wy) * wx * grid[y0, x1]
-                         + wy * (1 - wx) * grid[y1, x0] + wy * wx * grid[y1, x1])
+            out[y, x] = (
+                (1 - wy) * (1 - wx) * grid[y0, x0]
+                + (1 - wy) * wx * grid[y0, x1]
+                + wy * (1 - wx) * grid[y1, x0]
+                + wy * wx * grid[y1, x1]
+            )
     return out
 
 
@@ -66,7 +72,7 @@ def test_resize_rpb_table_hand_computed():
     torch.testing.assert_close(resize_rpb_table(table, 9), expected)
     assert resize_rpb_table(table, 4) is table
     with pytest.raises(ValueError, match='square'):
-        resize_rpb_table(torch.zeros(253, 3), 729)   # Transformer-LS' aliased table has no grid
+        resize_rpb_table(torch.zeros(253, 3), 729)  # Transformer-LS' aliased table has no grid
 
 
 def test_resize_rpb_grid_rectangular_hand_computed():
@@ -87,6 +93,7 @@ def official_small(tmp_path_factory):
 def _build_maskrcnn_vil_s(checkpoint):
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
+
     init_default_scope('mmdet')
     cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_vil_s_1x.py')
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(checkpoint))
@@ -119,8 +126,10 @@ def test_official_vil_checkpoint_into_maskrcnn_config(official_small):
     torch.testing.assert_close(sd['stages.2.blocks.2.attn.kv.bias'], o('layer3.5.attn.qkv.bias')[384:])
     torch.testing.assert_close(sd['stages.2.patch_embed.cls_token'], o('layer3.0.cls_token'))
     # Stage 3 table: 27x27 (14x14 map) == the w=7 chunk table, loaded unchanged.
-    torch.testing.assert_close(sd['stages.2.blocks.7.attn.local_relative_position_bias_table'],
-                               o('layer3.15.attn.local_relative_position_bias_table'))
+    torch.testing.assert_close(
+        sd['stages.2.blocks.7.attn.local_relative_position_bias_table'],
+        o('layer3.15.attn.local_relative_position_bias_table'),
+    )
     # Stage 4 table: 13x13 (7x7 map) -> 27x27, against an independent bilinear computation.
     old = o('layer4.1.attn.local_relative_position_bias_table')
     new = sd['stages.3.blocks.0.attn.local_relative_position_bias_table']
@@ -145,6 +154,7 @@ def test_global_token_count_is_adapted():
 def test_wrong_model_is_refused_and_nothing_loads(tmp_path, make):
     if make == 'resnet':
         import torchvision
+
         checkpoint = {'state_dict': torchvision.models.resnet50().state_dict()}
     else:
         checkpoint = official_vil_checkpoint(TINY)
@@ -180,7 +190,7 @@ def test_plain_load_state_dict_resizes_tables():
     model = ViL(arch=TINY_ARCH, window_size=3)
     sd = model.state_dict()
     key = 'stages.0.blocks.0.attn.local_relative_position_bias_table'
-    sd[key] = torch.randn(5 * 5, 1)                     # e.g. from a window-2 model
+    sd[key] = torch.randn(5 * 5, 1)  # e.g. from a window-2 model
     sd['stages.0.blocks.0.attn.relative_position_index'] = torch.zeros(3, dtype=torch.long)
     model.load_state_dict(sd, strict=True)
     assert model.state_dict()[key].shape == (121, 1)
@@ -195,10 +205,21 @@ def test_non_weights_only_checkpoint_falls_back_with_a_warning(tmp_path):
 
 
 def test_convert_tool_writes_weights_only_file(tmp_path, official_small):
-    out = tmp_path / 'checkpoints' / 'converted.pth'      # a folder that does not exist yet
-    proc = subprocess.run([sys.executable, 'tools/convert_ckpt.py', str(official_small), str(out),
-                           '--config', 'configs/maskrcnn_vil_s_1x.py'],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = tmp_path / 'checkpoints' / 'converted.pth'  # a folder that does not exist yet
+    proc = subprocess.run(
+        [
+            sys.executable,
+            'tools/convert_ckpt.py',
+            str(official_small),
+            str(out),
+            '--config',
+            'configs/maskrcnn_vil_s_1x.py',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'vil_official' in proc.stdout and 'missing: 0' in proc.stdout
     converted = torch.load(out, weights_only=True)
@@ -209,23 +230,26 @@ def test_convert_tool_writes_weights_only_file(tmp_path, official_small):
 
 def test_ape_tables_are_interpolated_in_1d():
     """APE models trained at another size: x/y tables are linearly resized on load."""
-    source = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=64)      # stage 1: 16 x 16
-    target = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=96)      # stage 1: 24 x 24
+    source = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=64)  # stage 1: 16 x 16
+    target = ViL(arch=TINY_ARCH, use_rpb=False, pretrain_img_size=96)  # stage 1: 24 x 24
     report = load_pretrained(target, source.state_dict())
     key = 'stages.0.patch_embed.x_pos_embed'
     assert report.resized[key] == ((1, 16, 8), (1, 24, 8))
-    expected = torch.nn.functional.interpolate(source.state_dict()[key].transpose(1, 2), size=24,
-                                               mode='linear', align_corners=False).transpose(1, 2)
+    expected = torch.nn.functional.interpolate(
+        source.state_dict()[key].transpose(1, 2), size=24, mode='linear', align_corners=False
+    ).transpose(1, 2)
     torch.testing.assert_close(target.state_dict()[key], expected)
 
 
 def test_convert_tool_refusal_names_its_own_flag(tmp_path, monkeypatch):
     """The refusal named init_cfg's allow_partial=True, which the tool's command line cannot pass."""
     from test_tools_cli import _load_tool
+
     source = tmp_path / 'resnet.pth'
     torch.save({'conv1.weight': torch.randn(64, 3, 7, 7), 'fc.weight': torch.randn(1000, 2048)}, source)
-    monkeypatch.setattr(sys, 'argv', ['convert_ckpt.py', str(source), str(tmp_path / 'out.pth'),
-                                      '--backbone', 'type=ViL', 'arch=tiny'])
+    monkeypatch.setattr(
+        sys, 'argv', ['convert_ckpt.py', str(source), str(tmp_path / 'out.pth'), '--backbone', 'type=ViL', 'arch=tiny']
+    )
     with pytest.raises(SystemExit, match='refusing to load') as err:
         _load_tool('convert_ckpt').main()
     assert 'Pass --allow-partial' in str(err.value) and 'allow_partial=True' not in str(err.value)

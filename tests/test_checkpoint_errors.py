@@ -1,4 +1,5 @@
 """Bad checkpoints: a clear error naming the file, what was detected and the fix; nothing half-loaded."""
+
 import os
 import pickle
 
@@ -30,12 +31,15 @@ def _write_bad(kind, good_file, directory):
     """Write one kind of bad checkpoint; return its path."""
     path = directory / f'{kind}.pth'
     if kind == 'truncated':
-        path.write_bytes(good_file.read_bytes()[:len(good_file.read_bytes()) // 2])
+        path.write_bytes(good_file.read_bytes()[: len(good_file.read_bytes()) // 2])
     elif kind == 'text':
         path.write_text('model = dict(type="ViL")\n')
     elif kind == 'random_bytes':
-        path.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
-                                       dtype=torch.uint8).numpy().tobytes())
+        path.write_bytes(
+            torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+            .numpy()
+            .tobytes()
+        )
     elif kind == 'pickled_list':
         torch.save([torch.zeros(3), 1, 'a'], path)
     elif kind == 'plain_pickle':
@@ -48,15 +52,18 @@ def _write_bad(kind, good_file, directory):
     return path
 
 
-@pytest.mark.parametrize('kind,detected', [
-    ('truncated', 'truncated'),
-    ('text', 'not a torch pickle|another format'),
-    ('random_bytes', 'not a torch pickle'),
-    ('pickled_list', "no state_dict of tensors found .* found list"),
-    ('plain_pickle', 'not a torch pickle'),
-    ('no_tensors', r"no state_dict of tensors found .*\['epoch', 'meta'\]"),
-    ('empty', r'the file is empty \(0 bytes'),
-])
+@pytest.mark.parametrize(
+    'kind,detected',
+    [
+        ('truncated', 'truncated'),
+        ('text', 'not a torch pickle|another format'),
+        ('random_bytes', 'not a torch pickle'),
+        ('pickled_list', "no state_dict of tensors found .* found list"),
+        ('plain_pickle', 'not a torch pickle'),
+        ('no_tensors', r"no state_dict of tensors found .*\['epoch', 'meta'\]"),
+        ('empty', r'the file is empty \(0 bytes'),
+    ],
+)
 def test_file_that_is_not_a_checkpoint(model, good_file, tmp_path, kind, detected):
     path = _write_bad(kind, good_file, tmp_path)
     before = snapshot(model)
@@ -64,7 +71,7 @@ def test_file_that_is_not_a_checkpoint(model, good_file, tmp_path, kind, detecte
         load_pretrained(model, str(path))
     message = str(err.value)
     assert str(path) in message
-    assert 'tools/convert_ckpt.py' in message          # the fix
+    assert 'tools/convert_ckpt.py' in message  # the fix
     assert_unchanged(model, before)
 
 

@@ -5,6 +5,7 @@ the backbone for load_from, refused for testing and resuming; other models refus
 load report). Through the tools (subprocesses on the tiny Mask R-CNN of test_tools_cli):
 the refusal's exit code and message, and one line for an empty or truncated file.
 """
+
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +21,19 @@ from visattn_mm.checkpoint.policy import REFUSED_ACTION
 from visattn_mm.models import Classifier, ViL
 
 ROOT = Path(__file__).resolve().parents[1]
-VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')   # the official classification layout
+VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # the official classification layout
 
 
 def resnet50_like_checkpoint():
     """A few tensors of a torchvision ResNet-50 ImageNet checkpoint (bare state_dict, real shapes)."""
-    return {'conv1.weight': torch.randn(64, 3, 7, 7), 'bn1.weight': torch.ones(64), 'bn1.bias': torch.zeros(64),
-            'layer1.0.conv1.weight': torch.randn(64, 64, 1, 1), 'fc.weight': torch.randn(1000, 2048),
-            'fc.bias': torch.zeros(1000)}
+    return {
+        'conv1.weight': torch.randn(64, 3, 7, 7),
+        'bn1.weight': torch.ones(64),
+        'bn1.bias': torch.zeros(64),
+        'layer1.0.conv1.weight': torch.randn(64, 64, 1, 1),
+        'fc.weight': torch.randn(1000, 2048),
+        'fc.bias': torch.zeros(1000),
+    }
 
 
 def build_config_model(config, seed, **options):
@@ -38,6 +44,7 @@ def build_config_model(config, seed, **options):
     import importlib
 
     from mmengine.registry import init_default_scope
+
     cfg = Config.fromfile(ROOT / 'configs' / config)
     importlib.import_module(f'{cfg.default_scope}.utils').register_all_modules(init_default_scope=False)
     init_default_scope(cfg.default_scope)
@@ -65,7 +72,7 @@ def test_load_from_classification_checkpoint_converts_it_into_the_backbone(build
     report = load_model_checkpoint(detector, {'state_dict': classifier.state_dict()}, 'cls.pth', 'load_from')
     assert report.container == 'state_dict+backbone.' and report.missing == [] and report.unexpected == []
     ours, theirs = detector.backbone.state_dict(), classifier.backbone.state_dict()
-    for stage in (2, 3):   # full attention in the checkpoint, sliding-chunk in the detector
+    for stage in (2, 3):  # full attention in the checkpoint, sliding-chunk in the detector
         prefix = f'stages.{stage}.blocks.0.attn.'
         qkv, dim = theirs[prefix + 'qkv.weight'], ours[prefix + 'query.weight'].shape[0]
         assert torch.equal(ours[prefix + 'query.weight'], qkv[:dim])
@@ -83,7 +90,7 @@ def test_classification_checkpoint_cannot_be_evaluated_or_resumed(build_detector
         load_model_checkpoint(detector, {'state_dict': classifier.state_dict()}, 'cls.pth', purpose)
     message = str(err.value)
     assert 'It holds backbone-only weights (ImageNet classification weights of this ViL' in message
-    assert 'none for neck, bbox_head' in message and 'load_from=cls.pth' in message   # the fix that works
+    assert 'none for neck, bbox_head' in message and 'load_from=cls.pth' in message  # the fix that works
     assert_unchanged(detector, before)
 
 
@@ -112,8 +119,10 @@ def test_checkpoint_of_another_detector_is_refused_as_such(build_detector, purpo
     with pytest.raises(CheckpointError, match=f'refusing to {REFUSED_ACTION[purpose]} mask_rcnn.pth') as err:
         load_model_checkpoint(detector, {'state_dict': mask_rcnn.state_dict(), 'meta': {}}, 'mask_rcnn.pth', purpose)
     message = str(err.value)
-    assert ("It holds another detector or segmentor: its parts are neck, rpn_head, roi_head, this config's "
-            "neck, bbox_head; its backbone fits this config's ViL") in message
+    assert (
+        "It holds another detector or segmentor: its parts are neck, rpn_head, roi_head, this config's "
+        "neck, bbox_head; its backbone fits this config's ViL"
+    ) in message
     assert 'not in it: ' in message and 'bbox_head (20: bbox_head.cls_convs.0.conv.weight' in message
     assert 'config it was trained with' in message
     assert_unchanged(detector, before)
@@ -126,8 +135,10 @@ def test_detector_checkpoint_given_to_a_segmentor_is_not_called_backbone_only():
     with pytest.raises(CheckpointError) as err:
         load_model_checkpoint(segmentor, {'state_dict': retinanet.state_dict()}, 'retinanet.pth', 'test')
     message = str(err.value)
-    assert "It holds another detector or segmentor: its parts are neck, bbox_head, this config's " \
-           "decode_head, auxiliary_head; its backbone fits this config's VVT" in message
+    assert (
+        "It holds another detector or segmentor: its parts are neck, bbox_head, this config's "
+        "decode_head, auxiliary_head; its backbone fits this config's VVT" in message
+    )
     assert 'backbone-only' not in message
 
 
@@ -140,8 +151,10 @@ def test_checkpoint_of_another_class_count_names_both_counts(build_detector, tra
     with pytest.raises(CheckpointError) as err:
         load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test')
     message = str(err.value)
-    assert (f'bbox_head.retina_cls.weight: the checkpoint predicts {trained} classes, the config {configured} '
-            f'(checkpoint ({9 * trained}, 256, 3, 3), model ({9 * configured}, 256, 3, 3))') in message
+    assert (
+        f'bbox_head.retina_cls.weight: the checkpoint predicts {trained} classes, the config {configured} '
+        f'(checkpoint ({9 * trained}, 256, 3, 3), model ({9 * configured}, 256, 3, 3))'
+    ) in message
     assert f'--cfg-options model.bbox_head.num_classes={trained}' in message
     assert 'load_from_allow_partial=True' in message
     assert_unchanged(detector, before)
@@ -153,8 +166,9 @@ def test_partial_evaluation_on_purpose_loads_what_matches(build_detector):
     random_head = detector.bbox_head.retina_cls.weight.detach().clone()
     with pytest.raises(CheckpointError, match='the checkpoint predicts 80 classes'):
         load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test')
-    report = load_model_checkpoint(detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test',
-                                   allow_partial=True)
+    report = load_model_checkpoint(
+        detector, {'state_dict': other.state_dict()}, 'retinanet.pth', 'test', allow_partial=True
+    )
     assert report.missing == ['bbox_head.retina_cls.weight', 'bbox_head.retina_cls.bias']
     assert torch.equal(detector.bbox_head.retina_cls.weight, random_head)
     assert torch.equal(detector.neck.fpn_convs[0].conv.weight, other.neck.fpn_convs[0].conv.weight)
@@ -179,12 +193,20 @@ def test_checkpoint_of_another_model_is_refused_with_the_report(build_detector):
     state_dict = {f'backbone.{k}': v for k, v in resnet50_like_checkpoint().items()}
     state_dict.update({k: v for k, v in other.state_dict().items() if k.startswith('bbox_head.')})
     before = snapshot(detector)
-    with pytest.raises(CheckpointError, match=r'refusing to load: only \d+ of \d+ parameter tensors of '
-                                              'RetinaNet match r50.pth') as err:
+    with pytest.raises(
+        CheckpointError,
+        match=r'refusing to load: only \d+ of \d+ parameter tensors of '
+        'RetinaNet match r50.pth',
+    ) as err:
         load_model_checkpoint(detector, {'state_dict': state_dict, 'meta': {}}, 'r50.pth', 'load_from')
     message = str(err.value)
-    for needed in ("layout 'whole model'", 'missing:', 'unexpected: 6 (backbone.conv1.weight',
-                   'another backbone', 'load_from_allow_partial=True'):
+    for needed in (
+        "layout 'whole model'",
+        'missing:',
+        'unexpected: 6 (backbone.conv1.weight',
+        'another backbone',
+        'load_from_allow_partial=True',
+    ):
         assert needed in message, needed
     assert_unchanged(detector, before)
     report = load_model_checkpoint(detector, {'state_dict': state_dict}, 'r50.pth', 'load_from', allow_partial=True)
@@ -209,9 +231,13 @@ def test_init_cfg_list_loads_pretrained_after_the_others(tmp_path):
     source = ViL(arch=VIL_TINY_ARCH)
     path = tmp_path / 'vil.pth'
     torch.save({'state_dict': source.state_dict()}, path)
-    model = ViL(arch=VIL_TINY_ARCH, init_cfg=[
-        dict(type='Constant', layer='Linear', val=0.5, bias=0.5),
-        dict(type='Pretrained', checkpoint=str(path))])
+    model = ViL(
+        arch=VIL_TINY_ARCH,
+        init_cfg=[
+            dict(type='Constant', layer='Linear', val=0.5, bias=0.5),
+            dict(type='Pretrained', checkpoint=str(path)),
+        ],
+    )
     model.init_weights()
     for key, value in model.state_dict().items():
         assert torch.equal(value, source.state_dict()[key]), key
@@ -236,9 +262,10 @@ def workspace(tmp_path_factory):
     (root / 'empty.pth').write_bytes(b'')
     whole = root / 'whole.pth'
     torch.save({'state_dict': {'a': torch.zeros(1000)}, 'meta': {}}, whole)
-    (root / 'truncated.pth').write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
-    eighty_classes = _tiny_mask_rcnn(root, {'model.roi_head.bbox_head.num_classes': 80,
-                                            'model.roi_head.mask_head.num_classes': 80})
+    (root / 'truncated.pth').write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    eighty_classes = _tiny_mask_rcnn(
+        root, {'model.roi_head.bbox_head.num_classes': 80, 'model.roi_head.mask_head.num_classes': 80}
+    )
     torch.save({'state_dict': eighty_classes.state_dict(), 'meta': {'epoch': 0, 'iter': 4}}, root / 'classes80.pth')
     published = _tiny_mask_rcnn(root, {})
     torch.save({'state_dict': published.state_dict(), 'meta': {'epoch': 0, 'iter': 4}}, root / 'published.pth')
@@ -246,7 +273,8 @@ def workspace(tmp_path_factory):
     (root / 'plugin_mask_rcnn.py').write_text(
         "_base_ = ['tiny_mask_rcnn.py']\n"
         "custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)\n"
-        "runner_type = 'CheckpointPolicyRunner'\n")
+        "runner_type = 'CheckpointPolicyRunner'\n"
+    )
     return root
 
 
@@ -255,6 +283,7 @@ def _tiny_mask_rcnn(root, options):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
     from mmengine.registry import init_default_scope
+
     register_all_modules(init_default_scope=False)
     init_default_scope('mmdet')
     cfg = Config.fromfile(root / 'tiny_mask_rcnn.py')
@@ -263,8 +292,13 @@ def _tiny_mask_rcnn(root, options):
 
 
 def _run_tool(workspace, name, work_dir, *args):
-    return subprocess.run([sys.executable, str(TOOLS / name), 'tiny_mask_rcnn.py', *args, '--work-dir', work_dir],
-                          cwd=workspace, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(TOOLS / name), 'tiny_mask_rcnn.py', *args, '--work-dir', work_dir],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_test_tool_refuses_a_classification_checkpoint(workspace):
@@ -274,7 +308,7 @@ def test_test_tool_refuses_a_classification_checkpoint(workspace):
     assert 'error: refusing to evaluate resnet50.pth: ' in proc.stderr
     assert 'It holds backbone-only weights of another backbone or size' in proc.stderr
     assert 'none for neck, rpn_head, roi_head' in proc.stderr and 'tools/train.py' in proc.stderr
-    assert not list((workspace / 'work_test').glob('*/*.json'))    # no metrics were written
+    assert not list((workspace / 'work_test').glob('*/*.json'))  # no metrics were written
 
 
 def test_test_tool_refuses_another_class_count_and_evaluates_it_with_allow_partial(workspace):
@@ -282,23 +316,31 @@ def test_test_tool_refuses_another_class_count_and_evaluates_it_with_allow_parti
     proc = _run_tool(workspace, 'test.py', 'work_classes', 'classes80.pth')
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert 'Traceback' not in proc.stderr
-    assert ('roi_head.bbox_head.fc_cls.weight: the checkpoint predicts 80 classes, the config 3 '
-            '(checkpoint (81, 64), model (4, 64))') in proc.stderr
+    assert (
+        'roi_head.bbox_head.fc_cls.weight: the checkpoint predicts 80 classes, the config 3 '
+        '(checkpoint (81, 64), model (4, 64))'
+    ) in proc.stderr
     assert 'add --allow-partial' in proc.stderr and 'load_from_allow_partial' not in proc.stderr
     assert not list((workspace / 'work_classes').glob('*/*.json'))
 
     proc = _run_tool(workspace, 'test.py', 'work_partial', 'classes80.pth', '--allow-partial')
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'tensors of MaskRCNN not from it' in proc.stdout + proc.stderr
-    assert list((workspace / 'work_partial').glob('*/*.json'))     # the metrics of the partial match
+    assert list((workspace / 'work_partial').glob('*/*.json'))  # the metrics of the partial match
 
 
 def test_mmdet_test_script_through_the_configs_runner_refuses_too(workspace):
     """mmdet's own tools/test.py builds the config's runner_type: the same refusal, naming --cfg-options."""
     import mmdet
+
     script = Path(mmdet.__file__).parent / '.mim' / 'tools' / 'test.py'
-    proc = subprocess.run([sys.executable, str(script), 'plugin_mask_rcnn.py', 'classes80.pth',
-                           '--work-dir', 'work_mmdet'], cwd=workspace, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), 'plugin_mask_rcnn.py', 'classes80.pth', '--work-dir', 'work_mmdet'],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert 'CheckpointError: refusing to evaluate classes80.pth' in proc.stderr
     assert 'the checkpoint predicts 80 classes, the config 3' in proc.stderr
@@ -319,21 +361,30 @@ def test_resume_from_published_weights_exits_with_the_fix(workspace):
 
 
 def test_train_tool_refuses_load_from_of_another_backbone(workspace):
-    proc = _run_tool(workspace, 'train.py', 'work_load_from', '--cfg-options', 'load_from=resnet50.pth',
-                     'train_cfg.max_iters=1',
-                     'train_cfg.val_interval=100')
+    proc = _run_tool(
+        workspace,
+        'train.py',
+        'work_load_from',
+        '--cfg-options',
+        'load_from=resnet50.pth',
+        'train_cfg.max_iters=1',
+        'train_cfg.val_interval=100',
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert 'Traceback' not in proc.stderr
     assert 'error: refusing to load: only 0 of' in proc.stderr and 'parameter tensors of ResNet match' in proc.stderr
     assert "load_from='resnet50.pth' holds backbone-only" in proc.stderr
-    assert 'conv1.weight ckpt (64, 3, 7, 7) vs model (16, 3, 7, 7)' in proc.stderr   # the load report
+    assert 'conv1.weight ckpt (64, 3, 7, 7) vs model (16, 3, 7, 7)' in proc.stderr  # the load report
     assert 'Iter(train)' not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize('tool,args,problem', [
-    ('test.py', ['empty.pth'], 'the file is empty'),
-    ('train.py', ['--resume', 'truncated.pth'], 'the file may be truncated'),
-])
+@pytest.mark.parametrize(
+    'tool,args,problem',
+    [
+        ('test.py', ['empty.pth'], 'the file is empty'),
+        ('train.py', ['--resume', 'truncated.pth'], 'the file may be truncated'),
+    ],
+)
 def test_unreadable_checkpoint_is_one_line_naming_the_file(workspace, tool, args, problem):
     proc = _run_tool(workspace, tool, f'work_{tool}', *args)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -351,8 +402,9 @@ def test_pale_detector_saved_with_the_numbered_layout_is_evaluated_but_not_resum
     old.update({k: v for k, v in other.state_dict().items() if not k.startswith('backbone.')})
     checkpoint = {'state_dict': old, 'meta': {'epoch': 0, 'iter': 4}, 'message_hub': {}}
     before = snapshot(detector)
-    with pytest.raises(CheckpointError, match='refusing to resume from old.pth: it was saved with an older '
-                                              'layout') as err:
+    with pytest.raises(
+        CheckpointError, match='refusing to resume from old.pth: it was saved with an older layout'
+    ) as err:
         load_model_checkpoint(detector, checkpoint, 'old.pth', 'resume')
     assert '--cfg-options load_from=old.pth' in str(err.value)
     assert_unchanged(detector, before)

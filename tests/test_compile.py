@@ -7,20 +7,21 @@ kernels as in eager mode, and gives the same outputs and parameter gradients; an
 ``torch.library.opcheck`` validates each Triton op's schema, fake (shape) function
 and autograd formula, with the optional inputs given and absent.
 """
+
 import importlib
 
 import pytest
 import torch
 import torch._dynamo
-from triton_harness import interpreted_fixture, launch_snapshot, launches_since, main, mismatches
 
 from helpers import build_tiny
+from triton_harness import interpreted_fixture, launch_snapshot, launches_since, main, mismatches
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 BACKBONES = (ViL, ViLLS, VVT, PaleTransformer)
 # The modules of the Triton ops in visattn_mm.ops.triton (each defines its op as ``_<name>_op``).
 OP_MODULES = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
-interpreted = interpreted_fixture()   # the Triton comparisons below, run in the interpreter
+interpreted = interpreted_fixture()  # the Triton comparisons below, run in the interpreter
 
 
 @pytest.mark.parametrize('backbone', BACKBONES, ids=lambda c: c.__name__)
@@ -55,6 +56,7 @@ def test_triton_path_compiles_with_inductor_on_cuda(backbone):
     """torch.compile's default backend (Inductor) around the Triton ops on a GPU: one graph, and the
     eager outputs and parameter gradients in fp32 within reordered-sum round-off."""
     from triton_harness import skip_unless_compiled
+
     skip_unless_compiled()
     result = compile_backbone(backbone, device='cuda', dtype=torch.float32, backend='inductor')
     assert result['launches'] and result['compiled_launches'] == result['launches']
@@ -84,10 +86,15 @@ def compile_backbone(cls, device='cpu', dtype=torch.float64, backend='aot_eager'
     actual, compiled_launches = run(torch.compile(model, backend=backend, fullgraph=True))
     # Relative to the tensor, or to a thousandth of the largest one for gradients of rounding noise.
     floor = 1e-3 * max(ref.norm().item() for ref in expected.values())
-    errors = {label: (actual[label] - ref).norm().item() / max(ref.norm().item(), floor)
-              for label, ref in expected.items()}
-    return dict(launches=launches, compiled_launches=compiled_launches, relative_errors=errors,
-                mismatches=mismatches(actual, expected, rtol=1e-12, atol=1e-12))
+    errors = {
+        label: (actual[label] - ref).norm().item() / max(ref.norm().item(), floor) for label, ref in expected.items()
+    }
+    return dict(
+        launches=launches,
+        compiled_launches=compiled_launches,
+        relative_errors=errors,
+        mismatches=mismatches(actual, expected, rtol=1e-12, atol=1e-12),
+    )
 
 
 def op_arguments(module, full):
@@ -107,12 +114,13 @@ def op_arguments(module, full):
     window, num_shared = 3, 2
     shared = [leaf(batch, heads, num_shared, dim) if full else None for _ in range(2)]
     if module == 'sliding_chunk':
-        local_bias = leaf(heads, window ** 2, 9 * window ** 2) if full else None
+        local_bias = leaf(heads, window**2, 9 * window**2) if full else None
         l2g_bias = leaf(heads, num_shared) if full else None
         return q, k, v, *shared, local_bias, l2g_bias, height, width, window, 0, 0
     from visattn_mm.ops.indexing import segment_pad
+
     span = window + 2 * segment_pad(window)
-    local_bias = leaf(heads, window ** 2, span ** 2) if full else None
+    local_bias = leaf(heads, window**2, span**2) if full else None
     global_kv = [leaf(batch, heads, 1, dim) if full else None for _ in range(2)]
     return q, k, v, *shared, *global_kv, local_bias, height, width, window
 
@@ -125,6 +133,7 @@ def fake_metadata_agrees(op, args):
     """Whether ``op``'s fake function gives its outputs' shapes, strides and dtypes (opcheck compares
     shapes but not strides, which compiled code downstream relies on)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     real = op(*args)
     with FakeTensorMode() as mode:
         fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
@@ -144,14 +153,27 @@ def opcheck_op(module):
         checks.update(torch.library.opcheck(op, args).values())
         tensors = [a for a in args if isinstance(a, torch.Tensor) or a is None]
         outputs = [t.detach() for t in op(*args)]
-        backward_args = (torch.randn_like(outputs[0]), *tensors, *outputs, *args[len(tensors):],
-                         [t is not None for t in tensors])
-        checks.update(['SUCCESS' if fake_metadata_agrees(f, a) else f'fake strides of {f}'
-                       for f, a in ((op, args), (backward_op, backward_args))])
+        backward_args = (
+            torch.randn_like(outputs[0]),
+            *tensors,
+            *outputs,
+            *args[len(tensors) :],
+            [t is not None for t in tensors],
+        )
+        checks.update(
+            [
+                'SUCCESS' if fake_metadata_agrees(f, a) else f'fake strides of {f}'
+                for f, a in ((op, args), (backward_op, backward_args))
+            ]
+        )
     return dict(checks=sorted(checks), launches=sum(launches_since(before).values()))
 
 
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
-    main(None, {}, **{f'compile {cls.__name__}': lambda cls=cls: compile_backbone(cls) for cls in BACKBONES},
-         **{f'opcheck {module}': lambda module=module: opcheck_op(module) for module in OP_MODULES})
+    main(
+        None,
+        {},
+        **{f'compile {cls.__name__}': lambda cls=cls: compile_backbone(cls) for cls in BACKBONES},
+        **{f'opcheck {module}': lambda module=module: opcheck_op(module) for module in OP_MODULES},
+    )

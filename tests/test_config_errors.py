@@ -4,6 +4,7 @@ Every case runs three ways: the class itself, and ``MODELS.build`` of the mmdet 
 mmseg registries (what a config does). The cases shared by all four backbones go through
 the one validator in ``visattn_mm/models/layers.py``.
 """
+
 import re
 
 import pytest
@@ -85,8 +86,10 @@ SPECIFIC_CASES = {
         (dict(bf16_products='fast'), "bf16_products='fast' must be True or False"),
         (dict(se_ratio=1.5), 'se_ratio=1.5 must be an int >= 1'),
         (dict(se_ratio=7), 'not divisible by se_ratio=7'),
-        (dict(arch=_arch(VVT, embed_dims=(6, 16, 16, 16), num_heads=(2, 2, 2, 4))),
-         r'embed_dims\[0\]=6 is not divisible by num_heads\[0\]=2 x fr_ratio=2'),
+        (
+            dict(arch=_arch(VVT, embed_dims=(6, 16, 16, 16), num_heads=(2, 2, 2, 4))),
+            r'embed_dims\[0\]=6 is not divisible by num_heads\[0\]=2 x fr_ratio=2',
+        ),
         (dict(arch=_arch(VVT, mlp_ratios=(4,))), 'mlp_ratios needs 4 entries'),
         (dict(arch=_arch(VVT, mlp_ratios=(4, 0, 4, 4))), r'mlp_ratios\[1\]=0 must be a number > 0'),
         (dict(arch=_arch(VVT, mlp_ratios=(4, 4, -1, 4))), r'mlp_ratios\[2\]=-1 must be a number > 0'),
@@ -96,8 +99,10 @@ SPECIFIC_CASES = {
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7, 0, 7, 7))), r'pale_sizes\[1\]=0 must be an int >= 1'),
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7, -7, 7, 7))), r'pale_sizes\[1\]=-7 must be an int'),
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7, 7, 3.5, 7))), r'pale_sizes\[2\]=3.5 must be an int'),
-        (dict(arch=_arch(PaleTransformer, num_heads=(2, 3, 2, 4), embed_dims=(8, 18, 16, 16))),
-         r'num_heads\[1\]=3 must be even'),
+        (
+            dict(arch=_arch(PaleTransformer, num_heads=(2, 3, 2, 4), embed_dims=(8, 18, 16, 16))),
+            r'num_heads\[1\]=3 must be even',
+        ),
         (dict(arch=_arch(PaleTransformer, pale_sizes=(7,))), 'pale_sizes needs 4 entries'),
         (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 4))), 'mlp_ratios needs 4 entries'),
         (dict(arch=_arch(PaleTransformer, mlp_ratios=(4, 0, 4, 4))), r'mlp_ratios\[1\]=0 must be a number > 0'),
@@ -106,8 +111,11 @@ SPECIFIC_CASES = {
     ],
 }
 
-CASES = [pytest.param(cls, kwargs, pattern, id=f'{cls.__name__}-{i}')
-         for cls in BACKBONES for i, (kwargs, pattern) in enumerate(_common_cases(cls) + SPECIFIC_CASES[cls])]
+CASES = [
+    pytest.param(cls, kwargs, pattern, id=f'{cls.__name__}-{i}')
+    for cls in BACKBONES
+    for i, (kwargs, pattern) in enumerate(_common_cases(cls) + SPECIFIC_CASES[cls])
+]
 
 BUILDERS = {
     'class': lambda cls, kwargs: cls(**kwargs),
@@ -123,7 +131,7 @@ def test_bad_argument_is_a_value_error_at_build_time(cls, kwargs, pattern, route
         BUILDERS[route](cls, kwargs)
     message = str(err.value)
     assert re.search(pattern, message), message
-    assert cls.__name__ in message      # says which backbone, also through the registries
+    assert cls.__name__ in message  # says which backbone, also through the registries
 
 
 def test_frozen_stage_limit_counts_only_the_built_stages():

@@ -4,6 +4,7 @@ paper parameter counts, and one training iteration of every model on tiny genera
 Models are built once per (task, backbone variant): the 1x and 3x+MS configs of a detector
 must have identical model dicts, which is asserted instead of building twice.
 """
+
 import copy
 import functools
 import importlib
@@ -29,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / 'configs'
 DEMO = 'demo/maskrcnn_vil_t_toy.py'
 ALL_CONFIGS = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob('*.py') if '_base_' not in p.parts)
-NAME = re.compile(r'(?P<task>maskrcnn|retinanet|upernet)_(?P<family>vil_ls|vil|pale|vvt)_(?P<size>[tsmbl])_'
-                  r'(?P<schedule>1x|3x_ms|160k_ade20k)\.py')
+NAME = re.compile(
+    r'(?P<task>maskrcnn|retinanet|upernet)_(?P<family>vil_ls|vil|pale|vvt)_(?P<size>[tsmbl])_'
+    r'(?P<schedule>1x|3x_ms|160k_ade20k)\.py'
+)
 
 # What the issue asks for: every variant of every backbone, five configs each.
 SIZES = dict(vil='tsmb', vil_ls='tsmb', pale='tsb', vvt='tsml')
@@ -44,8 +47,9 @@ SEGMENTATION = [name for name in MATRIX if name.startswith('upernet')]
 # Paper recipes (ViL paper, Table 10; Pale paper, appendix "Detailed Experimental Settings"); ViL-LS takes ViL's;
 # VVT's are our choices.
 VIL_DROP_PATH = dict(t=0.1, s=0.2, m=0.3, b=0.3)
-DROP_PATH = dict(vil=VIL_DROP_PATH, vil_ls=VIL_DROP_PATH, vvt=dict(t=0.1, s=0.2, m=0.3, l=0.3),
-                 pale=dict(t=0.2, s=0.3, b=0.5))
+DROP_PATH = dict(
+    vil=VIL_DROP_PATH, vil_ls=VIL_DROP_PATH, vvt=dict(t=0.1, s=0.2, m=0.3, l=0.3), pale=dict(t=0.2, s=0.3, b=0.5)
+)
 PALE_SEG_DROP_PATH = dict(t=0.3, s=0.3, b=0.5)
 MULTI_SCALES = [(1333, short) for short in (640, 672, 704, 736, 768, 800)]
 NO_DECAY_NAMES = ('relative_position', 'cls_token', 'pos_embed')
@@ -68,8 +72,13 @@ def pipeline_steps(pipeline, type_name):
 
 
 def test_matrix_is_complete():
-    expected = sorted(f'{task}_{family}_{size}_{schedule}.py' for family, sizes in SIZES.items() for size in sizes
-                      for task, schedules in SCHEDULES.items() for schedule in schedules)
+    expected = sorted(
+        f'{task}_{family}_{size}_{schedule}.py'
+        for family, sizes in SIZES.items()
+        for size in sizes
+        for task, schedules in SCHEDULES.items()
+        for schedule in schedules
+    )
     assert MATRIX == expected
     assert set(ALL_CONFIGS) - set(MATRIX) == {DEMO}
 
@@ -80,7 +89,7 @@ def test_config_imports_plugin_and_points_at_checkpoint(name):
     checkpoints/<timm name>.pth (the demo trains from scratch)."""
     cfg = load(name)
     assert 'visattn_mm' in cfg.custom_imports.imports
-    assert cfg.runner_type == 'CheckpointPolicyRunner'   # also under mmdet's/mmseg's own tools and mim
+    assert cfg.runner_type == 'CheckpointPolicyRunner'  # also under mmdet's/mmseg's own tools and mim
     # Exact resume: the RNG states travel in checkpoints (RandomShiftHook includes RngStateHook).
     assert {h['type'] for h in cfg.custom_hooks} & {'RngStateHook', 'RandomShiftHook'}
     backbone = cfg.model.backbone
@@ -114,7 +123,8 @@ def test_amp_switch_applies(name, apply_amp):
     wrapper = cfg.optim_wrapper
     assert wrapper.type == 'AmpOptimWrapper' and wrapper.loss_scale == 'dynamic'
     accepted = set(inspect.signature(AmpOptimWrapper).parameters) | set(
-        inspect.signature(AmpOptimWrapper.__mro__[1]).parameters)
+        inspect.signature(AmpOptimWrapper.__mro__[1]).parameters
+    )
     assert set(wrapper) - {'type', '_scope_', 'paramwise_cfg', 'constructor'} <= accepted
 
 
@@ -125,8 +135,11 @@ def test_detection_schedule_and_optimiser(name):
     assert cfg.train_cfg.max_epochs == (36 if three_x else 12)
     warmup, steps = cfg.param_scheduler
     assert (warmup.type, warmup.by_epoch, warmup.end) == ('LinearLR', False, 1000)
-    assert (steps.type, steps.end, steps.milestones) == ('MultiStepLR', cfg.train_cfg.max_epochs,
-                                                         [27, 33] if three_x else [8, 11])
+    assert (steps.type, steps.end, steps.milestones) == (
+        'MultiStepLR',
+        cfg.train_cfg.max_epochs,
+        [27, 33] if three_x else [8, 11],
+    )
 
     train_pipeline = cfg.train_dataloader.dataset.pipeline
     assert not [step for step in train_pipeline if 'Crop' in step['type']]
@@ -156,8 +169,15 @@ def test_detection_schedule_and_optimiser(name):
     assert optimizer.lr == (8e-5 if family.startswith('vil') and size == 'b' else 1e-4)
     assert optimizer.weight_decay == (dict(t=0.001, s=0.001, b=0.05)[size] if family == 'pale' else 0.05)
     clip = cfg.optim_wrapper.get('clip_grad')
-    expected_clip = dict(vil=dict(maskrcnn=0.5, retinanet=1.0), vil_ls=dict(maskrcnn=0.5, retinanet=1.0),
-                         vvt=dict(maskrcnn=1.0, retinanet=1.0)).get(family, {}).get(p['task'])
+    expected_clip = (
+        dict(
+            vil=dict(maskrcnn=0.5, retinanet=1.0),
+            vil_ls=dict(maskrcnn=0.5, retinanet=1.0),
+            vvt=dict(maskrcnn=1.0, retinanet=1.0),
+        )
+        .get(family, {})
+        .get(p['task'])
+    )
     assert (clip.max_norm if clip else None) == expected_clip
     assert cfg.model.backbone.drop_path_rate == DROP_PATH[family][size]
 
@@ -207,8 +227,8 @@ def build_model(cfg):
     model_cfg = copy.deepcopy(cfg.model)
     model_cfg.backbone.init_cfg = None
     if scope == 'mmseg':
-        model_cfg.data_preprocessor.size = (IMAGE_SIZE, IMAGE_SIZE)   # instead of the 512x512 crop
-    if 'roi_head' in model_cfg:   # tiny images with two objects: fewer sampled anchors/RoIs suffice
+        model_cfg.data_preprocessor.size = (IMAGE_SIZE, IMAGE_SIZE)  # instead of the 512x512 crop
+    if 'roi_head' in model_cfg:  # tiny images with two objects: fewer sampled anchors/RoIs suffice
         model_cfg.train_cfg.rpn.sampler.num = model_cfg.train_cfg.rcnn.sampler.num = 64
     return registry.build(model_cfg)
 
@@ -256,17 +276,24 @@ def assert_decay_groups(model, cfg, family):
     base_decay = cfg.optim_wrapper.optimizer.weight_decay
     decay = weight_decay_by_name(model, cfg.optim_wrapper)
     assert set(decay) == {n for n, p in model.named_parameters() if p.requires_grad}
-    norm_params = {f'{module_name}.{param_name}' for module_name, module in model.named_modules()
-                   if isinstance(module, NORM_TYPES) for param_name, _ in module.named_parameters(recurse=False)}
+    norm_params = {
+        f'{module_name}.{param_name}'
+        for module_name, module in model.named_modules()
+        if isinstance(module, NORM_TYPES)
+        for param_name, _ in module.named_parameters(recurse=False)
+    }
     for name, value in decay.items():
-        no_decay = (name in norm_params or name.endswith('.bias')
-                    or any(key in name for key in NO_DECAY_NAMES))
+        no_decay = name in norm_params or name.endswith('.bias') or any(key in name for key in NO_DECAY_NAMES)
         assert value == (0.0 if no_decay else base_decay), (name, value)
     linear_weights = [f'{n}.weight' for n, m in model.backbone.named_modules() if isinstance(m, nn.Linear)]
     assert linear_weights and all(decay[f'backbone.{n}'] == base_decay for n in linear_weights)
     # The names the rule above must catch, so the test cannot pass vacuously.
-    anchors = dict(vil=('relative_position', 'cls_token'), vil_ls=('dual_ln', 'relative_position', 'cls_token'),
-                   pale=('norm',), vvt=('norm',))[family]
+    anchors = dict(
+        vil=('relative_position', 'cls_token'),
+        vil_ls=('dual_ln', 'relative_position', 'cls_token'),
+        pale=('norm',),
+        vvt=('norm',),
+    )[family]
     for anchor in anchors:
         matching = [n for n in decay if n.startswith('backbone.') and anchor in n]
         assert matching and all(decay[n] == 0.0 for n in matching), anchor

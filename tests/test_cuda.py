@@ -5,6 +5,7 @@ Tests marked ``cuda`` are skipped without a GPU, with the reason (``tests/confte
 on a GPU machine with ``bash tools/run_tests.sh -m cuda``. The backbone comparison runs on the
 CPU too (the same test body, ``device='cpu'``), so its code is exercised where CI has no GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,19 +42,17 @@ AUTOCAST_DTYPES = dict(fp32=None, bf16=torch.bfloat16, fp16=torch.float16)
 TOLERANCES = dict(fp32=5e-3, bf16=6e-2, fp16=5e-2)
 # Every path a backbone has: the softmax attentions have two; vicinity attention's two are the
 # precisions of its products under bf16 autocast (fp32, or bf16 with 'fast').
-IMPLS = {ViL: ('math', 'fast'), ViLLS: ('math', 'fast'), PaleTransformer: ('math', 'fast'),
-         VVT: ('auto', 'fast')}
+IMPLS = {ViL: ('math', 'fast'), ViLLS: ('math', 'fast'), PaleTransformer: ('math', 'fast'), VVT: ('auto', 'fast')}
 CASES = [(cls, impl) for cls, impls in IMPLS.items() for impl in impls]
-SIZES = ((64, 64), (45, 71))   # square, and odd and non-square (padded in every stage)
-CPU_SIZE = (33, 47)            # odd and non-square too, cheaper
+SIZES = ((64, 64), (45, 71))  # square, and odd and non-square (padded in every stage)
+CPU_SIZE = (33, 47)  # odd and non-square too, cheaper
 
 
 def forward_backward(model, image, autocast_dtype=None):
     """Outputs and gradients (input first, then every parameter) of a fixed weighted sum of the
     outputs, all as float64 CPU tensors."""
     image = image.detach().clone().requires_grad_()
-    autocast = (torch.autocast(image.device.type, dtype=autocast_dtype) if autocast_dtype
-                else contextlib.nullcontext())
+    autocast = torch.autocast(image.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with autocast:
         outs = model(image)
     gen = torch.Generator().manual_seed(1)
@@ -83,6 +82,7 @@ def reference(cls, size, device):
 def relative_errors(results, expected):
     """``{check: (||x - ref|| / ||ref||, allowed multiple of the tolerance)}``: each output,
     the input gradient, all gradients together and each attention bias table's gradient."""
+
     def error(keys):
         diff = sum((results[k] - expected[k]).norm() ** 2 for k in keys) ** 0.5
         return (diff / sum(expected[k].norm() ** 2 for k in keys) ** 0.5).item()
@@ -91,8 +91,9 @@ def relative_errors(results, expected):
     checks['grad input'] = (error(['grad input']), 1)
     checks['all gradients'] = (error([k for k in expected if k.startswith('grad')]), 1)
     # (A table whose reference gradient is zero, e.g. g2g of a single global token, has no signal.)
-    checks.update({key: (error([key]), 2) for key, ref in expected.items()
-                   if 'relative_position_bias' in key and ref.norm() > 0})
+    checks.update(
+        {key: (error([key]), 2) for key, ref in expected.items() if 'relative_position_bias' in key and ref.norm() > 0}
+    )
     return checks
 
 
@@ -109,11 +110,18 @@ def backbone_params():
     """Every case on CUDA; on the CPU, a check of the test's code kept cheap: the last path of each
     backbone in fp32 at ``CPU_SIZE`` (test_fast_paths.py and test_training_reliability.py cover
     the CPU's paths and bf16 / fp16)."""
-    params = [pytest.param('cuda', cls, impl, dtype, size, marks=CUDA,
-                           id=f'cuda-{cls.__name__}-{impl}-{dtype}-{size[0]}x{size[1]}')
-              for cls, impl in CASES for dtype in AUTOCAST_DTYPES for size in SIZES]
-    return params + [pytest.param('cpu', cls, impls[-1], 'fp32', CPU_SIZE, id=f'cpu-{cls.__name__}-{impls[-1]}-fp32')
-                     for cls, impls in IMPLS.items()]
+    params = [
+        pytest.param(
+            'cuda', cls, impl, dtype, size, marks=CUDA, id=f'cuda-{cls.__name__}-{impl}-{dtype}-{size[0]}x{size[1]}'
+        )
+        for cls, impl in CASES
+        for dtype in AUTOCAST_DTYPES
+        for size in SIZES
+    ]
+    return params + [
+        pytest.param('cpu', cls, impls[-1], 'fp32', CPU_SIZE, id=f'cpu-{cls.__name__}-{impls[-1]}-fp32')
+        for cls, impls in IMPLS.items()
+    ]
 
 
 @pytest.mark.parametrize('device,cls,impl,dtype,size', backbone_params())
@@ -127,10 +135,13 @@ def test_backbone_matches_float64_reference(device, cls, impl, dtype, size, exac
     with attention_impl(impl):
         results = forward_backward(model, image.to(device), AUTOCAST_DTYPES[dtype])
     if device == 'cuda':
-        assert torch.cuda.max_memory_allocated() > 0    # the model really ran on the GPU
+        assert torch.cuda.max_memory_allocated() > 0  # the model really ran on the GPU
     tolerance = TOLERANCES[dtype]
-    failed = {key: error for key, (error, factor) in relative_errors(results, expected).items()
-              if not error <= factor * tolerance}
+    failed = {
+        key: error
+        for key, (error, factor) in relative_errors(results, expected).items()
+        if not error <= factor * tolerance
+    }
     assert not failed, (tolerance, failed)
 
 
@@ -167,15 +178,20 @@ def test_training_step_never_waits_for_the_gpu(cls, impl):
 # Training and evaluation through the tools, with --amp
 # --------------------------------------------------------------------------
 E2E_BACKBONES = ('vil_s', 'pale_t', 'vvt_s', 'vil_ls_s')
-E2E_CONFIGS = [f'{task}_{backbone}_{schedule}.py' for backbone in E2E_BACKBONES
-               for task, schedule in (('maskrcnn', '1x'), ('retinanet', '1x'), ('upernet', '160k_ade20k'))]
+E2E_CONFIGS = [
+    f'{task}_{backbone}_{schedule}.py'
+    for backbone in E2E_BACKBONES
+    for task, schedule in (('maskrcnn', '1x'), ('retinanet', '1x'), ('upernet', '160k_ade20k'))
+]
 
 
 @pytest.fixture(scope='module')
 def toy_data(tmp_path_factory):
     root = tmp_path_factory.mktemp('toy')
-    return dict(mmdet=toy.make_coco_instances(root / 'coco', num_train=4, num_val=2),
-                mmseg=toy.make_ade20k_layout(root / 'ade', num_train=4, num_val=2))
+    return dict(
+        mmdet=toy.make_coco_instances(root / 'coco', num_train=4, num_val=2),
+        mmseg=toy.make_ade20k_layout(root / 'ade', num_train=4, num_val=2),
+    )
 
 
 def toy_config(name, toy_data, out_dir, max_iters=1):
@@ -226,8 +242,12 @@ def test_dist_train_one_gpu_with_nccl(toy_data, tmp_path):
     config = toy_config('maskrcnn_vil_s_1x.py', toy_data, tmp_path, max_iters=2)
     assert Config.fromfile(config).env_cfg.dist_cfg.backend == 'nccl'
     work_dir = tmp_path / 'work'
-    proc = _run(['bash', str(TOOLS / 'dist_train.sh'), str(config), '1', '--work-dir', str(work_dir)],
-                cwd=ROOT, timeout=900, env=dict(PORT=str(_free_port()), PYTHON=sys.executable))
+    proc = _run(
+        ['bash', str(TOOLS / 'dist_train.sh'), str(config), '1', '--work-dir', str(work_dir)],
+        cwd=ROOT,
+        timeout=900,
+        env=dict(PORT=str(_free_port()), PYTHON=sys.executable),
+    )
     assert "using backend 'gloo'" not in proc.stderr
     log = _log_text(work_dir)
     assert 'Distributed training: True' in log and "'backend': 'nccl'" in log, log[-3000:]

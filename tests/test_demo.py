@@ -6,6 +6,7 @@ through tools/test.py, and checks that training clearly helped, that the timed
 training did not validate, that each model was evaluated once, and that the
 picture was drawn. The other tests check the options and the picture quickly.
 """
+
 import argparse
 import importlib.util
 import json
@@ -31,7 +32,11 @@ def test_demo_learns(tmp_path):
     work_dir = tmp_path / 'demo'
     proc = subprocess.run(
         [sys.executable, 'tools/run_demo.py', '--work-dir', str(work_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((work_dir / 'summary.json').read_text())
     trained, untrained = summary['trained'], summary['untrained']
@@ -44,6 +49,7 @@ def test_demo_learns(tmp_path):
     assert 'coco/bbox_mAP' not in (work_dir / 'train.log').read_text()
     assert proc.stdout.count('tools/test.py') == 2
     from PIL import Image
+
     with Image.open(work_dir / 'demo.png') as picture:
         assert picture.format == 'PNG' and picture.width >= 1500 and picture.height >= 800
 
@@ -55,12 +61,10 @@ def test_max_iters_option_rescales_the_schedule(demo):
 
     args = demo.parse_args(['--max-iters', '20', '--work-dir', 'x'])
     cfg = Config.fromfile(demo.CONFIG)
-    options = demo.schedule_options(args.max_iters, cfg.param_scheduler[0]['end'],
-                                    cfg.default_hooks.logger.interval)
+    options = demo.schedule_options(args.max_iters, cfg.param_scheduler[0]['end'], cfg.default_hooks.logger.interval)
     parser = argparse.ArgumentParser()
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    cfg.merge_from_dict(parser.parse_args(['--cfg-options', *demo.NO_VALIDATION,
-                                           *options]).cfg_options)
+    cfg.merge_from_dict(parser.parse_args(['--cfg-options', *demo.NO_VALIDATION, *options]).cfg_options)
     assert cfg.train_cfg.max_iters == 20
     warmup, steps = cfg.param_scheduler
     assert warmup['end'] == 20 and steps['end'] == 20 and steps['milestones'] == [15, 18]
@@ -82,17 +86,22 @@ def _fake_predictions(coco, images):
         boxes, scores, labels, masks = [], [], [], []
         for ann in coco.loadAnns(coco.getAnnIds(imgIds=[image['id']])):
             x, y, w, h = ann['bbox']
-            rle = mask_utils.merge(mask_utils.frPyObjects(ann['segmentation'], image['height'],
-                                                          image['width']))
+            rle = mask_utils.merge(mask_utils.frPyObjects(ann['segmentation'], image['height'], image['width']))
             label = sorted(coco.getCatIds()).index(ann['category_id'])
             for score, lab in ((0.9, label), (0.2, (label + 1) % 3)):
                 boxes.append([x, y, x + w, y + h])
                 scores.append(score)
                 labels.append(lab)
                 masks.append(rle)
-        results.append(dict(img_id=image['id'], img_path=image['path'], pred_instances=dict(
-            bboxes=torch.tensor(boxes), scores=torch.tensor(scores), labels=torch.tensor(labels),
-            masks=masks)))
+        results.append(
+            dict(
+                img_id=image['id'],
+                img_path=image['path'],
+                pred_instances=dict(
+                    bboxes=torch.tensor(boxes), scores=torch.tensor(scores), labels=torch.tensor(labels), masks=masks
+                ),
+            )
+        )
     return results
 
 
@@ -116,20 +125,31 @@ def test_picture_labels_thresholds_and_shows_the_loss(demo, tmp_path):
     # Boxes stacked on one object (covering 100% of the smaller box, any class; one nested
     # inside the best): only the best is drawn; one covering 40% of the smaller box stays; one
     # scoring under 0.5 goes. Best first.
-    stacked = dict(bboxes=torch.tensor([[0., 0, 10, 10], [0, 0, 10, 6], [2, 2, 4, 4], [6, 0, 16, 6],
-                                        [20, 20, 30, 30]]),
-                   scores=torch.tensor([0.8, 0.9, 0.6, 0.7, 0.3]), labels=torch.tensor([0, 0, 1, 2, 0]),
-                   masks=['a', 'b', 'c', 'd', 'e'])
+    stacked = dict(
+        bboxes=torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 6], [2, 2, 4, 4], [6, 0, 16, 6], [20, 20, 30, 30]]),
+        scores=torch.tensor([0.8, 0.9, 0.6, 0.7, 0.3]),
+        labels=torch.tensor([0, 0, 1, 2, 0]),
+        masks=['a', 'b', 'c', 'd', 'e'],
+    )
     assert [p['mask'] for p in demo.visible_predictions(stacked, 0.5)] == ['b', 'd']
 
     work_dir = tmp_path / 'work'
     (work_dir / '20260101_000000' / 'vis_data').mkdir(parents=True)
-    (work_dir / '20260101_000000' / 'vis_data' / 'scalars.json').write_text(''.join(
-        json.dumps(dict(loss=3.0 / (i + 1), lr=1e-4, iter=i, step=i)) + '\n' for i in range(5, 30, 5)))
+    (work_dir / '20260101_000000' / 'vis_data' / 'scalars.json').write_text(
+        ''.join(json.dumps(dict(loss=3.0 / (i + 1), lr=1e-4, iter=i, step=i)) + '\n' for i in range(5, 30, 5))
+    )
     out = tmp_path / 'demo.png'
-    demo.draw_demo_picture(predictions, ann_file, work_dir, out, ('circle', 'square', 'triangle'),
-                           [(220, 20, 60), (0, 128, 255), (0, 200, 0)], score_thr=0.5, num_images=4,
-                           title='test')
+    demo.draw_demo_picture(
+        predictions,
+        ann_file,
+        work_dir,
+        out,
+        ('circle', 'square', 'triangle'),
+        [(220, 20, 60), (0, 128, 255), (0, 200, 0)],
+        score_thr=0.5,
+        num_images=4,
+        title='test',
+    )
     with Image.open(out) as picture:
         assert picture.format == 'PNG'
         # Two rows of two (ground truth, prediction) pairs at 2.5x, and the curve.

@@ -7,6 +7,7 @@ and a resized bias table in stages 3-4); whole RetinaNet, Mask R-CNN and UperNet
 through the tools and their library's evaluator. ONNX conversion takes 10-60 s per model
 on two cores, so ViL-LS's classifier (its stages 3-4 are ViL's) is left to the tool.
 """
+
 import json
 import subprocess
 import sys
@@ -36,7 +37,7 @@ CHECK_SIZES = ((1, 3, 60, 90), (3, 3, 112, 76))
 
 
 def first_stage(cls):
-    return build_tiny(cls, out_indices=(0, ), attn_impl='fast').eval()
+    return build_tiny(cls, out_indices=(0,), attn_impl='fast').eval()
 
 
 @pytest.mark.parametrize('cls', [ViL, ViLLS, VVT, PaleTransformer], ids=lambda c: c.__name__)
@@ -66,12 +67,17 @@ def test_static_onnx_matches_eager(cls, tmp_path):
     deploy.export_onnx(program, tmp_path / 'static.onnx')
     with torch.no_grad():
         expected = model(images)
-    assert deploy.max_relative_error(deploy.run_onnx(deploy.onnx_session(tmp_path / 'static.onnx'), images),
-                                     expected) < 1e-4
+    assert (
+        deploy.max_relative_error(deploy.run_onnx(deploy.onnx_session(tmp_path / 'static.onnx'), images), expected)
+        < 1e-4
+    )
 
 
-@pytest.mark.parametrize('name, arch', [('vil_tiny', VIL_TINY_ARCH), ('vvt_tiny', VVT_TINY_ARCH),
-                                        ('pale_tiny', PALE_TINY_ARCH)], ids=lambda v: v if isinstance(v, str) else '')
+@pytest.mark.parametrize(
+    'name, arch',
+    [('vil_tiny', VIL_TINY_ARCH), ('vvt_tiny', VVT_TINY_ARCH), ('pale_tiny', PALE_TINY_ARCH)],
+    ids=lambda v: v if isinstance(v, str) else '',
+)
 def test_timm_classifier_exports_with_dynamic_sizes(name, arch, tmp_path):
     """Whole backbones: every stage map at least one pale (Pale needs sides > 224 there,
     docs/deploy.md); 448 leaves every Pale stage unpadded, 290 and 232 pad them."""
@@ -108,13 +114,13 @@ def test_onnx_adaptive_average_pooling_follows_the_input_size(tmp_path):
 
 
 def test_triton_is_refused_naming_fast():
-    model = build_tiny(VVT, out_indices=(0, ), attn_impl='triton')
+    model = build_tiny(VVT, out_indices=(0,), attn_impl='triton')
     with pytest.raises(ValueError, match="attn_impl='fast'"):
         deploy.export_program(model, torch.randn(*EXAMPLE))
-    auto = build_tiny(VVT, out_indices=(0, ), attn_impl='auto')
+    auto = build_tiny(VVT, out_indices=(0,), attn_impl='auto')
     with attention_impl('triton'), pytest.raises(ValueError, match='process-wide'):
         deploy.export_program(auto, torch.randn(*EXAMPLE))
-    with attention_impl('triton'):   # an explicit 'fast' is what runs
+    with attention_impl('triton'):  # an explicit 'fast' is what runs
         deploy.check_exportable(first_stage(VVT))
 
 
@@ -124,7 +130,7 @@ def test_max_relative_error_scales_by_largest_magnitude():
     assert deploy.max_relative_error([torch.tensor([101.0, 0.001])], expected) == pytest.approx(1e-2)
     # A bare tensor is one output (not a sequence of rows), and the counts must agree.
     logits = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    assert deploy.max_relative_error((logits + 0.04, ), logits) == pytest.approx(0.01)
+    assert deploy.max_relative_error((logits + 0.04,), logits) == pytest.approx(0.01)
     with pytest.raises(ValueError, match='2 outputs against 1'):
         deploy.max_relative_error((logits, logits), logits)
 
@@ -160,8 +166,10 @@ TEST_SCALES = {'mmdet': (240, 192), 'mmseg': (256, 192)}
 @pytest.fixture(scope='module')
 def toy_data(tmp_path_factory):
     root = tmp_path_factory.mktemp('toy')
-    return {'mmdet': toy.make_coco_instances(root / 'coco', num_train=1, num_val=3, seed=2),
-            'mmseg': toy.make_ade20k_layout(root / 'ade', num_train=1, num_val=3, seed=2)}
+    return {
+        'mmdet': toy.make_coco_instances(root / 'coco', num_train=1, num_val=3, seed=2),
+        'mmseg': toy.make_ade20k_layout(root / 'ade', num_train=1, num_val=3, seed=2),
+    }
 
 
 def tiny_toy_config(config, data, path):
@@ -173,7 +181,7 @@ def tiny_toy_config(config, data, path):
         cfg.model.decode_head.channels = 32
         cfg.model.auxiliary_head.channels = 16
     if 'rpn_head' in cfg.model:
-        cfg.model.test_cfg.rcnn.score_thr = 0.0     # detections from an untrained model
+        cfg.model.test_cfg.rcnn.score_thr = 0.0  # detections from an untrained model
         cfg.model.test_cfg.rpn.max_per_img = 100
     elif 'bbox_head' in cfg.model:
         cfg.model.test_cfg.score_thr = 0.0
@@ -200,13 +208,37 @@ def test_exported_model_evaluates_as_eager(config, toy_data, tmp_path):
     model = deploy.build_tensor_mode(cfg).model
     model.init_weights()
     torch.save({'meta': {}, 'state_dict': model.state_dict()}, tmp_path / 'model.pth')
-    code, out = run_tool('tools/deploy/export.py', 'config', cfg_path, '--checkpoint', tmp_path / 'model.pth',
-                         '--min-side', '64', '--max-side', '512',
-                         '--example-size', '224', '288', '--check-size', '160', '224', '--out-dir', tmp_path)
+    code, out = run_tool(
+        'tools/deploy/export.py',
+        'config',
+        cfg_path,
+        '--checkpoint',
+        tmp_path / 'model.pth',
+        '--min-side',
+        '64',
+        '--max-side',
+        '512',
+        '--example-size',
+        '224',
+        '288',
+        '--check-size',
+        '160',
+        '224',
+        '--out-dir',
+        tmp_path,
+    )
     assert code == 0, out[-3000:]
     onnx_path = tmp_path / f'{Path(config).stem}.onnx'
-    code, out = run_tool('tools/deploy/evaluate.py', cfg_path, onnx_path, '--checkpoint', tmp_path / 'model.pth',
-                         '--eager', '--out', tmp_path / 'metrics.json')
+    code, out = run_tool(
+        'tools/deploy/evaluate.py',
+        cfg_path,
+        onnx_path,
+        '--checkpoint',
+        tmp_path / 'model.pth',
+        '--eager',
+        '--out',
+        tmp_path / 'metrics.json',
+    )
     assert code == 0, out[-3000:]
     metrics = json.loads((tmp_path / 'metrics.json').read_text())
     assert metrics['max_relative_error'] < 1e-4
@@ -221,6 +253,7 @@ def test_evaluation_refuses_a_checkpoint_of_another_model(toy_data, tmp_path):
     state = {k: v for k, v in model.state_dict().items() if not k.startswith('bbox_head.')}
     torch.save({'meta': {}, 'state_dict': state}, tmp_path / 'no_head.pth')
     (tmp_path / 'graph.json').write_text(json.dumps({'output_groups': [5, 5]}))
-    code, out = run_tool('tools/deploy/evaluate.py', cfg_path, tmp_path / 'graph.onnx', '--checkpoint',
-                         tmp_path / 'no_head.pth')
+    code, out = run_tool(
+        'tools/deploy/evaluate.py', cfg_path, tmp_path / 'graph.onnx', '--checkpoint', tmp_path / 'no_head.pth'
+    )
     assert code == 1 and 'bbox_head' in out, out[-3000:]

@@ -4,6 +4,7 @@ Each op runs once per path on the same leaf inputs; outputs and the gradients of
 every input must agree. A spy on ``scaled_dot_product_attention`` proves that the
 two runs really took different paths.
 """
+
 import importlib
 
 import pytest
@@ -80,19 +81,35 @@ SLIDING_CASES = [
 
 
 def sliding_chunk_inputs(height, width, window, num_global, rpb, dtype):
-    n, w2 = height * width, window ** 2
+    n, w2 = height * width, window**2
     g = num_global or None
-    return random_tensors([(2, HEADS, n, DIM)] * 3 + [g and (2, HEADS, g, DIM)] * 2
-                          + [rpb and (HEADS, w2, 9 * w2) or None, g and (HEADS, g)], dtype)
+    return random_tensors(
+        [(2, HEADS, n, DIM)] * 3
+        + [g and (2, HEADS, g, DIM)] * 2
+        + [rpb and (HEADS, w2, 9 * w2) or None, g and (HEADS, g)],
+        dtype,
+    )
 
 
 @pytest.mark.parametrize('height,width,window,masking_mode,shift_mode,num_global,rpb', SLIDING_CASES)
-def test_sliding_chunk_fast_path_matches_math(height, width, window, masking_mode, shift_mode, num_global, rpb,
-                                              monkeypatch):
+def test_sliding_chunk_fast_path_matches_math(
+    height, width, window, masking_mode, shift_mode, num_global, rpb, monkeypatch
+):
     def op(q, k, v, gk, gv, local_bias, l2g_bias):
-        return sliding_chunk_attention(q, k, v, height, width, window, global_k=gk, global_v=gv,
-                                       local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode,
-                                       shift_mode=shift_mode)
+        return sliding_chunk_attention(
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            global_k=gk,
+            global_v=gv,
+            local_bias=local_bias,
+            l2g_bias=l2g_bias,
+            masking_mode=masking_mode,
+            shift_mode=shift_mode,
+        )
 
     inputs = sliding_chunk_inputs(height, width, window, num_global, rpb, torch.float64)
     assert_paths_agree(op, inputs, monkeypatch)
@@ -112,14 +129,19 @@ LONG_SHORT_CASES = [
 @pytest.mark.parametrize('height,width,window,num_bar,num_global,rpb', LONG_SHORT_CASES)
 def test_long_short_fast_path_matches_math(height, width, window, num_bar, num_global, rpb, monkeypatch):
     def op(q, k, v, k_bar, v_bar, gk, gv, local_bias):
-        return long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar, global_k=gk,
-                                    global_v=gv, local_bias=local_bias)
+        return long_short_attention(
+            q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar, global_k=gk, global_v=gv, local_bias=local_bias
+        )
 
     n, r, g = height * width, num_bar or None, num_global or None
     patch = (window + 2 * segment_pad(window)) ** 2
-    inputs = random_tensors([(2, HEADS, n, DIM)] * 3 + [r and (2, HEADS, r, DIM)] * 2
-                            + [g and (2, HEADS, g, DIM)] * 2 + [rpb and (HEADS, window ** 2, patch) or None],
-                            torch.float64)
+    inputs = random_tensors(
+        [(2, HEADS, n, DIM)] * 3
+        + [r and (2, HEADS, r, DIM)] * 2
+        + [g and (2, HEADS, g, DIM)] * 2
+        + [rpb and (HEADS, window**2, patch) or None],
+        torch.float64,
+    )
     assert_paths_agree(op, inputs, monkeypatch)
 
 
@@ -134,9 +156,14 @@ def test_fast_paths_match_math_in_float32(monkeypatch):
     """The fused CPU kernel itself (float64 runs PyTorch's math kernel) against the explicit path."""
     inputs = sliding_chunk_inputs(9, 10, 3, 1, True, torch.float32)
     for t in inputs[5:]:
-        t.requires_grad_(False)    # a bias without grad lets PyTorch use the fused kernel
-    assert_paths_agree(lambda *t: sliding_chunk_attention(*t[:3], 9, 10, 3, global_k=t[3], global_v=t[4],
-                                                          local_bias=t[5], l2g_bias=t[6]), inputs, monkeypatch)
+        t.requires_grad_(False)  # a bias without grad lets PyTorch use the fused kernel
+    assert_paths_agree(
+        lambda *t: sliding_chunk_attention(
+            *t[:3], 9, 10, 3, global_k=t[3], global_v=t[4], local_bias=t[5], l2g_bias=t[6]
+        ),
+        inputs,
+        monkeypatch,
+    )
     inputs = random_tensors([(1, 2, 14 * 9, 8)] * 3, torch.float32)
     assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, 14, 9, 7), inputs, monkeypatch)
 
@@ -145,8 +172,7 @@ def test_bf16_paths_agree_within_bf16_precision(monkeypatch):
     """Both paths softmax in fp32 (explicitly / inside the fused kernel); only bf16 rounding of
     the logits and of the probabilities before ``@ v`` differs."""
     inputs = random_tensors([(1, 2, 14 * 9, 8)] * 3, torch.bfloat16)
-    assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, 14, 9, 7), inputs, monkeypatch,
-                       rtol=0.05, atol=0.05)
+    assert_paths_agree(lambda q, k, v: pale_attention(q, k, v, 14, 9, 7), inputs, monkeypatch, rtol=0.05, atol=0.05)
 
 
 def test_dropout_runs_on_the_fast_path():
@@ -173,6 +199,7 @@ def saved_bytes(op):
 
 def test_pale_fast_path_saves_linear_memory():
     """4x tokens: the fast path saves at most ~4.5x; the math path's (s*W)^2 scores grow ~8x."""
+
     def pale(impl, side):
         q, k, v = random_tensors([(1, 2, side * side, 8)] * 3, torch.float32)
         with attention_impl(impl):
@@ -221,6 +248,7 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
     kernel) whatever the process-wide selection (which steers only 'auto'), both give the same
     output, and a wrong value is refused with the allowed ones."""
     import visattn_mm.models as models
+
     calls = count_fused_calls(monkeypatch)
     cls = getattr(models, backbone)
     images = torch.randn(1, 3, 45, 61, dtype=torch.float64)
@@ -235,12 +263,12 @@ def test_backbone_attn_impl_argument_chooses_the_path(backbone, monkeypatch):
         calls.clear()
         with attention_impl('fast' if attn_impl == 'math' else 'math'), torch.no_grad():
             model(images)
-        assert bool(calls) == (attn_impl == 'fast')   # the explicit value won
+        assert bool(calls) == (attn_impl == 'fast')  # the explicit value won
     calls.clear()
     auto = cls(arch='tiny', attn_impl='auto').double().eval()
     with attention_impl('math'), torch.no_grad():
         auto(images)
-    assert not calls                                  # 'auto' follows the process-wide selection
+    assert not calls  # 'auto' follows the process-wide selection
     for fast, math in zip(outputs['fast'], outputs['math']):
         torch.testing.assert_close(fast, math, rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match=r"attn_impl='flash'.*'auto', 'fast', 'math'"):
@@ -254,8 +282,9 @@ def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
     import visattn_mm.ops.vicinity as vicinity
     from visattn_mm.models import VVT
     from visattn_mm.models.vvt import VicinityAttention
+
     operands = []
-    run = vicinity._vicinity_parts    # the products of every path but Triton's, forward and recomputed
+    run = vicinity._vicinity_parts  # the products of every path but Triton's, forward and recomputed
 
     def spy(q, k, v, height, width, eps, clamp, dtype, **kwargs):
         operands.append(dtype)
@@ -273,7 +302,7 @@ def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
         sum(o.float().sum() for o in out).backward()
         blocks = sum(isinstance(m, VicinityAttention) for m in model.modules())
         assert set(operands) == {torch.bfloat16 if bf16_products else torch.float32}, (attn_impl, operands)
-        assert len(operands) == 2 * blocks    # forward, and recomputed in backward
+        assert len(operands) == 2 * blocks  # forward, and recomputed in backward
     for bf16, fp32 in zip(outputs['auto', True], outputs['auto', False]):
         torch.testing.assert_close(bf16.float(), fp32.float(), rtol=0.05, atol=0.05)
 
@@ -282,13 +311,14 @@ def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
 def test_backbone_logs_its_attention_implementation_once_at_build(backbone, monkeypatch):
     import visattn_mm.models as models
     import visattn_mm.models.layers as layers
+
     lines = []
     monkeypatch.setattr(layers, 'print_log', lambda msg, logger=None: lines.append(msg))
     getattr(models, backbone)(arch='tiny', attn_impl='math')
     assert lines == [f"{backbone}: attn_impl='math': {impl_module.IMPL_SUMMARIES['math']}"]
     lines.clear()
     with attention_impl('fast'):
-        getattr(models, backbone)(arch='tiny', attn_impl='math')     # explicit: kept, said as such
+        getattr(models, backbone)(arch='tiny', attn_impl='math')  # explicit: kept, said as such
         getattr(models, backbone)(arch='tiny', attn_impl='auto')
     assert len(lines) == 2 and 'process-wide' not in lines[0], lines
     assert "selected process-wide: 'fast'" in lines[1], lines

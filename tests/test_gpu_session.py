@@ -4,6 +4,7 @@ benchmark options parsing (refused only for the missing GPU).
 
 The script runs with ``CUDA_VISIBLE_DEVICES=''`` so that it does the same on a GPU machine.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,21 +23,35 @@ PROBE = 'gpu_session_probe'
 
 def _run(tmp_path, *stages, **env):
     """Runs the script with ``stages``; returns the completed process (output in ``stdout``)."""
-    env = {**os.environ, 'PYTHON': sys.executable, 'OUT': str(tmp_path / 'out'),
-           'SITE': str(tmp_path / 'site'), 'WHEEL_DIR': str(tmp_path / 'wheels'),
-           'CUDA_VISIBLE_DEVICES': '', **env}
-    return subprocess.run(['bash', str(SCRIPT), *stages], cwd=ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    env = {
+        **os.environ,
+        'PYTHON': sys.executable,
+        'OUT': str(tmp_path / 'out'),
+        'SITE': str(tmp_path / 'site'),
+        'WHEEL_DIR': str(tmp_path / 'wheels'),
+        'CUDA_VISIBLE_DEVICES': '',
+        **env,
+    }
+    return subprocess.run(
+        ['bash', str(SCRIPT), *stages],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
 
 
 def _write_probe_wheel(directory):
     """A minimal pure-Python wheel, standing in for the ones carried to the GPU host."""
     directory.mkdir()
     dist_info = f'{PROBE}-0.1.dist-info'
-    files = {f'{PROBE}/__init__.py': 'VALUE = 1\n',
-             f'{dist_info}/METADATA': f'Metadata-Version: 2.1\nName: {PROBE}\nVersion: 0.1\n',
-             f'{dist_info}/WHEEL': 'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n'
-                                   'Tag: py3-none-any\n'}
+    files = {
+        f'{PROBE}/__init__.py': 'VALUE = 1\n',
+        f'{dist_info}/METADATA': f'Metadata-Version: 2.1\nName: {PROBE}\nVersion: 0.1\n',
+        f'{dist_info}/WHEEL': 'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+    }
     files[f'{dist_info}/RECORD'] = ''.join(f'{name},,\n' for name in [*files, f'{dist_info}/RECORD'])
     with zipfile.ZipFile(directory / f'{PROBE}-0.1-py3-none-any.whl', 'w') as wheel:
         for name, text in files.items():
@@ -57,8 +72,15 @@ def test_smoke_mode_runs_every_stage_on_the_cpu(tmp_path):
     assert re.fullmatch(r'gpu_session: setup ok, tests ok, bench ok in \d+ s', summary)
     assert result.stdout.strip().endswith(summary)
     assert sorted(p.name for p in out.iterdir()) == [
-        'bench.log', 'benchmark.csv', 'benchmark.md', 'benchmark.png', 'setup.log', 'summary.txt',
-        'tests.log', 'tests.xml']
+        'bench.log',
+        'benchmark.csv',
+        'benchmark.md',
+        'benchmark.png',
+        'setup.log',
+        'summary.txt',
+        'tests.log',
+        'tests.xml',
+    ]
 
     # setup: the wheel installed into SITE, which the stages import from; the environment report.
     assert (tmp_path / 'site' / PROBE / '__init__.py').exists()
@@ -75,8 +97,10 @@ def test_smoke_mode_runs_every_stage_on_the_cpu(tmp_path):
     with open(out / 'benchmark.csv', newline='') as f:
         rows = list(csv.DictReader(f))
     assert [(r['model'], r['impl'], r['mode'], r['status']) for r in rows] == [
-        (model, impl, mode, 'ok') for model, impl in (('vil-t', 'fast'), ('vil-t', 'triton'), ('swin-t', '-'))
-        for mode in ('fwd', 'fwd+bwd')]
+        (model, impl, mode, 'ok')
+        for model, impl in (('vil-t', 'fast'), ('vil-t', 'triton'), ('swin-t', '-'))
+        for mode in ('fwd', 'fwd+bwd')
+    ]
     table = (out / 'benchmark.md').read_text().splitlines()
     assert table[0].startswith('| model | impl |') and len(table) == 2 + len(rows)
 
@@ -85,8 +109,7 @@ def test_later_stages_run_after_a_failed_one(tmp_path):
     result = _run(tmp_path, 'tests', 'bench', SMOKE='1', BUDGET='0')
     assert result.returncode == 124
     assert result.stdout.count('BUDGET=0 s used up; not started') == 2
-    assert (tmp_path / 'out' / 'summary.txt').read_text().startswith(
-        'gpu_session: tests STOPPED: BUDGET=0 s reached (')
+    assert (tmp_path / 'out' / 'summary.txt').read_text().startswith('gpu_session: tests STOPPED: BUDGET=0 s reached (')
     assert ', bench STOPPED: BUDGET=0 s reached (' in result.stdout
 
 

@@ -17,6 +17,7 @@ tokens, ViL-LS's dynamic projection, VVT's vicinity attention (positions scaled 
 padded H, W; an SE gate over all tokens) and Pale, whose interlaced row/column groups have
 stride ceil(H / s) of the padded size, so that no Pale output is exact in a padded batch.
 """
+
 import pytest
 import test_long_short as ls_tests
 import test_sliding_chunk as sc_tests
@@ -70,6 +71,7 @@ def test_output_sides_follow_the_conv_chain_and_equal_ceil(tiny_model, size):
 # sliding chunk "neither" and "both" (test_sliding_chunk.SIZES), long-short "bottom" and "both"
 # (test_long_short.ODD_SIZES), pale "neither", "right" and "both" (test_pale_attention).
 
+
 @pytest.mark.parametrize('height,width', [(9, 10), (10, 9)], ids=['right_only', 'bottom_only'])
 @pytest.mark.parametrize('masking_mode', [0, -1, 1])
 @pytest.mark.parametrize('num_global', [0, 2])
@@ -90,13 +92,20 @@ def test_long_short_right_only_and_unpadded_non_square(height, width, num_global
 
 @pytest.mark.parametrize('height,width,pale_size', [(10, 21, 7), (11, 9, (3, 3))], ids=['bottom_7', 'bottom_3'])
 def test_pale_bottom_only_padding(height, width, pale_size):
-    q, k, v = (torch.randn(2, 4, height * width, 3, generator=torch.Generator().manual_seed(i),
-                           dtype=torch.float64) for i in range(3))
-    torch.testing.assert_close(pale_attention(q, k, v, height, width, pale_size),
-                               pale_attention_dense(q, k, v, height, width, pale_size), rtol=1e-10, atol=1e-10)
+    q, k, v = (
+        torch.randn(2, 4, height * width, 3, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        for i in range(3)
+    )
+    torch.testing.assert_close(
+        pale_attention(q, k, v, height, width, pale_size),
+        pale_attention_dense(q, k, v, height, width, pale_size),
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 # ---- Padded batches ----
+
 
 def pad_tokens(t, height, width, pad_h, pad_w, value=0.0):
     """(B, heads, H*W, d) tokens of an H x W map -> the map padded at the bottom/right."""
@@ -120,12 +129,13 @@ def test_sliding_chunk_padded_batch_is_exact_where_no_padding_is_visible(pad_h, 
     """Mode 0, no global tokens: queries that see no padded key get bit-for-bit the same result;
     the ones that see padding (the preprocessor's zeros are real tokens to the model) change."""
     height, width, window = 10, 11, 3
-    q, k, v = (torch.randn(1, 2, height * width, 4, dtype=torch.float64,
-                           generator=torch.Generator().manual_seed(i)) for i in range(3))
+    q, k, v = (
+        torch.randn(1, 2, height * width, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
     ph, pw = height + pad_h, width + pad_w
     alone = sliding_chunk_attention(q, k, v, height, width, window)
-    padded = sliding_chunk_attention(*(pad_tokens(t, height, width, pad_h, pad_w) for t in (q, k, v)),
-                                     ph, pw, window)
+    padded = sliding_chunk_attention(*(pad_tokens(t, height, width, pad_h, pad_w) for t in (q, k, v)), ph, pw, window)
     clean = clean_sliding_chunk_queries(height, width, pad_h, pad_w, window)
     got = valid_part(padded, height, width, pw)
     torch.testing.assert_close(got[:, :, clean], alone[:, :, clean], rtol=0, atol=1e-12)
@@ -139,11 +149,14 @@ def test_long_short_window_branch_padded_batch_is_exact_away_from_padding(pad_h,
     """Window branch alone: a query of segment (sy, sx) sees rows [w sy - p, w sy + w + p);
     those whose window stays inside the image are unchanged by a padded batch."""
     height, width, window = 13, 14, 3
-    q, k, v = (torch.randn(1, 2, height * width, 4, dtype=torch.float64,
-                           generator=torch.Generator().manual_seed(i)) for i in range(3))
+    q, k, v = (
+        torch.randn(1, 2, height * width, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
     alone = long_short_attention(q, k, v, height, width, window)
-    padded = long_short_attention(*(pad_tokens(t, height, width, pad_h, pad_w) for t in (q, k, v)),
-                                  height + pad_h, width + pad_w, window)
+    padded = long_short_attention(
+        *(pad_tokens(t, height, width, pad_h, pad_w) for t in (q, k, v)), height + pad_h, width + pad_w, window
+    )
     got = valid_part(padded, height, width, width + pad_w)
     clean = clean_long_short_queries(height, width, pad_h, pad_w, window)
     torch.testing.assert_close(got[:, :, clean], alone[:, :, clean], rtol=0, atol=1e-12)
@@ -163,7 +176,8 @@ def clean_sliding_chunk_queries(height, width, pad_h, pad_w, window):
 
 def clean_long_short_queries(height, width, pad_h, pad_w, window):
     """Valid queries whose segment window (``p`` beyond the segment) stays inside the image."""
-    def inside(side):   # the last row/column each query's window reaches stays inside the image
+
+    def inside(side):  # the last row/column each query's window reaches stays inside the image
         return (torch.arange(side) // window) * window + window + segment_pad(window) <= side
 
     rows = inside(height) | (pad_h == 0)
@@ -195,10 +209,13 @@ def relative(a, b):
 
 # Upper bounds of the relative change max|padded - alone| / max|alone| (seed 0; layers in float64,
 # models in float32), each about 1.5x the value measured by the test it bounds (printed with -s).
-LAYER_BOUNDS = {'vil_global_tokens': 0.15, 'long_short_clean_queries': 0.10, 'vicinity_all': 0.21,
-                'pale_all': 0.27}
-MODEL_BOUNDS = {'ViL': (0.0015, 0.003, 0.005, 1.25), 'ViLLS': (0.03, 0.045, 0.06, 1.3),
-                'VVT': (0.0002, 0.005, 0.01, 0.85), 'PaleTransformer': (0.6, 0.8, 0.4, 0.85)}
+LAYER_BOUNDS = {'vil_global_tokens': 0.15, 'long_short_clean_queries': 0.10, 'vicinity_all': 0.21, 'pale_all': 0.27}
+MODEL_BOUNDS = {
+    'ViL': (0.0015, 0.003, 0.005, 1.25),
+    'ViLLS': (0.03, 0.045, 0.06, 1.3),
+    'VVT': (0.0002, 0.005, 0.01, 0.85),
+    'PaleTransformer': (0.6, 0.8, 0.4, 0.85),
+}
 
 
 @pytest.mark.parametrize('pad_h,pad_w', PAD_CASES[1:], ids=PAD_IDS[1:])
@@ -219,7 +236,8 @@ def test_global_parts_move_by_a_bounded_amount_in_a_padded_batch(pad_h, pad_w):
         vil=SlidingChunkAttention(8, 2, window=window, num_global=1),
         long_short=LongShortAttention(8, 2, window=window, dp_rank=2, num_global=1),
         vicinity=VicinityAttention(8, 2),
-        pale=PaleAttention(8, 2, pale_size=3))
+        pale=PaleAttention(8, 2, pale_size=3),
+    )
     layers = {k: m.double().eval() for k, m in layers.items()}
 
     alone, valid, global_change = layer_change(layers['vil'], height, width, pad_h, pad_w, num_global=1)
@@ -244,7 +262,7 @@ def padded_batch_relative_change(model, size=(45, 61), padded=(64, 64)):
     xp = F.pad(x, (0, padded[1] - size[1], 0, padded[0] - size[0]))
     with torch.no_grad():
         alone, pad = model(x), model(xp)
-    return [relative(b[..., :a.shape[-2], :a.shape[-1]], a) for a, b in zip(alone, pad)]
+    return [relative(b[..., : a.shape[-2], : a.shape[-1]], a) for a, b in zip(alone, pad)]
 
 
 def test_whole_backbone_change_in_a_padded_batch_is_bounded(tiny_model):
@@ -261,7 +279,7 @@ def test_pale_training_needs_two_values_per_channel_and_says_so():
     model = build_tiny(PaleTransformer).train()
     with pytest.raises(ValueError, match=r'more than 1 value per channel at stride 32.*\(32, 17\) gives 1'):
         model(torch.randn(1, 3, 32, 17))
-    for x in (torch.randn(1, 3, 33, 17), torch.randn(2, 3, 1, 1)):   # 2 values at stride 32
+    for x in (torch.randn(1, 3, 33, 17), torch.randn(2, 3, 1, 1)):  # 2 values at stride 32
         assert_dense_outputs(model(x), x.shape[0], x.shape[2:], PALE_TINY_ARCH['embed_dims'])
     model.eval()
     assert_dense_outputs(model(torch.randn(1, 3, 1, 1)), 1, (1, 1), PALE_TINY_ARCH['embed_dims'])

@@ -8,6 +8,7 @@
 - mim finds the package: ``mim search`` lists every config (model-index.yml is current)
   and ``mim train`` runs tools/train.py from the package on a config found by name.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -37,10 +38,12 @@ def _load(path: Path):
 plan = _load(TOOLS / 'mmcv_build_plan.py')
 model_index = _load(TOOLS / 'make_model_index.py')
 
-CPU_MACHINE = plan.Machine(python='3.11', torch='2.12.1', torch_cuda='13.0', gpu_capabilities=(),
-                           nvcc=None, nvcc_cuda=None, cores=2)
-GPU_MACHINE = dataclasses.replace(CPU_MACHINE, gpu_capabilities=((9, 0), (8, 0), (9, 0)),
-                                  nvcc='/usr/local/cuda/bin/nvcc', nvcc_cuda='13.0', cores=16)
+CPU_MACHINE = plan.Machine(
+    python='3.11', torch='2.12.1', torch_cuda='13.0', gpu_capabilities=(), nvcc=None, nvcc_cuda=None, cores=2
+)
+GPU_MACHINE = dataclasses.replace(
+    CPU_MACHINE, gpu_capabilities=((9, 0), (8, 0), (9, 0)), nvcc='/usr/local/cuda/bin/nvcc', nvcc_cuda='13.0', cores=16
+)
 
 
 # --------------------------------------------------------------------------
@@ -56,8 +59,12 @@ def test_cpu_machine_builds_cpu_ops():
 def test_gpu_with_nvcc_builds_cuda_ops_for_the_local_architectures():
     chosen = plan.make_plan(GPU_MACHINE, {})
     assert chosen.flavour == 'cuda'
-    assert chosen.build_env == {'MMCV_WITH_OPS': '1', 'FORCE_CUDA': '1', 'MAX_JOBS': '16',
-                                'TORCH_CUDA_ARCH_LIST': '8.0;9.0'}
+    assert chosen.build_env == {
+        'MMCV_WITH_OPS': '1',
+        'FORCE_CUDA': '1',
+        'MAX_JOBS': '16',
+        'TORCH_CUDA_ARCH_LIST': '8.0;9.0',
+    }
     assert chosen.cache_key == 'torch-2.12.1-cp311-cuda13.0-arch8.0_9.0'
 
 
@@ -90,11 +97,14 @@ def test_nvcc_of_another_cuda_major_is_refused():
 
 
 def test_cache_key_differs_across_flavour_torch_python_and_cuda():
-    machines = [CPU_MACHINE, GPU_MACHINE,
-                dataclasses.replace(CPU_MACHINE, torch='2.13.0'),
-                dataclasses.replace(CPU_MACHINE, python='3.12'),
-                dataclasses.replace(GPU_MACHINE, torch_cuda='13.1', nvcc_cuda='13.1'),
-                dataclasses.replace(GPU_MACHINE, gpu_capabilities=((8, 6),))]
+    machines = [
+        CPU_MACHINE,
+        GPU_MACHINE,
+        dataclasses.replace(CPU_MACHINE, torch='2.13.0'),
+        dataclasses.replace(CPU_MACHINE, python='3.12'),
+        dataclasses.replace(GPU_MACHINE, torch_cuda='13.1', nvcc_cuda='13.1'),
+        dataclasses.replace(GPU_MACHINE, gpu_capabilities=((8, 6),)),
+    ]
     keys = [plan.make_plan(machine, {}).cache_key for machine in machines]
     assert len(set(keys)) == len(keys), keys
 
@@ -156,9 +166,13 @@ def _fake_python(folder: Path, name: str, version: str) -> Path:
 
 
 def _bootstrap(root: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which('bash'), str(root / 'tools' / 'bootstrap.sh')],
-                          capture_output=True, text=True, timeout=30,
-                          env={'HOME': str(root), **env})
+    return subprocess.run(
+        [shutil.which('bash'), str(root / 'tools' / 'bootstrap.sh')],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={'HOME': str(root), **env},
+    )
 
 
 def test_bootstrap_refuses_an_unsupported_python(bootstrap_copy):
@@ -190,8 +204,10 @@ def test_bootstrap_finds_a_pyenv_python_its_shim_does_not_select(bootstrap_copy)
     (pyenv_root / 'versions' / '3.12.1' / 'bin').mkdir(parents=True)
     real = _fake_python(pyenv_root / 'versions' / '3.12.1' / 'bin', 'python3.12', '3.10')
     pyenv = fake_bin / 'pyenv'
-    pyenv.write_text(f'#!/bin/sh\ncase "$1" in\n  root) echo {pyenv_root} ;;\n'
-                     f'  whence) [ "$2" = python3.12 ] && echo 3.12.1 ;;\nesac\n')
+    pyenv.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  root) echo {pyenv_root} ;;\n'
+        f'  whence) [ "$2" = python3.12 ] && echo 3.12.1 ;;\nesac\n'
+    )
     pyenv.chmod(0o755)
     proc = _bootstrap(bootstrap_copy, {'PATH': str(fake_bin), 'PYTHON': 'python3.12'})
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -215,8 +231,7 @@ def _lock_pins() -> dict[str, str]:
 def test_lock_pins_satisfy_the_compatible_ranges():
     setup_cfg = configparser.ConfigParser()
     setup_cfg.read(ROOT / 'setup.cfg')
-    requirements = [Requirement(line) for line in
-                    setup_cfg['options']['install_requires'].strip().splitlines()]
+    requirements = [Requirement(line) for line in setup_cfg['options']['install_requires'].strip().splitlines()]
     pins = _lock_pins()
     for requirement in requirements:
         name = requirement.name.lower()
@@ -247,8 +262,9 @@ def test_lock_pins_the_deploy_extra_within_its_ranges():
 # mim: model index, package layout, search and train
 # --------------------------------------------------------------------------
 def test_model_index_is_current_and_refuses_unknown_names():
-    proc = subprocess.run([sys.executable, str(TOOLS / 'make_model_index.py'), '--check'],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / 'make_model_index.py'), '--check'], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     with pytest.raises(ValueError, match='follows no pattern'):
         model_index.describe(Path('configs/fcos_vil_t_1x.py'))
@@ -276,8 +292,7 @@ def test_setup_links_for_develop_and_copies_for_a_wheel(tmp_path, monkeypatch):
 def _mim(*args, cwd: Path = ROOT, timeout: int = 60) -> subprocess.CompletedProcess:
     mim = Path(sys.executable).parent / 'mim'
     assert mim.is_file(), f'{mim} missing: openmim is installed by tools/bootstrap.sh'
-    return subprocess.run([str(mim), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([str(mim), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def test_mim_search_lists_every_config():
@@ -294,10 +309,20 @@ def test_mim_train_finds_the_config_by_name_and_runs_the_package_train_script(tm
 
     toy.make_coco_instances(tmp_path / 'data' / 'toy_coco', num_train=2, num_val=1)
     work_dir = tmp_path / 'work'
-    proc = _mim('train', 'visattn_mm', 'maskrcnn_vil_t_toy.py', '--work-dir', str(work_dir),
-                '--cfg-options', 'train_cfg.max_iters=1', 'train_dataloader.batch_size=1',
-                'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
-                cwd=tmp_path, timeout=300)
+    proc = _mim(
+        'train',
+        'visattn_mm',
+        'maskrcnn_vil_t_toy.py',
+        '--work-dir',
+        str(work_dir),
+        '--cfg-options',
+        'train_cfg.max_iters=1',
+        'train_dataloader.batch_size=1',
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert 'configs/demo/maskrcnn_vil_t_toy.py' in proc.stdout
     assert (work_dir / 'iter_1.pth').is_file()

@@ -4,6 +4,7 @@ The launchers run from a copy of tools/ in a scratch repository, with a fake
 ``python`` that prints how it was called, so no process group is started.
 (tests/test_tools_cli.py runs dist_train.sh for real.)
 """
+
 import os
 import shutil
 import stat
@@ -44,8 +45,13 @@ def repo(tmp_path) -> Path:
 def _launch(repo: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != 'PYTHON'}
     environ.update(PATH=str(repo / 'bin'), **env)
-    return subprocess.run([shutil.which('bash'), str(repo / 'tools' / args[0]), *args[1:]],
-                          capture_output=True, text=True, env=environ, timeout=60)
+    return subprocess.run(
+        [shutil.which('bash'), str(repo / 'tools' / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize('script,needed', [('dist_train.sh', 2), ('dist_test.sh', 3)])
@@ -72,14 +78,15 @@ def test_the_repository_venv_is_found_without_python_set(repo):
     called = proc.stdout.split()
     assert called[0] == str(venv_python)
     assert called[1:3] == ['-m', 'torch.distributed.run'] and '--nproc_per_node=2' in called
-    assert called[-5:] == [str(repo / 'tools' / 'train.py'), '--launcher', 'pytorch', 'cfg.py',
-                           '--resume']
+    assert called[-5:] == [str(repo / 'tools' / 'train.py'), '--launcher', 'pytorch', 'cfg.py', '--resume']
     # PYTHON, when set, wins; a python on PATH with torch is the last resort.
     chosen = repo / 'other' / 'python'
     _fake_python(chosen, has_torch=True)
-    assert _launch(repo, 'dist_test.sh', 'cfg.py', 'ckpt.pth', '1',
-                   PYTHON=str(chosen)).stdout.startswith(f'{chosen} -m torch.distributed.run')
+    assert _launch(repo, 'dist_test.sh', 'cfg.py', 'ckpt.pth', '1', PYTHON=str(chosen)).stdout.startswith(
+        f'{chosen} -m torch.distributed.run'
+    )
     venv_python.unlink()
     _fake_python(repo / 'bin' / 'python3', has_torch=True)
     assert _launch(repo, 'dist_train.sh', 'cfg.py', '2').stdout.startswith(
-        f'{repo / "bin" / "python3"} -m torch.distributed.run')
+        f'{repo / "bin" / "python3"} -m torch.distributed.run'
+    )

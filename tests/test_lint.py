@@ -1,4 +1,6 @@
-"""The tree passes the linter configured in pyproject.toml (ruff: pycodestyle, pyflakes, import order)."""
+"""The tree passes the linter and the formatter configured in pyproject.toml (ruff: pycodestyle, pyflakes,
+import order; black-style formatting with the quotes as written)."""
+
 import shutil
 import subprocess
 import sys
@@ -12,3 +14,9 @@ def test_ruff_passes_on_the_whole_tree():
     assert ruff, 'ruff is not installed: it is pinned in requirements/stack.txt (tools/bootstrap.sh installs it)'
     proc = subprocess.run([ruff, 'check', '--no-cache', '.'], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_formatter_leaves_the_tree_unchanged():
+    ruff = shutil.which('ruff', path=str(Path(sys.executable).parent)) or shutil.which('ruff')
+    proc = subprocess.run([ruff, 'format', '--check', '--no-cache', '.'], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, 'run `ruff format .` (configured in pyproject.toml):\n' + proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
 """Transformer-LS long-short attention against dense references written from its definition."""
+
 import itertools
 
 import pytest
@@ -28,8 +29,12 @@ def random_inputs(height, width, window, num_global, seed=0):
 
 def both(q, k, v, height, width, window, k_bar, v_bar, gk, gv, table, use_bar=True):
     """The fast op and the dense reference on the same inputs (no global part when G = 0)."""
-    extra = dict(k_bar=k_bar if use_bar else None, v_bar=v_bar if use_bar else None,
-                 global_k=gk if gk.shape[2] else None, global_v=gv if gv.shape[2] else None)
+    extra = dict(
+        k_bar=k_bar if use_bar else None,
+        v_bar=v_bar if use_bar else None,
+        global_k=gk if gk.shape[2] else None,
+        global_v=gv if gv.shape[2] else None,
+    )
     local_bias = table[long_short_rpb_index(window)].permute(2, 0, 1)
     fast = long_short_attention(q, k, v, height, width, window, local_bias=local_bias, **extra)
     ref = long_short_attention_dense(q, k, v, height, width, window, table=table, **extra)
@@ -61,9 +66,11 @@ def test_padding_does_not_change_the_window_part(height, width, window):
     # Control: the padded map with its zero keys visible would give other outputs.
     rows, cols = -(-height // window) * window, -(-width // window) * window
     if (rows, cols) != (height, width):
+
         def pad(t):
             t = t.reshape(2, HEADS, height, width, DIM)
             return F.pad(t, (0, 0, 0, cols - width, 0, rows - height)).reshape(2, HEADS, -1, DIM)
+
         padded = long_short_attention_dense(pad(q), pad(k), pad(v), rows, cols, window, table=table)
         real = padded.reshape(2, HEADS, rows, cols, DIM)[:, :, :height, :width].reshape(fast.shape)
         assert not torch.allclose(fast, real, atol=1e-3)
@@ -98,32 +105,40 @@ def dense_layer_reference(attn, x, hw, dp_padding=0):
     b, n, c = x.shape
     d = c // heads
     q, k, v = attn.qkv(x).split(c, dim=-1)
-    q = q * d ** -0.5
-    k, v = attn.dual_ln_full(k), attn.dual_ln_full(v)          # all tokens, all channels
+    q = q * d**-0.5
+    k, v = attn.dual_ln_full(k), attn.dual_ln_full(v)  # all tokens, all channels
     local_x, local_k, local_v = x[:, g:], k[:, g:], v[:, g:]
     if dp_padding:
         local_x, local_k, local_v = (F.pad(t, (0, 0, 0, dp_padding)) for t in (local_x, local_k, local_v))
-    logits = attn.to_dynamic_projection(local_x)               # (B, N, heads * r)
+    logits = attn.to_dynamic_projection(local_x)  # (B, N, heads * r)
     # P[h, j] = softmax over the tokens of channel h * r + j.
-    proj = torch.stack([torch.stack([logits[:, :, h * rank + j].softmax(-1) for j in range(rank)], 1)
-                        for h in range(heads)], 1)             # (B, heads, r, N)
+    proj = torch.stack(
+        [torch.stack([logits[:, :, h * rank + j].softmax(-1) for j in range(rank)], 1) for h in range(heads)], 1
+    )  # (B, heads, r, N)
 
-    def project(t):                                            # (B, N, C) -> (B, heads, r, d)
-        per_head = [proj[:, h] @ t[..., h * d:(h + 1) * d] for h in range(heads)]
+    def project(t):  # (B, N, C) -> (B, heads, r, d)
+        per_head = [proj[:, h] @ t[..., h * d : (h + 1) * d] for h in range(heads)]
         merged = attn.dual_ln_dp(torch.cat(per_head, dim=-1))  # (B, r, C)
         return merged.reshape(b, rank, heads, d).transpose(1, 2)
 
     split = lambda t: t.reshape(b, -1, heads, d).transpose(1, 2)  # noqa: E731
     q, k, v = split(q), split(k), split(v)
     local = long_short_attention_dense(
-        q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, attn.window, k_bar=project(local_k),
-        v_bar=project(local_v), global_k=k[:, :, :g] if g else None,
-        global_v=v[:, :, :g] if g else None, table=attn.local_relative_position_bias_table)
+        q[:, :, g:],
+        k[:, :, g:],
+        v[:, :, g:],
+        *hw,
+        attn.window,
+        k_bar=project(local_k),
+        v_bar=project(local_v),
+        global_k=k[:, :, :g] if g else None,
+        global_v=v[:, :, :g] if g else None,
+        table=attn.local_relative_position_bias_table,
+    )
     out = local
     if g:
         # Global queries: their own keys/values and the local OUTPUTS as keys and values.
-        glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], local], 2),
-                               torch.cat([v[:, :, :g], local], 2))
+        glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], local], 2), torch.cat([v[:, :, :g], local], 2))
         out = torch.cat([glob, local], 2)
     return attn.proj(out.transpose(1, 2).reshape(b, n, c))
 
@@ -131,7 +146,7 @@ def dense_layer_reference(attn, x, hw, dp_padding=0):
 def make_layer(num_global, window, seed=0):
     torch.manual_seed(seed)
     attn = LongShortAttention(8, HEADS, window=window, dp_rank=RANK, num_global=num_global).double().eval()
-    with torch.no_grad():                       # non-trivial norms and biases
+    with torch.no_grad():  # non-trivial norms and biases
         for p in attn.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return attn
@@ -188,17 +203,17 @@ def test_rpb_index_reproduces_the_official_aliasing():
             offsets.add((qy - ky, qx - kx))
     assert len(offsets) == 361 and index.unique().numel() == 253
     # Hand-computed entries (columns: key row-major from (-3, -3), 13 per row).
-    assert index[0, 0] == 168             # q (0, 0), k (-3, -3): rel (12, 12)
-    assert index[0, 3 * 13 + 3] == 126    # q == k: rel (9, 9), the centre
-    assert index[48, 168] == 84           # q (6, 6), k (9, 9): rel (6, 6)
+    assert index[0, 0] == 168  # q (0, 0), k (-3, -3): rel (12, 12)
+    assert index[0, 3 * 13 + 3] == 126  # q == k: rel (9, 9), the centre
+    assert index[48, 168] == 84  # q (6, 6), k (9, 9): rel (6, 6)
     # Aliasing: offsets (0, +9) and (1, -4) share row 135.
-    assert index[6, 3 * 13 + 0] == 135    # q (0, 6), k (0, -3)
-    assert index[7, 3 * 13 + 7] == 135    # q (1, 0), k (0, 4)
+    assert index[6, 3 * 13 + 0] == 135  # q (0, 6), k (0, -3)
+    assert index[7, 3 * 13 + 7] == 135  # q (1, 0), k (0, 4)
 
 
 def test_segment_pad_and_errors():
     assert [segment_pad(w) for w in (1, 2, 3, 7, 8)] == [1, 1, 1, 3, 4]
-    assert all(segment_pad(w) == int(0.5 * w) for w in range(2, 20))   # the official RPB's p
+    assert all(segment_pad(w) == int(0.5 * w) for w in range(2, 20))  # the official RPB's p
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match='window'):
             segment_pad(bad)
@@ -210,10 +225,10 @@ def test_window_mask_hides_exactly_the_outside():
     # 5x4 map, w=3, p=1: 2x2 segments, 5x5 patches.
     hidden = window_key_mask(5, 4, 3, torch.device('cpu')).reshape(2, 2, 5, 5)
     first = torch.zeros(5, 5, dtype=torch.bool)
-    first[0], first[:, 0] = True, True                   # row -1 and column -1
+    first[0], first[:, 0] = True, True  # row -1 and column -1
     assert torch.equal(hidden[0, 0], first)
     last = torch.zeros(5, 5, dtype=torch.bool)
-    last[3:], last[:, 2:] = True, True                   # rows 5, 6 and columns 4, 5, 6
+    last[3:], last[:, 2:] = True, True  # rows 5, 6 and columns 4, 5, 6
     assert torch.equal(hidden[1, 1], last)
 
 
@@ -224,8 +239,9 @@ def test_dynamic_projection_layout_and_precision():
     torch.testing.assert_close(proj[:, 1, 2], logits[:, :, 1 * RANK + 2].softmax(-1))
     half = dynamic_projection(logits.bfloat16(), HEADS)
     assert half.dtype == torch.bfloat16
-    assert torch.equal(half, logits.bfloat16().float().transpose(1, 2).reshape(2, HEADS, RANK, 10)
-                       .softmax(-1).bfloat16())
+    assert torch.equal(
+        half, logits.bfloat16().float().transpose(1, 2).reshape(2, HEADS, RANK, 10).softmax(-1).bfloat16()
+    )
 
 
 @pytest.mark.parametrize('impl', ['fast', 'math'])
@@ -235,6 +251,7 @@ def test_layer_gradients_match_dense_reference_on_each_path(impl, num_global):
     equal the dense reference's, on the fused path (row gathers from the whole q/k/v, keys and
     values regathered in backward) and on the explicit one."""
     from visattn_mm.ops.impl import attention_impl
+
     attn = make_layer(num_global, 3).train()
     x = torch.randn(2, num_global + 7 * 10, 8, dtype=torch.float64, requires_grad=True)
     with attention_impl(impl):
@@ -259,12 +276,22 @@ def test_leading_global_fused_path_gradcheck(use_bias):
     inputs = [t.requires_grad_() for t in (q, k, v, k_bar, v_bar) + ((bias,) if use_bias else ())]
 
     def fused(q, k, v, k_bar, v_bar, bias=None):
-        return long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar, local_bias=bias,
-                                    impl='fast', leading_global=g)
+        return long_short_attention(
+            q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar, local_bias=bias, impl='fast', leading_global=g
+        )
 
     assert torch.autograd.gradcheck(fused, inputs)
-    ref = long_short_attention_dense(q[:, :, g:], k[:, :, g:], v[:, :, g:], height, width, window, k_bar=k_bar,
-                                     v_bar=v_bar, global_k=k[:, :, :g], global_v=v[:, :, :g],
-                                     table=table if use_bias else None)
+    ref = long_short_attention_dense(
+        q[:, :, g:],
+        k[:, :, g:],
+        v[:, :, g:],
+        height,
+        width,
+        window,
+        k_bar=k_bar,
+        v_bar=v_bar,
+        global_k=k[:, :, :g],
+        global_v=v[:, :, :g],
+        table=table if use_bias else None,
+    )
     torch.testing.assert_close(fused(*inputs), ref, rtol=1e-6, atol=1e-6)
-

@@ -1,4 +1,5 @@
 """ViL inside mmdet and mmseg: registration, configs, a real train + COCO evaluation."""
+
 import subprocess
 import sys
 import textwrap
@@ -19,8 +20,9 @@ TINY = "dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 
 def run_python(code, cwd=ROOT, timeout=600):
     """Run code in a fresh interpreter (no registrations leak in from this process); what it printed,
     without mmengine's log lines (a backbone logs its attention implementation when it is built)."""
-    proc = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return ''.join(line for line in proc.stdout.splitlines(keepends=True) if ' - mmengine - ' not in line)
 
@@ -58,11 +60,13 @@ def test_registered_for_mmseg_in_fresh_process():
 def test_config_custom_imports_alone_registers(tmp_path, scope):
     """A config with custom_imports (and no `import visattn_mm` anywhere) builds ViL."""
     cfg_file = tmp_path / 'cfg.py'
-    cfg_file.write_text(textwrap.dedent(f"""
+    cfg_file.write_text(
+        textwrap.dedent(f"""
         default_scope = '{scope}'
         custom_imports = dict(imports=['visattn_mm'], allow_failed_imports=False)
         backbone = dict(type='ViL', arch={TINY})
-    """))
+    """)
+    )
     out = run_python(f"""
         from mmengine.config import Config
         from mmengine.registry import init_default_scope
@@ -98,8 +102,7 @@ def _config_on_toy_data(config, data_root, out_file, **overrides):
 
 
 def _tool(*args, timeout=900):
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout + proc.stderr
 
@@ -108,11 +111,14 @@ def test_maskrcnn_vil_s_config_trains_and_evaluates(tmp_path, toy_coco):
     """One iteration of configs/maskrcnn_vil_s_1x.py (paper schedule, optimiser, clipping) and a
     COCO evaluation (bbox + segm) of the result, through tools/train.py and tools/test.py."""
     cfg = _config_on_toy_data(
-        'maskrcnn_vil_s_1x.py', toy_coco, tmp_path / 'vil_s_toy.py',
+        'maskrcnn_vil_s_1x.py',
+        toy_coco,
+        tmp_path / 'vil_s_toy.py',
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=1, val_interval=1),
         param_scheduler=[],
-        model=dict(backbone=dict(init_cfg=None)),   # no ImageNet weights here
-        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=1)))
+        model=dict(backbone=dict(init_cfg=None)),  # no ImageNet weights here
+        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=1)),
+    )
     _tool('tools/train.py', cfg, '--work-dir', tmp_path / 'work')
     checkpoint = tmp_path / 'work' / 'iter_1.pth'
     assert torch.load(checkpoint, map_location='cpu', weights_only=False)['meta']['iter'] == 1

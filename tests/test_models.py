@@ -12,6 +12,7 @@ What stays in the per-model files is what only one model has: official checkpoin
 parameter counts and FLOPs against the papers, attention against the dense references,
 model-specific options. Bad constructor arguments: tests/test_config_errors.py.
 """
+
 import re
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.common import clear_device_caches
 
-STEM = 'stages.0.patch_embed.'   # what ``frozen_stages=0`` freezes
+STEM = 'stages.0.patch_embed.'  # what ``frozen_stages=0`` freezes
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,22 @@ class Family:
 FAMILIES = {
     'ViL': Family(ViL, 'vil_small', 12, stage_norm=False, num_batchnorms=0, classifier_layout='ours'),
     # Two global tokens in stage 2: the family's contract covers a non-default count too.
-    'ViLLS': Family(ViLLS, 'vil_ls_medium', 22, stage_norm=False, num_batchnorms=0, classifier_layout='ours',
-                    kwargs=dict(num_global_tokens=(1, 2, 1, 0))),
+    'ViLLS': Family(
+        ViLLS,
+        'vil_ls_medium',
+        22,
+        stage_norm=False,
+        num_batchnorms=0,
+        classifier_layout='ours',
+        kwargs=dict(num_global_tokens=(1, 2, 1, 0)),
+    ),
     'VVT': Family(VVT, 'vvt_small', 18, stage_norm=True, num_batchnorms=0, classifier_layout='vvt'),
-    'PaleTransformer': Family(PaleTransformer, 'pale_tiny', 22, stage_norm=False, num_batchnorms=3 * 4,
-                              classifier_layout='pale'),
+    'PaleTransformer': Family(
+        PaleTransformer, 'pale_tiny', 22, stage_norm=False, num_batchnorms=3 * 4, classifier_layout='pale'
+    ),
 }
 NUM_CLASSES = 5
-SIZE = (64, 96)   # (H, W): not square, not a multiple of 32; Pale's stage 4 has 2x3 values per channel
+SIZE = (64, 96)  # (H, W): not square, not a multiple of 32; Pale's stage 4 has 2x3 values per channel
 
 
 def build(family, kind, **kwargs):
@@ -130,8 +139,12 @@ ANY_SIZES = [(37, 53), (112, 137), (1, 1), (5, 300), (64, 33), (29, 19)]
 
 SIZE_CASES = [  # every size for the backbones; the classifiers' timm checks run at SIZE already
     *[pytest.param(*p.values, size, id=f'{p.id}-{size[0]}x{size[1]}') for p in BACKBONES for size in ANY_SIZES],
-    *[pytest.param(*p.values, size, id=f'{p.id}-{size[0]}x{size[1]}') for p in CLASSIFIERS
-      for size in ((1, 1), (5, 300), (29, 19))]]
+    *[
+        pytest.param(*p.values, size, id=f'{p.id}-{size[0]}x{size[1]}')
+        for p in CLASSIFIERS
+        for size in ((1, 1), (5, 300), (29, 19))
+    ],
+]
 
 
 @pytest.mark.parametrize('family,kind,size', SIZE_CASES)
@@ -172,6 +185,7 @@ def test_input_that_is_not_an_image_batch_is_a_clear_error(family, kind):
 
 # ---- out_indices: which outputs, which stages and norms are built, every built parameter trains ----
 
+
 @pytest.mark.parametrize('out_indices', [(1, 2), (0, 3), (2,), (0,)])
 @pytest.mark.parametrize('family,kind', BACKBONES)
 def test_out_indices_select_outputs_and_build_only_what_they_need(family, kind, out_indices):
@@ -210,10 +224,20 @@ def test_out_indices_select_outputs_and_build_only_what_they_need(family, kind, 
 
 ALL_OUTPUTS = (0, 1, 2, 3)
 FROZEN_CASES = [  # (frozen_stages, out_indices); a classifier's one output is the last stage
-    *[pytest.param(*p.values, frozen, out, id=f'{p.id}-{frozen}-{"".join(map(str, out))}') for p in BACKBONES
-      for frozen, out in ((-1, ALL_OUTPUTS), (0, ALL_OUTPUTS), (1, (1, 2, 3)), (2, ALL_OUTPUTS), (2, (1, 2)),
-                          (4, ALL_OUTPUTS))],
-    *[pytest.param(*p.values, frozen, None, id=f'{p.id}-{frozen}') for p in CLASSIFIERS for frozen in (2, 4)]]
+    *[
+        pytest.param(*p.values, frozen, out, id=f'{p.id}-{frozen}-{"".join(map(str, out))}')
+        for p in BACKBONES
+        for frozen, out in (
+            (-1, ALL_OUTPUTS),
+            (0, ALL_OUTPUTS),
+            (1, (1, 2, 3)),
+            (2, ALL_OUTPUTS),
+            (2, (1, 2)),
+            (4, ALL_OUTPUTS),
+        )
+    ],
+    *[pytest.param(*p.values, frozen, None, id=f'{p.id}-{frozen}') for p in CLASSIFIERS for frozen in (2, 4)],
+]
 
 
 @pytest.mark.parametrize('family,kind,frozen_stages,out_indices', FROZEN_CASES)
@@ -232,7 +256,7 @@ def test_frozen_stages(family, kind, frozen_stages, out_indices):
     prefixes += sum((family.stage_prefixes(i) for i in range(frozen_stages)), ())
     frozen = names_under(model, prefixes)
     assert bool(frozen) == (frozen_stages >= 0)
-    assert {name for name, p in model.named_parameters() if not p.requires_grad} == frozen   # at build
+    assert {name for name, p in model.named_parameters() if not p.requires_grad} == frozen  # at build
 
     model.train()
     assert {name for name, p in model.named_parameters() if not p.requires_grad} == frozen
@@ -241,12 +265,13 @@ def test_frozen_stages(family, kind, frozen_stages, out_indices):
         in_frozen = any(name == m or name.startswith(m + '.') for m in frozen_modules)
         assert module.training != in_frozen, name
 
-    x = torch.randn(2, 3, *SIZE, requires_grad=True)    # a graph even when everything is frozen
+    x = torch.randn(2, 3, *SIZE, requires_grad=True)  # a graph even when everything is frozen
     sum(o.pow(2).mean() for o in outputs(model, x)).backward()
     assert {name for name, p in model.named_parameters() if p.grad is None} == frozen
 
 
 # ---- norm_eval ----
+
 
 @pytest.mark.parametrize('norm_eval', [True, False])
 @pytest.mark.parametrize('family,kind', MODELS)
@@ -262,12 +287,14 @@ def test_norm_eval_keeps_batchnorms_in_eval(family, kind, norm_eval):
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in batchnorms]
     x = torch.randn(1, 3, 32, 32) if norm_eval else torch.randn(2, 3, *SIZE)
     outputs(model, x)
-    changed = [any(not torch.equal(v, m.state_dict()[k]) for k, v in stats.items())
-               for stats, m in zip(before, batchnorms)]
+    changed = [
+        any(not torch.equal(v, m.state_dict()[k]) for k, v in stats.items()) for stats, m in zip(before, batchnorms)
+    ]
     assert changed == [not norm_eval] * len(batchnorms)
 
 
 # ---- with_cp ----
+
 
 def count_saved_tensors(model, x):
     """Tensors a forward pass of ``model`` saves for backward outside of checkpointed blocks."""
@@ -283,10 +310,17 @@ def count_saved_tensors(model, x):
     return count
 
 
-@pytest.mark.parametrize('family,kind,training', [
-    *[pytest.param(*p.values, training, id=f'{p.id}-{mode}') for p in BACKBONES
-      for training, mode in ((True, 'train'), (False, 'eval'))],
-    *[pytest.param(*p.values, True, id=p.id) for p in CLASSIFIERS]])
+@pytest.mark.parametrize(
+    'family,kind,training',
+    [
+        *[
+            pytest.param(*p.values, training, id=f'{p.id}-{mode}')
+            for p in BACKBONES
+            for training, mode in ((True, 'train'), (False, 'eval'))
+        ],
+        *[pytest.param(*p.values, True, id=p.id) for p in CLASSIFIERS],
+    ],
+)
 def test_gradient_checkpointing_saves_memory_and_gives_the_same_gradients(family, kind, training):
     """``with_cp=True`` (a classifier: timm's ``set_grad_checkpointing()``): fewer tensors saved
     for backward, the same gradients (train: BatchNorm batch statistics, eval: fixed ones)."""
@@ -311,9 +345,25 @@ def test_gradient_checkpointing_saves_memory_and_gives_the_same_gradients(family
 
 # ATen ops that make the host wait for a CUDA device: reading a value back, or sizing an output
 # by the data.
-SYNCING_OPS = frozenset({'_local_scalar_dense', 'item', 'is_nonzero', 'equal', 'nonzero', 'nonzero_static',
-                         'masked_select', 'unique', '_unique', '_unique2', 'unique_consecutive', 'unique_dim',
-                         'bincount', 'histc', 'to_list'})
+SYNCING_OPS = frozenset(
+    {
+        '_local_scalar_dense',
+        'item',
+        'is_nonzero',
+        'equal',
+        'nonzero',
+        'nonzero_static',
+        'masked_select',
+        'unique',
+        '_unique',
+        '_unique2',
+        'unique_consecutive',
+        'unique_dim',
+        'bincount',
+        'histc',
+        'to_list',
+    }
+)
 
 
 class SyncingOpRecorder(TorchDispatchMode):
@@ -350,7 +400,7 @@ def test_forward_and_backward_never_wait_for_the_device(family, kind, impl):
     with SyncingOpRecorder() as recorder:
         _train_and_evaluate(model, image)
     assert recorder.ops == []
-    with SyncingOpRecorder() as recorder:      # the recorder sees such ops (the check can fail)
+    with SyncingOpRecorder() as recorder:  # the recorder sees such ops (the check can fail)
         torch.ones(3).sum().item()
         torch.ones(3).nonzero()
     assert recorder.ops == ['_local_scalar_dense', 'nonzero']
@@ -375,6 +425,7 @@ def test_training_works_after_an_inference_mode_evaluation(family, kind, impl):
 
 # ---- drop path ----
 
+
 @pytest.mark.parametrize('family,kind', MODELS)
 def test_drop_path_rises_linearly_over_all_blocks(family, kind):
     """The family's preset arch (its timm name's), on the meta device: 0 for the first block
@@ -391,14 +442,16 @@ def test_drop_path_rises_linearly_over_all_blocks(family, kind):
 
 # ---- init_cfg: a classifier's checkpoint initialises the dense backbone ----
 
+
 @pytest.mark.parametrize('family,kind', BACKBONES)
 def test_classifier_checkpoint_initialises_the_backbone_through_init_cfg(family, kind, tmp_path):
     """Through ``init_cfg`` and ``load_pretrained``: every backbone tensor of the classifier,
     nothing missing or unexpected, only the head dropped; the dense backbone's output norms a
     classifier has not (it has only the last one; VVT's norms are stage parts) stay fresh."""
     torch.manual_seed(0)
-    classifier = Classifier(backbone_type=family.cls.__name__, arch=TINY_ARCHS[family.cls], num_classes=10,
-                            **family.kwargs)
+    classifier = Classifier(
+        backbone_type=family.cls.__name__, arch=TINY_ARCHS[family.cls], num_classes=10, **family.kwargs
+    )
     path = tmp_path / 'classifier.pth'
     torch.save({'state_dict': classifier.state_dict()}, path)
     expected = classifier.backbone.state_dict()
@@ -414,8 +467,7 @@ def test_classifier_checkpoint_initialises_the_backbone_through_init_cfg(family,
     assert report.container == 'state_dict+backbone.' and report.layout == family.classifier_layout
     assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
     assert set(report.dropped) <= {'head.weight', 'head.bias'}
-    fresh = set() if family.stage_norm else {
-        family.norm_prefix(i) + p for i in range(3) for p in ('weight', 'bias')}
+    fresh = set() if family.stage_norm else {family.norm_prefix(i) + p for i in range(3) for p in ('weight', 'bias')}
     assert set(report.fresh) == fresh
     assert set(own) == set(expected) | fresh
 
@@ -425,21 +477,24 @@ def test_classifier_checkpoint_loads_into_a_backbone_with_fewer_stages(family, k
     """``out_indices=(0, 1)`` builds two stages: a four-stage classifier checkpoint loads with nothing
     missing or unexpected; the tensors of stages 3-4 are dropped, saying why, with the head."""
     torch.manual_seed(0)
-    classifier = Classifier(backbone_type=family.cls.__name__, arch=TINY_ARCHS[family.cls], num_classes=10,
-                            **family.kwargs)
+    classifier = Classifier(
+        backbone_type=family.cls.__name__, arch=TINY_ARCHS[family.cls], num_classes=10, **family.kwargs
+    )
     path = tmp_path / 'classifier.pth'
     torch.save({'state_dict': classifier.state_dict()}, path)
     dense = build(family, kind, out_indices=(0, 1))
     report = load_pretrained(dense, str(path))
     assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
-    unbuilt = {key for key in classifier.backbone.state_dict() if any(
-        key.startswith(prefix) for i in (2, 3) for prefix in family.stage_prefixes(i))}
+    unbuilt = {
+        key
+        for key in classifier.backbone.state_dict()
+        if any(key.startswith(prefix) for i in (2, 3) for prefix in family.stage_prefixes(i))
+    }
     assert unbuilt and set(report.dropped) - {'head.weight', 'head.bias'} == unbuilt
     assert {report.dropped[key] for key in unbuilt} == {'stage not built (after the last out_indices)'}
     expected = classifier.backbone.state_dict()
     for key, value in dense.state_dict().items():
         assert key in report.fresh or torch.equal(value, expected[key]), key
-
 
 
 @pytest.mark.parametrize('family,kind', [p for p in BACKBONES if p.values[0].cls.numbered_layout])

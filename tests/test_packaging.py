@@ -5,6 +5,7 @@ package_data globs pick the files from there; a file no glob matches is left
 out of the wheel and the sdist silently (tools/analysis/ was, once). The globs
 are applied to the mirrored tree exactly as setuptools applies them.
 """
+
 import configparser
 import glob
 from pathlib import Path

@@ -3,6 +3,7 @@
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
 init_cfg) is tested for every backbone in tests/test_models.py.
 """
+
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def _module_reference(attn, x, hw):
         return torch.einsum('oi,bihw->bohw', conv.pw.weight[:, :, 0, 0], y) + conv.pw.bias[:, None, None]
 
     q, k, v = (sep(conv).reshape(b, heads, d, n).transpose(-1, -2) for conv in (attn.q, attn.k, attn.v))
-    out = pale_attention_dense(q * d ** -0.5, k, v, *hw, attn.pale_size)
+    out = pale_attention_dense(q * d**-0.5, k, v, *hw, attn.pale_size)
     return attn.proj(out.transpose(1, 2).reshape(b, n, c))
 
 
@@ -95,7 +96,7 @@ def _module_reference(attn, x, hw):
 def test_attention_layer_matches_dense_reference(hw, pale_size):
     torch.manual_seed(0)
     attn = PaleAttention(24, num_heads=4, pale_size=pale_size).double().eval()
-    for bn in (attn.q.bn, attn.k.bn, attn.v.bn):   # non-trivial BatchNorm statistics
+    for bn in (attn.q.bn, attn.k.bn, attn.v.bn):  # non-trivial BatchNorm statistics
         bn.running_mean.uniform_(-1, 1)
         bn.running_var.uniform_(0.5, 2)
     x = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
@@ -107,4 +108,3 @@ def test_one_value_per_channel_trains_only_with_norm_eval():
     ``norm_eval=True`` it trains (tests/test_models.py checks that and the frozen statistics)."""
     with pytest.raises(ValueError, match='more than 1 value'):
         PaleTransformer(arch=TINY_ARCH).train()(torch.randn(1, 3, 32, 32))
-

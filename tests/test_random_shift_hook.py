@@ -1,4 +1,5 @@
 """RandomShiftHook in a real mmengine Runner: the switch point, and resume on both sides of it."""
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +38,7 @@ class ToyModel(BaseModel):
 
 class RecordShift(Hook):
     """Runs after RandomShiftHook (lower priority) and records the state each step."""
+
     priority = 'LOW'
 
     def __init__(self):
@@ -54,19 +56,21 @@ class RecordShift(Hook):
 
 
 def make_runner(work_dir, record, by_epoch, resume_from=None, drop_path_rate=0.0):
-    loop = (dict(type='EpochBasedTrainLoop', max_epochs=4) if by_epoch
-            else dict(type='IterBasedTrainLoop', max_iters=8))
+    loop = dict(type='EpochBasedTrainLoop', max_epochs=4) if by_epoch else dict(type='IterBasedTrainLoop', max_iters=8)
     return Runner(
-        model=ToyModel(drop_path_rate), work_dir=str(work_dir),
+        model=ToyModel(drop_path_rate),
+        work_dir=str(work_dir),
         train_dataloader=DataLoader(ToyImages(), batch_size=2, shuffle=False),  # 2 iters per epoch
         train_cfg=loop,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1 if by_epoch else 2,
-                                           by_epoch=by_epoch)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1 if by_epoch else 2, by_epoch=by_epoch)),
         custom_hooks=[dict(type='RandomShiftHook', switch_ratio=0.5), record],
-        resume=resume_from is not None, load_from=resume_from,
+        resume=resume_from is not None,
+        load_from=resume_from,
         randomness=dict(seed=0, deterministic=True),
-        default_scope='mmengine', experiment_name=f'exp{id(record)}')
+        default_scope='mmengine',
+        experiment_name=f'exp{id(record)}',
+    )
 
 
 @pytest.mark.parametrize('by_epoch', [False, True])
@@ -96,21 +100,20 @@ def test_resume_continues_with_exactly_the_same_losses(tmp_path, by_epoch):
     resumed = RecordShift()
     make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name), drop_path_rate=0.2).train()
     assert sorted(resumed.losses) == list(range(2, 8))
-    assert all(resumed.losses[step] == full.losses[step] for step in range(2, 8)), (
-        resumed.losses, full.losses)
+    assert all(resumed.losses[step] == full.losses[step] for step in range(2, 8)), (resumed.losses, full.losses)
 
     # Control: the same checkpoint without the RNG states continues differently.
     del checkpoint['rng_states']
     torch.save(checkpoint, tmp_path / 'no_rng.pth')
     unseeded = RecordShift()
-    make_runner(tmp_path, unseeded, by_epoch, str(tmp_path / 'no_rng.pth'),
-                drop_path_rate=0.2).train()
+    make_runner(tmp_path, unseeded, by_epoch, str(tmp_path / 'no_rng.pth'), drop_path_rate=0.2).train()
     assert any(unseeded.losses[step] != full.losses[step] for step in range(2, 8))
 
 
 def test_eval_mode_ignores_random_shift():
     model = ToyModel()
     from visattn_mm.models import set_random_shift
+
     set_random_shift(model, True)
     model.eval()
     attn = model.backbone.stages[0].blocks[0].attn

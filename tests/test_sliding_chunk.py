@@ -1,4 +1,5 @@
 """Sliding-chunk attention against a dense reference with an explicit mask."""
+
 import itertools
 
 import pytest
@@ -16,6 +17,7 @@ HEADS, DIM = 2, 4
 def random_inputs(height, width, window, num_global, seed=0):
     g = torch.Generator().manual_seed(seed)
     n = height * width
+
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -26,18 +28,40 @@ def random_inputs(height, width, window, num_global, seed=0):
 
 
 def run_fast(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode):
-    w2 = window ** 2
+    w2 = window**2
     local_bias = table[sliding_chunk_rpb_index(window)].reshape(w2, 9 * w2, HEADS).permute(2, 0, 1)
     return sliding_chunk_attention(
-        q, k, v, height, width, window, global_k=gk if gk.shape[2] else None,
-        global_v=gv if gv.shape[2] else None, local_bias=local_bias,
-        l2g_bias=l2g if gk.shape[2] else None, masking_mode=masking_mode, shift_mode=shift_mode)
+        q,
+        k,
+        v,
+        height,
+        width,
+        window,
+        global_k=gk if gk.shape[2] else None,
+        global_v=gv if gv.shape[2] else None,
+        local_bias=local_bias,
+        l2g_bias=l2g if gk.shape[2] else None,
+        masking_mode=masking_mode,
+        shift_mode=shift_mode,
+    )
 
 
 def run_reference(q, k, v, height, width, window, gk, gv, table, l2g, masking_mode, shift_mode):
     """The dense reference on the arguments of :func:`run_fast`: N x (G + N) logits, explicit bias and mask."""
-    return sliding_chunk_attention_dense(q, k, v, height, width, window, global_k=gk, global_v=gv, table=table,
-                                         l2g_bias=l2g, masking_mode=masking_mode, shift_mode=shift_mode)
+    return sliding_chunk_attention_dense(
+        q,
+        k,
+        v,
+        height,
+        width,
+        window,
+        global_k=gk,
+        global_v=gv,
+        table=table,
+        l2g_bias=l2g,
+        masking_mode=masking_mode,
+        shift_mode=shift_mode,
+    )
 
 
 # (H, W, w): multiples of w and not, non-square, fewer than 3 chunks, smaller than a chunk.
@@ -74,7 +98,7 @@ def test_gradients_match_reference():
 @pytest.mark.parametrize('masking_mode,shift_mode,num_global', [(0, 0, 1), (-1, 0, 2), (1, 0, 0), (0, 5, 1)])
 def test_fast_path_gradients_match_reference(masking_mode, shift_mode, num_global):
     """The fused path (gathers with their own backward) in float64: output and every gradient."""
-    height, width, window = 10, 11, 3       # 4x4 chunks, the last row and column padded
+    height, width, window = 10, 11, 3  # 4x4 chunks, the last row and column padded
     inputs = [t.requires_grad_() for t in random_inputs(height, width, window, num_global, seed=5)]
     with attention_impl('fast'):
         fast = run_fast(*inputs[:3], height, width, window, *inputs[3:], masking_mode, shift_mode)
@@ -120,7 +144,7 @@ def test_hidden_keys_are_exactly_the_padding():
 
 def test_official_cyclic_mask_quirk_is_fixed():
     """The official cyclic mask forgets padded keys reached through the wrap; ours hides them."""
-    height, width, window = 10, 9, 3   # 4 chunk rows, the last with 2 padded rows
+    height, width, window = 10, 9, 3  # 4 chunk rows, the last with 2 padded rows
     hidden = key_mask(height, width, window, -1, 0, torch.device('cpu'))
     # Query chunk (0, 0), neighbour (-1, 0) wraps to chunk row 3 (image rows 9-11): rows 10, 11 padded.
     block = hidden[0].reshape(9, 3, 3)[1]
@@ -170,15 +194,24 @@ def test_leading_global_tokens_equal_separate_ones(impl):
     q_all, k_all, v_all = (torch.cat([g, t], dim=2).requires_grad_() for g, t in ((gk, q), (gk, k), (gv, v)))
     local_bias = table[sliding_chunk_rpb_index(window)].reshape(9, 9 * 9, HEADS).permute(2, 0, 1)
     options = dict(local_bias=local_bias, l2g_bias=l2g, impl=impl)
-    joint = sliding_chunk_attention(q_all, k_all, v_all, height, width, window, leading_global=num_global,
-                                    **options)
-    apart = sliding_chunk_attention(q_all[:, :, num_global:], k_all[:, :, num_global:], v_all[:, :, num_global:],
-                                    height, width, window, global_k=k_all[:, :, :num_global],
-                                    global_v=v_all[:, :, :num_global], **options)
+    joint = sliding_chunk_attention(q_all, k_all, v_all, height, width, window, leading_global=num_global, **options)
+    apart = sliding_chunk_attention(
+        q_all[:, :, num_global:],
+        k_all[:, :, num_global:],
+        v_all[:, :, num_global:],
+        height,
+        width,
+        window,
+        global_k=k_all[:, :, :num_global],
+        global_v=v_all[:, :, :num_global],
+        **options,
+    )
     torch.testing.assert_close(joint, apart, rtol=1e-12, atol=1e-12)
     weights = torch.randn(joint.shape, generator=torch.Generator().manual_seed(2), dtype=joint.dtype)
-    for a, b in zip(torch.autograd.grad((joint * weights).sum(), (q_all, k_all, v_all)),
-                    torch.autograd.grad((apart * weights).sum(), (q_all, k_all, v_all))):
+    for a, b in zip(
+        torch.autograd.grad((joint * weights).sum(), (q_all, k_all, v_all)),
+        torch.autograd.grad((apart * weights).sum(), (q_all, k_all, v_all)),
+    ):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match='leading_global'):
         sliding_chunk_attention(q_all, k_all, v_all, height, width, window, global_k=gk, leading_global=2)

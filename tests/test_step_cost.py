@@ -1,5 +1,6 @@
 """The step-cost tracer (visattn_mm.analysis.step_cost): counts of programs whose costs are known by hand,
 CUDA's dispatch emulated, the calibration against the H100's measured peaks, and its tools."""
+
 from __future__ import annotations
 
 import csv
@@ -62,7 +63,7 @@ def test_views_launch_nothing_and_broadcasts_are_read_once():
 def test_layout_ops_are_counted_as_layout():
     cost = _trace(lambda m, x: torch.cat([x, F.pad(x, (0, 1))], dim=-1).contiguous())
     layout = cost.by_class()['layout']
-    assert layout.launched == 2                       # pad and cat; contiguous of a contiguous tensor is free
+    assert layout.launched == 2  # pad and cat; contiguous of a contiguous tensor is free
     assert cost.summary()['layout_bytes'] == layout.bytes_read + layout.bytes_written > 0
 
 
@@ -78,20 +79,29 @@ def test_saved_activations_are_charged_to_the_op_that_keeps_them():
 @pytest.mark.parametrize('device_type, ln_bytes', [('cuda', 4), ('cpu', 2)])
 def test_cuda_autocast_computes_layer_norm_and_softmax_in_fp32(device_type, ln_bytes):
     norm = torch.nn.LayerNorm(64)
-    cost = trace_step(norm, SHAPE, dtype='bf16', mode='fwd', device_type=device_type,
-                      forward=lambda m, x: (m(x.bfloat16()), x.bfloat16().softmax(-1)))
+    cost = trace_step(
+        norm,
+        SHAPE,
+        dtype='bf16',
+        mode='fwd',
+        device_type=device_type,
+        forward=lambda m, x: (m(x.bfloat16()), x.bfloat16().softmax(-1)),
+    )
     assert cost.ops['native_layer_norm'].bytes_written >= ELEMENTS * ln_bytes
     assert cost.ops['native_layer_norm'].bytes_written < ELEMENTS * ln_bytes + 2 * 4 * ELEMENTS // 64 + 1
     assert cost.ops['_softmax'].bytes_written == ELEMENTS * ln_bytes
 
 
-@pytest.mark.parametrize('masked, kernel', [(True, '_scaled_dot_product_efficient_attention'),
-                                            (False, '_scaled_dot_product_flash_attention')])
+@pytest.mark.parametrize(
+    'masked, kernel',
+    [(True, '_scaled_dot_product_efficient_attention'), (False, '_scaled_dot_product_flash_attention')],
+)
 def test_sdpa_takes_the_kernel_cuda_would(masked, kernel):
     def attend(m, x):
-        q = m(x).flatten(2).unflatten(1, (1, 3)).transpose(-1, -2)[..., :8]   # (B, 1, HW/3..., 8)
+        q = m(x).flatten(2).unflatten(1, (1, 3)).transpose(-1, -2)[..., :8]  # (B, 1, HW/3..., 8)
         mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool) if masked else None
         return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
     cost = _trace(attend, mode='fwd+bwd', dtype='bf16')
     assert cost.ops[kernel].launched == 1
     assert cost.ops[kernel + '_backward'].launched == 1
@@ -137,16 +147,31 @@ def test_trace_refuses_bad_arguments():
 def test_peaks_match_the_h100_within_5_percent():
     rows = step_cost_calibration.calibration_rows()
     if any(row['error'] is None for row in rows):
-        pytest.skip(f"the backbones' code at {step_cost_calibration.MEASURED_AT} is not in this clone: "
-                    f"{rows[-1]['note']}")
+        pytest.skip(
+            f"the backbones' code at {step_cost_calibration.MEASURED_AT} is not in this clone: {rows[-1]['note']}"
+        )
     errors = {row['model']: round(row['error'], 4) for row in rows}
     assert len(errors) == len(step_cost_calibration.H100_PEAK_MIB)
     assert all(abs(error) <= 0.05 for error in errors.values()), errors
 
 
 def test_step_cost_tool_end_to_end(tmp_path, capsys):
-    rows = step_cost_tool.main(['--models', 'vil-t', '--impls', 'auto', '--configs', 'retinanet_vil_t_1x',
-                                '--batch', '1', '--size', '256x320', '--out-dir', str(tmp_path)])
+    rows = step_cost_tool.main(
+        [
+            '--models',
+            'vil-t',
+            '--impls',
+            'auto',
+            '--configs',
+            'retinanet_vil_t_1x',
+            '--batch',
+            '1',
+            '--size',
+            '256x320',
+            '--out-dir',
+            str(tmp_path),
+        ]
+    )
     assert [row['model'] for row in rows] == ['swin-t', 'r50', 'vil-t', 'retinanet_vil_t_1x']
     assert rows[0]['peak_gib_vs_swin-t'] == 1.0
     retina = rows[-1]
@@ -158,8 +183,15 @@ def test_step_cost_tool_end_to_end(tmp_path, capsys):
     assert '| vil-t | auto |' in capsys.readouterr().out
 
 
-@pytest.mark.parametrize('argv, message', [(['--models', 'vil-x'], 'vil-x'), (['--size', '8x8'], '--size'),
-                                           (['--impls', 'fastest'], '--impls'), (['--batch', '0'], '--batch')])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--models', 'vil-x'], 'vil-x'),
+        (['--size', '8x8'], '--size'),
+        (['--impls', 'fastest'], '--impls'),
+        (['--batch', '0'], '--batch'),
+    ],
+)
 def test_step_cost_tool_refuses_bad_options(argv, message):
     with pytest.raises(SystemExit, match=message):
         step_cost_tool.parse_args(argv)
@@ -189,6 +221,7 @@ def swin_t_step():
 @pytest.mark.parametrize('model, impl', sorted(CEILINGS))
 def test_backbone_step_stays_under_its_ceilings(model, impl, swin_t_step):
     from visattn_mm.ops.impl import attention_impl
+
     with attention_impl(impl):
         step = trace_step(step_cost_tool.build_backbone(model).train(), (8, 3, 800, 1333)).summary()
     ratios = tuple(round(step[key] / swin_t_step[key], 3) for key in ('peak_bytes', 'layout_bytes', 'launched'))

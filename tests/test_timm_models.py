@@ -1,5 +1,6 @@
 """timm registration of the classification forms: names, configs, sizes, a training step, checkpoints,
 and timm's generic model checks (as timm's tests/test_models.py runs them) over all fifteen names."""
+
 import argparse
 import importlib
 import io
@@ -21,19 +22,31 @@ from visattn_mm import timm_models
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier
 
-NAMES = ([f'vil_{s}' for s in ('tiny', 'small', 'medium', 'base')]
-         + [f'vil_ls_{s}' for s in ('tiny', 'small', 'medium', 'base')]
-         + [f'vvt_{s}' for s in ('tiny', 'small', 'medium', 'large')]
-         + [f'pale_{s}' for s in ('tiny', 'small', 'base')])
+NAMES = (
+    [f'vil_{s}' for s in ('tiny', 'small', 'medium', 'base')]
+    + [f'vil_ls_{s}' for s in ('tiny', 'small', 'medium', 'base')]
+    + [f'vvt_{s}' for s in ('tiny', 'small', 'medium', 'large')]
+    + [f'pale_{s}' for s in ('tiny', 'small', 'base')]
+)
 # Classification with a 1000-class head, in millions: (expected, tolerance). The papers' tables and the
 # two decimals: docs/backbones.md#parameter-counts-to-two-decimals
-PARAMS_M = {'vil_tiny': (6.72, 0.01), 'vil_small': (24.66, 0.01), 'vil_medium': (39.78, 0.01),
-            'vil_base': (55.80, 0.01), 'vil_ls_medium': (39.80, 0.01), 'vil_ls_base': (55.83, 0.01),
-            'vvt_tiny': (12.88, 0.01), 'vvt_small': (25.49, 0.01), 'vvt_medium': (47.91, 0.01),
-            'vvt_large': (61.85, 0.01), 'pale_tiny': (21.8, 0.1), 'pale_small': (48.3, 0.1),
-            'pale_base': (85.4, 0.1)}
+PARAMS_M = {
+    'vil_tiny': (6.72, 0.01),
+    'vil_small': (24.66, 0.01),
+    'vil_medium': (39.78, 0.01),
+    'vil_base': (55.80, 0.01),
+    'vil_ls_medium': (39.80, 0.01),
+    'vil_ls_base': (55.83, 0.01),
+    'vvt_tiny': (12.88, 0.01),
+    'vvt_small': (25.49, 0.01),
+    'vvt_medium': (47.91, 0.01),
+    'vvt_large': (61.85, 0.01),
+    'pale_tiny': (21.8, 0.1),
+    'pale_small': (48.3, 0.1),
+    'pale_base': (85.4, 0.1),
+}
 TINY_PALE = dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 64, 64), num_heads=(2, 2, 2, 2))
-SMALL_INPUT = (64, 96)   # (H, W): not 224, not square; ViL's full-attention maps are 4x6 and 2x3
+SMALL_INPUT = (64, 96)  # (H, W): not 224, not square; ViL's full-attention maps are 4x6 and 2x3
 TINY_NAMES = ['vil_tiny', 'vil_ls_tiny', 'vvt_tiny', 'pale_tiny']
 
 
@@ -53,7 +66,7 @@ def test_create_model_configs_and_sizes(name):
     cfg = model.pretrained_cfg
     assert model.default_cfg is cfg and cfg['architecture'] == name
     assert cfg['input_size'] == (3, 224, 224) and cfg['interpolation'] == 'bicubic'
-    assert cfg['crop_pct'] == (0.9 if name.startswith('vvt') else 0.875)   # the papers' eval crops
+    assert cfg['crop_pct'] == (0.9 if name.startswith('vvt') else 0.875)  # the papers' eval crops
     assert cfg['mean'] == timm.data.IMAGENET_DEFAULT_MEAN and cfg['std'] == timm.data.IMAGENET_DEFAULT_STD
     assert model.get_classifier() is model.head and cfg['classifier'] == 'head'
     assert isinstance(model.get_submodule(cfg['first_conv']), torch.nn.Conv2d)
@@ -70,7 +83,7 @@ def test_create_model_configs_and_sizes(name):
     assert bool(nwd) == name.startswith('vil')
     # timm's default-cfg consistency (test_model_default_cfgs), without the forward passes
     state = model.state_dict()
-    assert cfg['fixed_input_size'] is False and cfg['pool_size'] == (7, 7)   # any size; 224 / 32
+    assert cfg['fixed_input_size'] is False and cfg['pool_size'] == (7, 7)  # any size; 224 / 32
     assert model.num_features == model.head_hidden_size == model.feature_info[-1]['num_chs']
     assert [f['reduction'] for f in model.feature_info] == [4, 8, 16, 32]
     assert all(f['module'] in dict(model.named_modules()) for f in model.feature_info)
@@ -100,8 +113,9 @@ def test_forward_at_224(name):
 def test_timm_training_step_pale():
     torch.manual_seed(0)
     # what timm's train.py passes: in_chans, drop_rate and drop_path_rate (global_pool None is dropped)
-    model = timm.create_model('pale_tiny', num_classes=5, in_chans=3, drop_rate=0.0, drop_path_rate=0.1,
-                              arch=TINY_PALE).train()
+    model = timm.create_model(
+        'pale_tiny', num_classes=5, in_chans=3, drop_rate=0.0, drop_path_rate=0.1, arch=TINY_PALE
+    ).train()
     optimizer = create_optimizer_v2(model, opt='adamw', lr=1e-3, weight_decay=0.05)
     groups = {g['weight_decay']: g['params'] for g in optimizer.param_groups}
     assert set(groups) == {0.0, 0.05}
@@ -123,8 +137,10 @@ def test_vil_weight_decay_groups():
         assert (id(param) in no_decay) == skip, name
 
 
-@pytest.mark.parametrize('name,backbone', [('pale_tiny', dict(type='PaleTransformer', arch='tiny')),
-                                           ('vil_small', dict(type='ViL', arch='small'))])
+@pytest.mark.parametrize(
+    'name,backbone',
+    [('pale_tiny', dict(type='PaleTransformer', arch='tiny')), ('vil_small', dict(type='ViL', arch='small'))],
+)
 def test_timm_checkpoint_loads_into_mmdet_backbone(name, backbone, tmp_path):
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=1000)
@@ -133,14 +149,23 @@ def test_timm_checkpoint_loads_into_mmdet_backbone(name, backbone, tmp_path):
     # bare, timm 1.0 train.py's CheckpointSaver ('state_dict' + pickled args, via file), and 'model'
     bare, saver = tmp_path / 'bare.pth', tmp_path / 'checkpoint-1.pth.tar'
     torch.save(state, bare)
-    torch.save({'epoch': 1, 'arch': name, 'state_dict': state, 'optimizer': {}, 'version': 2,
-                'args': argparse.Namespace(model=name)}, saver)
+    torch.save(
+        {
+            'epoch': 1,
+            'arch': name,
+            'state_dict': state,
+            'optimizer': {},
+            'version': 2,
+            'args': argparse.Namespace(model=name),
+        },
+        saver,
+    )
     for checkpoint in (str(bare), str(saver), {'model': state}):
         report = load_pretrained(target, checkpoint)
         assert report.missing == [] and report.unexpected == [] and report.mismatched == {}
         assert set(report.fresh) <= {k for k in target.state_dict() if '.norm' in k or k.startswith('norm')}
     key = next(k for k in state if k.endswith('mlp.fc1.weight'))
-    assert torch.equal(target.state_dict()[key[len('backbone.'):]], state[key])
+    assert torch.equal(target.state_dict()[key[len('backbone.') :]], state[key])
 
 
 def test_timm_train_wrapper_runs_a_script_with_the_names_registered(tmp_path):
@@ -149,21 +174,34 @@ def test_timm_train_wrapper_runs_a_script_with_the_names_registered(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
+
     script = tmp_path / 'train.py'
-    script.write_text("import sys, timm\n"
-                      "assert sys.argv[1:] == ['--model', 'pale_tiny'], sys.argv\n"
-                      "print(type(timm.create_model(sys.argv[2], num_classes=3)).__name__)\n")
+    script.write_text(
+        "import sys, timm\n"
+        "assert sys.argv[1:] == ['--model', 'pale_tiny'], sys.argv\n"
+        "print(type(timm.create_model(sys.argv[2], num_classes=3)).__name__)\n"
+    )
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, 'tools/timm_train.py', str(script), '--model', 'pale_tiny'],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, 'tools/timm_train.py', str(script), '--model', 'pale_tiny'],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == 'Classifier'   # after the backbone's build log line
+    assert proc.stdout.strip().splitlines()[-1] == 'Classifier'  # after the backbone's build log line
 
 
 def _tiny(name):
     """A tiny arch of the name's family: the name's layout and defaults, small enough for CI."""
-    return dict(arch=dict(depths=(1, 1, 1, 1), embed_dims=(8, 16, 16, 16),
-                          num_heads=(2, 2, 2, 2) if name.startswith('pale') else (1, 2, 2, 2)))
+    return dict(
+        arch=dict(
+            depths=(1, 1, 1, 1),
+            embed_dims=(8, 16, 16, 16),
+            num_heads=(2, 2, 2, 2) if name.startswith('pale') else (1, 2, 2, 2),
+        )
+    )
 
 
 def _num_blocks(model):
@@ -189,7 +227,8 @@ def test_timm_generic_model_checks(name):
         final, maps = model.forward_intermediates(x)
         assert [tuple(m.shape) for m in maps] == [
             (1, f['num_chs'], math.ceil(SMALL_INPUT[0] / f['reduction']), math.ceil(SMALL_INPUT[1] / f['reduction']))
-            for f in model.feature_info]
+            for f in model.feature_info
+        ]
         assert torch.equal(final, model.forward_features(x))
         first, early = model.forward_intermediates(x, indices=[-4], stop_early=True)
         assert torch.equal(early[0], maps[0]) and first.shape == maps[0].shape
@@ -199,7 +238,7 @@ def test_timm_generic_model_checks(name):
         assert model.num_classes == 0 and torch.equal(model.forward_head(final), pooled)
         model.reset_classifier(0, '')
         assert torch.equal(model.forward_head(final), final)
-        model.reset_classifier(3, '')     # the head at every position
+        model.reset_classifier(3, '')  # the head at every position
         assert model.forward_head(final).shape == (1, 3, *final.shape[2:])
     with pytest.raises(ValueError, match='global_pool'):
         model.reset_classifier(5, 'max')
@@ -223,11 +262,12 @@ def test_features_only_maps_match_the_classifier(name):
     # head and the last output norm are pruned: every parameter left gets a gradient
     sum(m.mean() for m in features.train()(torch.randn(2, 3, *SMALL_INPUT))).backward()
     assert [n for n, p in features.named_parameters() if p.grad is None] == []
-    early = timm.create_model(name, features_only=True, out_indices=(0, 1), **_tiny(name))   # stages 3-4 pruned
-    assert [tuple(m.shape[1:]) for m in early(x)] == [(c, math.ceil(64 / r), math.ceil(96 / r)) for c, r in
-                                                     zip(early.feature_info.channels(), (4, 8))]
+    early = timm.create_model(name, features_only=True, out_indices=(0, 1), **_tiny(name))  # stages 3-4 pruned
+    assert [tuple(m.shape[1:]) for m in early(x)] == [
+        (c, math.ceil(64 / r), math.ceil(96 / r)) for c, r in zip(early.feature_info.channels(), (4, 8))
+    ]
     assert sum(p.numel() for p in early.parameters()) < sum(p.numel() for p in features.parameters())
-    assert len(timm.create_model(name, features_only=True, **_tiny(name))(x)) == 4   # default: all stages
+    assert len(timm.create_model(name, features_only=True, **_tiny(name))(x)) == 4  # default: all stages
 
 
 @pytest.mark.parametrize('name', ['vil_tiny', 'vil_ls_tiny'])
@@ -240,7 +280,7 @@ def test_full_attention_classifiers_take_any_size_and_img_size(name):
     at_288 = timm.create_model(name, num_classes=5, img_size=288, **_tiny(name))
     full = [m for m in at_288.modules() if type(m).__name__ == 'FullAttention']
     assert {m.rpb_size for m in full} == {(18, 18), (9, 9)}
-    at_288.load_state_dict(model.state_dict())        # 224 tables resized by the load pre-hook
+    at_288.load_state_dict(model.state_dict())  # 224 tables resized by the load pre-hook
     with pytest.raises(ValueError, match='img_size'):
         timm.create_model(name, img_size=(224,), **_tiny(name))
 
@@ -255,11 +295,14 @@ def _official_files(tmp_path):
     from test_checkpoint import official_vil_checkpoint
     from test_vil_ls import official_vil_ls_checkpoint
     from test_vvt import official_vvt_checkpoint
+
     spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 2))
     files = {}
-    for name, checkpoint in (('vil_tiny', official_vil_checkpoint(spec)),
-                             ('vil_ls_tiny', official_vil_ls_checkpoint(spec)),
-                             ('vvt_tiny', official_vvt_checkpoint(dict(spec, mlp=(4, 4, 4, 4))))):
+    for name, checkpoint in (
+        ('vil_tiny', official_vil_checkpoint(spec)),
+        ('vil_ls_tiny', official_vil_ls_checkpoint(spec)),
+        ('vvt_tiny', official_vvt_checkpoint(dict(spec, mlp=(4, 4, 4, 4)))),
+    ):
         files[name] = tmp_path / f'{name}_official.pth'
         torch.save(checkpoint, files[name])
     return files
@@ -269,6 +312,7 @@ def test_official_release_loads_in_one_call(tmp_path):
     """pretrained_cfg_overlay=dict(file=...) and checkpoint_path= convert an official release
     (container, module. prefix, layout, head) with our load report; both give the same model."""
     from visattn_mm.checkpoint import read_checkpoint, unwrap_state_dict
+
     for name, path in _official_files(tmp_path).items():
         official, _ = unwrap_state_dict(read_checkpoint(str(path)))
         file_cfg = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **_tiny(name))
@@ -284,8 +328,10 @@ def test_official_release_loads_in_one_call(tmp_path):
         ten = timm.create_model(name, num_classes=10, **file_cfg)
         assert torch.equal(ten.backbone.state_dict()[f'{last_norm}.weight'], official_norm)
         features = timm.create_model(name, features_only=True, **file_cfg)
-        assert torch.equal(features.model.backbone.stages[0].patch_embed.proj.weight,
-                           via_cfg.backbone.stages[0].patch_embed.proj.weight)
+        assert torch.equal(
+            features.model.backbone.stages[0].patch_embed.proj.weight,
+            via_cfg.backbone.stages[0].patch_embed.proj.weight,
+        )
 
 
 def test_official_load_is_reported_and_strict(tmp_path):
@@ -298,8 +344,8 @@ def test_official_load_is_reported_and_strict(tmp_path):
     finally:
         MMLogger.get_current_instance().removeHandler(handler)
     assert "layout 'vil_official'" in logged.getvalue() and 'missing: 0' in logged.getvalue()
-    with pytest.raises(RuntimeError, match='did not load'):     # head of another size, strict
+    with pytest.raises(RuntimeError, match='did not load'):  # head of another size, strict
         timm.create_model('vil_tiny', num_classes=10, checkpoint_path=str(path), **_tiny('vil'))
     ours = timm.create_model('vil_tiny', **_tiny('vil'))
-    ours.load_state_dict({'state_dict': model.state_dict(), 'epoch': 3})          # our layout in a container
+    ours.load_state_dict({'state_dict': model.state_dict(), 'epoch': 3})  # our layout in a container
     assert torch.equal(ours.head.weight, model.head.weight)

@@ -2,6 +2,7 @@
 start), and RngStateHook's warning about a checkpoint without RNG states, which concerns a
 resume only: evaluating the checkpoint with ``tools/test.py`` says nothing about it.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -32,10 +33,12 @@ def paths_taken(model, training, monkeypatch):
     """``{op module name: {'fast'|'math', ...}}`` over one forward pass on the CPU."""
     taken = {}
     for module in OPS_WITH_TWO_PATHS:
+
         def spy(*args, _op=module.__name__.rsplit('.', 1)[-1], _decide=module.use_fast_path, **kwargs):
             fast = _decide(*args, **kwargs)
             taken.setdefault(_op, set()).add('fast' if fast else 'math')
             return fast
+
         monkeypatch.setattr(module, 'use_fast_path', spy)
     image = torch.randn(1, 3, 40, 56)
     if training:
@@ -56,8 +59,11 @@ def test_attention_table_matches_the_paths_backbones_take(backbone, impl, monkey
     for training in (True, False):
         with attention_impl(impl):
             taken = paths_taken(model, training, monkeypatch)
-            expected = {op: {chosen_path('cpu', has_bias and training)}
-                        for op, has_bias in BACKBONES[backbone].attention_ops if has_bias is not None}
+            expected = {
+                op: {chosen_path('cpu', has_bias and training)}
+                for op, has_bias in BACKBONES[backbone].attention_ops
+                if has_bias is not None
+            }
         assert taken == expected, (backbone, impl, training)
 
 
@@ -79,16 +85,29 @@ def test_attention_lines_name_each_backbone_and_follow_the_selection():
 def test_collect_env_tool_prints_the_report(capsys):
     _load_tool('collect_env').main()
     lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines() if ': ' in line)
-    for key in ('Python', 'PyTorch', 'PyTorch CUDA build', 'CUDA devices', 'MMCV', 'MMCV ops',
-                'MMEngine', 'MMDetection', 'MMSegmentation', 'timm', 'Triton', 'visattn_mm',
-                'attention implementation'):
+    for key in (
+        'Python',
+        'PyTorch',
+        'PyTorch CUDA build',
+        'CUDA devices',
+        'MMCV',
+        'MMCV ops',
+        'MMEngine',
+        'MMDetection',
+        'MMSegmentation',
+        'timm',
+        'Triton',
+        'visattn_mm',
+        'attention implementation',
+    ):
         assert lines.get(key), key
     assert lines['MMCV ops'].startswith('import; built with')
     if not torch.cuda.is_available():
         assert lines['CUDA devices'] == '0'
     for backbone in BACKBONES:
-        assert lines[f'attention {backbone}'] == attention_paths(
-            'cuda' if torch.cuda.is_available() else 'cpu')[backbone]
+        assert (
+            lines[f'attention {backbone}'] == attention_paths('cuda' if torch.cuda.is_available() else 'cpu')[backbone]
+        )
 
 
 # --------------------------------------------------------------------------
@@ -105,10 +124,26 @@ def run_without_rng_states(tmp_path_factory):
     with_hook = workspace / 'tiny_rng.py'
     with_hook.write_text(f"_base_ = ['{plain}']\ncustom_hooks = [dict(type='RngStateHook')]\n")
     work_dir = workspace / 'work'
-    proc = _run(_tool('train.py', plain, '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_iters=1',
-                      'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1'), cwd=workspace)
-    return dict(workspace=workspace, with_hook=with_hook, work_dir=work_dir,
-                checkpoint=work_dir / 'iter_1.pth', output=proc.stdout + proc.stderr)
+    proc = _run(
+        _tool(
+            'train.py',
+            plain,
+            '--work-dir',
+            work_dir,
+            '--cfg-options',
+            'train_cfg.max_iters=1',
+            'train_cfg.val_interval=100',
+            'default_hooks.checkpoint.interval=1',
+        ),
+        cwd=workspace,
+    )
+    return dict(
+        workspace=workspace,
+        with_hook=with_hook,
+        work_dir=work_dir,
+        checkpoint=work_dir / 'iter_1.pth',
+        output=proc.stdout + proc.stderr,
+    )
 
 
 def test_train_logs_the_environment(run_without_rng_states):
@@ -122,11 +157,10 @@ def test_evaluating_a_checkpoint_says_nothing_about_rng_states(run_without_rng_s
     run = run_without_rng_states
     assert 'rng_states' not in torch.load(run['checkpoint'], map_location='cpu', weights_only=False)
     test_dir = run['workspace'] / 'test'
-    proc = _run(_tool('test.py', run['with_hook'], run['checkpoint'], '--work-dir', test_dir),
-                cwd=run['workspace'])
+    proc = _run(_tool('test.py', run['with_hook'], run['checkpoint'], '--work-dir', test_dir), cwd=run['workspace'])
     assert 'coco/bbox_mAP' in _test_metrics(test_dir)
     output = proc.stdout + proc.stderr + _log_text(test_dir)
-    assert "type='RngStateHook'" in output        # the hook was in the run
+    assert "type='RngStateHook'" in output  # the hook was in the run
     assert 'RNG states' not in output
 
 

@@ -7,6 +7,7 @@ plugin's own backbones. Also covers visattn_mm.compat through a real resume,
 test-time augmentation for both tasks, and tools/analysis/plot_curves.py on a
 real work dir.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -154,11 +155,13 @@ randomness = dict(seed=0)
 # --------------------------------------------------------------------------
 def _run(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None):
     """Run a command; fail the test with its output if it exits non-zero."""
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     if proc.returncode != 0:
-        pytest.fail(f'{args} exited {proc.returncode}\n--- stdout\n'
-                    f'{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}')
+        pytest.fail(
+            f'{args} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}'
+        )
     return proc
 
 
@@ -185,8 +188,7 @@ def _free_port() -> int:
 
 def _load_tool(name: str):
     """Import tools/<name>.py under a private module name."""
-    spec = importlib.util.spec_from_file_location(f'_visattn_tool_{name}',
-                                                  TOOLS / f'{name}.py')
+    spec = importlib.util.spec_from_file_location(f'_visattn_tool_{name}', TOOLS / f'{name}.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -209,8 +211,7 @@ def det_config(workspace) -> Path:
 def seg_config(workspace) -> Path:
     data = toy.make_ade20k_layout(workspace / 'toy_ade', num_train=8, num_val=3)
     path = workspace / 'tiny_upernet.py'
-    path.write_text(SEG_CONFIG.format(data_root=data, classes=toy.ADE_CLASSES,
-                                      num_classes=len(toy.ADE_CLASSES)))
+    path.write_text(SEG_CONFIG.format(data_root=data, classes=toy.ADE_CLASSES, num_classes=len(toy.ADE_CLASSES)))
     return path
 
 
@@ -237,11 +238,12 @@ def test_mmengine_checkpoint_needs_compat_and_loads_with_it(det_trained):
     ckpt = det_trained / 'iter_4.pth'
     # Plain torch refuses the file: this is why compat exists.
     probe = subprocess.run(
-        [sys.executable, '-c', f'import torch; torch.load({str(ckpt)!r})'],
-        capture_output=True, text=True, timeout=120)
+        [sys.executable, '-c', f'import torch; torch.load({str(ckpt)!r})'], capture_output=True, text=True, timeout=120
+    )
     assert probe.returncode != 0 and 'Weights only load failed' in probe.stderr
 
     from visattn_mm.compat import allow_mmengine_checkpoints
+
     assert allow_mmengine_checkpoints()
     count = len(torch.serialization.get_safe_globals())
     assert allow_mmengine_checkpoints()  # idempotent: nothing added twice
@@ -252,14 +254,25 @@ def test_mmengine_checkpoint_needs_compat_and_loads_with_it(det_trained):
 
 
 def test_det_resume_continues_from_checkpoint(det_trained, det_config, workspace):
-    _run(_tool('train.py', det_config, '--work-dir', det_trained,
-               '--resume', det_trained / 'iter_4.pth',
-               '--cfg-options', 'train_cfg.max_iters=6', 'train_cfg.val_interval=100'),
-         cwd=workspace)
+    _run(
+        _tool(
+            'train.py',
+            det_config,
+            '--work-dir',
+            det_trained,
+            '--resume',
+            det_trained / 'iter_4.pth',
+            '--cfg-options',
+            'train_cfg.max_iters=6',
+            'train_cfg.val_interval=100',
+        ),
+        cwd=workspace,
+    )
     log = _log_text(det_trained)
     assert 'resumed epoch: 0, iter: 4' in log
     assert 'Iter(train) [5/6]' in log and 'Iter(train) [1/6]' not in log
     from visattn_mm.compat import allow_mmengine_checkpoints
+
     allow_mmengine_checkpoints()
     ckpt = torch.load(det_trained / 'iter_6.pth', weights_only=True, map_location='cpu')
     assert ckpt['meta']['iter'] == 6
@@ -269,8 +282,20 @@ def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, worksp
     work_dir = workspace / 'det_test'
     show_dir = workspace / 'det_vis'
     out = workspace / 'det_preds.pkl'
-    _run(_tool('test.py', det_config, det_trained / 'iter_4.pth', '--work-dir', work_dir,
-               '--show-dir', show_dir, '--out', out), cwd=workspace)
+    _run(
+        _tool(
+            'test.py',
+            det_config,
+            det_trained / 'iter_4.pth',
+            '--work-dir',
+            work_dir,
+            '--show-dir',
+            show_dir,
+            '--out',
+            out,
+        ),
+        cwd=workspace,
+    )
     metrics = _test_metrics(work_dir)
     for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP'):
         assert isinstance(metrics[key], float), key
@@ -282,11 +307,22 @@ def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, worksp
 def test_dist_train_two_cpu_processes(det_config, workspace):
     work_dir = workspace / 'det_dist'
     # nccl, as mmdet's default_runtime sets it: the tool must switch to gloo.
-    proc = _run(['bash', str(TOOLS / 'dist_train.sh'), det_config, '2',
-                 '--work-dir', work_dir,
-                 '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
-                 'env_cfg.dist_cfg.backend=nccl'],
-                cwd=workspace, env=dict(PYTHON=sys.executable, PORT=str(_free_port())))
+    proc = _run(
+        [
+            'bash',
+            str(TOOLS / 'dist_train.sh'),
+            det_config,
+            '2',
+            '--work-dir',
+            work_dir,
+            '--cfg-options',
+            'train_cfg.max_iters=2',
+            'train_cfg.val_interval=2',
+            'env_cfg.dist_cfg.backend=nccl',
+        ],
+        cwd=workspace,
+        env=dict(PYTHON=sys.executable, PORT=str(_free_port())),
+    )
     assert "using backend 'gloo' instead of 'nccl'" in proc.stderr
     assert (work_dir / 'iter_2.pth').is_file()
     log = _log_text(work_dir)
@@ -312,9 +348,22 @@ def test_seg_train_and_test(seg_trained, seg_config, workspace):
 
     test_dir, show_dir, out = (workspace / n for n in ('seg_test', 'seg_vis', 'seg_out'))
     # SegVisualizationHook draws every `interval`-th image (default 50).
-    _run(_tool('test.py', seg_config, ckpt, '--work-dir', test_dir, '--show-dir', show_dir,
-               '--out', out, '--cfg-options', 'default_hooks.visualization.interval=1'),
-         cwd=workspace)
+    _run(
+        _tool(
+            'test.py',
+            seg_config,
+            ckpt,
+            '--work-dir',
+            test_dir,
+            '--show-dir',
+            show_dir,
+            '--out',
+            out,
+            '--cfg-options',
+            'default_hooks.visualization.interval=1',
+        ),
+        cwd=workspace,
+    )
     metrics = _test_metrics(test_dir)
     for key in ('aAcc', 'mIoU', 'mAcc'):
         assert isinstance(metrics[key], float), key
@@ -327,12 +376,15 @@ def test_seg_train_and_test(seg_trained, seg_config, workspace):
 # --------------------------------------------------------------------------
 def test_det_test_tta_merges_boxes_and_masks(det_trained, det_config, workspace):
     work_dir, out = workspace / 'det_tta', workspace / 'det_tta.pkl'
-    proc = _run(_tool('test.py', det_config, det_trained / 'iter_4.pth', '--tta',
-                      '--work-dir', work_dir, '--out', out), cwd=workspace)
+    proc = _run(
+        _tool('test.py', det_config, det_trained / 'iter_4.pth', '--tta', '--work-dir', work_dir, '--out', out),
+        cwd=workspace,
+    )
     metrics = _test_metrics(work_dir)
     for key in ('coco/bbox_mAP', 'coco/segm_mAP'):
         assert isinstance(metrics[key], float), key
     import pickle
+
     with open(out, 'rb') as f:
         results = pickle.load(f)
     assert len(results) == 4
@@ -346,9 +398,21 @@ def test_det_test_tta_merges_boxes_and_masks(det_trained, det_config, workspace)
 def test_seg_test_tta_writes_predictions(seg_trained, seg_config, workspace):
     test_dir, out = workspace / 'seg_tta', workspace / 'seg_tta_out'
     # One validation image: 6 scales x 2 flips make TTA 12 times as slow.
-    _run(_tool('test.py', seg_config, seg_trained / 'iter_4.pth', '--tta',
-               '--work-dir', test_dir, '--out', out,
-               '--cfg-options', 'test_dataloader.dataset.indices=1'), cwd=workspace)
+    _run(
+        _tool(
+            'test.py',
+            seg_config,
+            seg_trained / 'iter_4.pth',
+            '--tta',
+            '--work-dir',
+            test_dir,
+            '--out',
+            out,
+            '--cfg-options',
+            'test_dataloader.dataset.indices=1',
+        ),
+        cwd=workspace,
+    )
     metrics = _test_metrics(test_dir)
     for key in ('aAcc', 'mIoU', 'mAcc'):
         assert isinstance(metrics[key], float), key
@@ -408,14 +472,15 @@ def test_show_dir_follows_each_library(test_tool):
     args = Namespace(show=False, show_dir='vis', wait_time=2)
     det = Config(dict(default_hooks=dict(visualization=dict(type='DetVisualizationHook'))))
     test_tool.apply_visualization(det, 'mmdet', args)
-    assert det.default_hooks.visualization == dict(
-        type='DetVisualizationHook', draw=True, test_out_dir='vis')
-    seg = Config(dict(default_hooks=dict(visualization=dict(type='SegVisualizationHook')),
-                      visualizer=dict(type='SegLocalVisualizer')))
-    test_tool.apply_visualization(seg, 'mmseg', Namespace(show=True, show_dir='vis',
-                                                          wait_time=1))
-    assert seg.default_hooks.visualization == dict(
-        type='SegVisualizationHook', draw=True, show=True, wait_time=1)
+    assert det.default_hooks.visualization == dict(type='DetVisualizationHook', draw=True, test_out_dir='vis')
+    seg = Config(
+        dict(
+            default_hooks=dict(visualization=dict(type='SegVisualizationHook')),
+            visualizer=dict(type='SegLocalVisualizer'),
+        )
+    )
+    test_tool.apply_visualization(seg, 'mmseg', Namespace(show=True, show_dir='vis', wait_time=1))
+    assert seg.default_hooks.visualization == dict(type='SegVisualizationHook', draw=True, show=True, wait_time=1)
     assert seg.visualizer.save_dir == 'vis'
     with pytest.raises(SystemExit, match='visualization'):
         test_tool.apply_visualization(Config(dict(default_hooks=dict())), 'mmdet', args)
@@ -425,11 +490,14 @@ def _view(flip: bool, boxes, scores, labels, masks):
     """A DetDataSample of one TTA view of an 8x10 image."""
     from mmdet.structures import DetDataSample
     from mmengine.structures import InstanceData
-    sample = DetDataSample(metainfo=dict(ori_shape=(8, 10), flip=flip,
-                                         flip_direction='horizontal' if flip else None))
+
+    sample = DetDataSample(metainfo=dict(ori_shape=(8, 10), flip=flip, flip_direction='horizontal' if flip else None))
     sample.pred_instances = InstanceData(
         bboxes=torch.tensor(boxes, dtype=torch.float32),
-        scores=torch.tensor(scores), labels=torch.tensor(labels), masks=masks)
+        scores=torch.tensor(scores),
+        labels=torch.tensor(labels),
+        masks=masks,
+    )
     return sample
 
 
@@ -438,23 +506,27 @@ def test_tta_model_merges_masks_with_their_boxes():
     from mmdet.registry import MODELS
 
     from visattn_mm.engine.det_tta import InstanceAwareDetTTAModel
+
     assert MODELS.get('InstanceAwareDetTTAModel') is InstanceAwareDetTTAModel
 
     class Stub(torch.nn.Module):
         def test_step(self, data):  # BaseTTAModel requires one; never called here
             raise AssertionError
 
-    tta = MODELS.build(dict(type='InstanceAwareDetTTAModel', module=Stub(),
-                            tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5),
-                                         max_per_img=100)))
+    tta = MODELS.build(
+        dict(
+            type='InstanceAwareDetTTAModel',
+            module=Stub(),
+            tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100),
+        )
+    )
     right = torch.zeros(8, 10, dtype=torch.bool)
     right[:, 7:] = True
     corner = torch.zeros(8, 10, dtype=torch.bool)
     corner[:2, :2] = True
     # The flipped view sees the right-hand object on the left.
     flipped = _view(True, [[0, 0, 3, 8]], [0.9], [0], right.flip(-1)[None])
-    plain = _view(False, [[7, 0, 10, 8], [0, 0, 2, 2]], [0.8, 0.5], [0, 1],
-                  torch.stack([right, corner]))
+    plain = _view(False, [[7, 0, 10, 8], [0, 0, 2, 2]], [0.8, 0.5], [0, 1], torch.stack([right, corner]))
     merged = tta.merge_preds([[flipped, plain]])[0].pred_instances
     # NMS keeps the flipped view's 0.9 box over the plain view's duplicate.
     assert merged.scores.tolist() == pytest.approx([0.9, 0.5])
@@ -489,9 +561,22 @@ def test_det_tta_defaults_to_flip(test_tool, det_config):
 
 def test_plot_curves_of_a_real_work_dir(det_trained, workspace):
     out = workspace / 'det_curves.png'
-    proc = _run([sys.executable, str(TOOLS / 'analysis' / 'plot_curves.py'), det_trained,
-                 '--keys', 'loss', 'lr', 'coco/bbox_mAP', '--out', out], cwd=workspace)
+    proc = _run(
+        [
+            sys.executable,
+            str(TOOLS / 'analysis' / 'plot_curves.py'),
+            det_trained,
+            '--keys',
+            'loss',
+            'lr',
+            'coco/bbox_mAP',
+            '--out',
+            out,
+        ],
+        cwd=workspace,
+    )
     # 4 training iterations (6 if the resume test ran first) and the validation after them.
-    assert re.search(r'loss \((4|6) points\), lr \((4|6) points\), coco/bbox_mAP \(1 points\)',
-                     proc.stdout), proc.stdout
+    assert re.search(r'loss \((4|6) points\), lr \((4|6) points\), coco/bbox_mAP \(1 points\)', proc.stdout), (
+        proc.stdout
+    )
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

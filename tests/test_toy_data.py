@@ -1,4 +1,5 @@
 """Tests for tools/make_toy_data.py: determinism, annotation sanity, loading."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ ADE_KW = dict(num_train=5, num_val=3)
 
 
 def _tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted(root.rglob('*')) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob('*')) if p.is_file()}
 
 
 @pytest.fixture(scope='module')
@@ -35,8 +35,7 @@ def ade_dir(tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------
 # Determinism and the manifest
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize('make,kwargs', [(toy.make_coco_instances, COCO_KW),
-                                         (toy.make_ade20k_layout, ADE_KW)])
+@pytest.mark.parametrize('make,kwargs', [(toy.make_coco_instances, COCO_KW), (toy.make_ade20k_layout, ADE_KW)])
 def test_same_seed_same_bytes_other_seed_differs(tmp_path, make, kwargs):
     a = _tree_bytes(make(tmp_path / 'a', seed=3, **kwargs))
     b = _tree_bytes(make(tmp_path / 'b', seed=3, **kwargs))
@@ -71,13 +70,12 @@ def test_smaller_rerun_removes_stale_images(tmp_path):
 
 
 def test_cli_writes_both_layouts(tmp_path, capsys):
-    toy.main(['coco', str(tmp_path / 'c'), '--num-train', '2', '--num-val', '1',
-              '--seed', '5'])
-    toy.main(['ade20k', str(tmp_path / 'a'), '--num-train', '2', '--num-val', '1',
-              '--image-size', '64', '96'])
+    toy.main(['coco', str(tmp_path / 'c'), '--num-train', '2', '--num-val', '1', '--seed', '5'])
+    toy.main(['ade20k', str(tmp_path / 'a'), '--num-train', '2', '--num-val', '1', '--image-size', '64', '96'])
     manifest = json.loads((tmp_path / 'c' / toy.MANIFEST_NAME).read_text())
-    assert manifest == dict(kind='coco', version=toy.TOY_DATA_VERSION, seed=5,
-                            num_train=2, num_val=1, image_size=[128, 160])
+    assert manifest == dict(
+        kind='coco', version=toy.TOY_DATA_VERSION, seed=5, num_train=2, num_val=1, image_size=[128, 160]
+    )
     img = Image.open(tmp_path / 'a' / 'images' / 'training' / '000000.jpg')
     assert img.size == (96, 64)
 
@@ -132,17 +130,20 @@ def test_coco_loads_through_mmdet(coco_dir):
 
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope('mmdet'):
-        dataset = DATASETS.build(dict(
-            type='CocoDataset',
-            data_root=str(coco_dir),
-            ann_file='annotations/instances_val.json',
-            data_prefix=dict(img='val/'),
-            metainfo=dict(classes=toy.COCO_CLASSES),
-            pipeline=[
-                dict(type='LoadImageFromFile'),
-                dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-                dict(type='PackDetInputs'),
-            ]))
+        dataset = DATASETS.build(
+            dict(
+                type='CocoDataset',
+                data_root=str(coco_dir),
+                ann_file='annotations/instances_val.json',
+                data_prefix=dict(img='val/'),
+                metainfo=dict(classes=toy.COCO_CLASSES),
+                pipeline=[
+                    dict(type='LoadImageFromFile'),
+                    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+                    dict(type='PackDetInputs'),
+                ],
+            )
+        )
         assert len(dataset) == COCO_KW['num_val']
         assert dataset.metainfo['classes'] == toy.COCO_CLASSES
         raw = json.loads((coco_dir / 'annotations' / 'instances_val.json').read_text())
@@ -179,18 +180,22 @@ def test_ade_layout_loads_through_mmseg(ade_dir):
 
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope('mmseg'):
-        dataset = DATASETS.build(dict(
-            type='BaseSegDataset',
-            data_root=str(ade_dir),
-            data_prefix=dict(img_path='images/validation',
-                             seg_map_path='annotations/validation'),
-            img_suffix='.jpg', seg_map_suffix='.png', reduce_zero_label=True,
-            metainfo=dict(classes=toy.ADE_CLASSES),
-            pipeline=[
-                dict(type='LoadImageFromFile'),
-                dict(type='LoadAnnotations'),
-                dict(type='PackSegInputs'),
-            ]))
+        dataset = DATASETS.build(
+            dict(
+                type='BaseSegDataset',
+                data_root=str(ade_dir),
+                data_prefix=dict(img_path='images/validation', seg_map_path='annotations/validation'),
+                img_suffix='.jpg',
+                seg_map_suffix='.png',
+                reduce_zero_label=True,
+                metainfo=dict(classes=toy.ADE_CLASSES),
+                pipeline=[
+                    dict(type='LoadImageFromFile'),
+                    dict(type='LoadAnnotations'),
+                    dict(type='PackSegInputs'),
+                ],
+            )
+        )
         assert len(dataset) == ADE_KW['num_val']
         sample = dataset[0]
     assert tuple(sample['inputs'].shape) == (3, 128, 128)

@@ -4,6 +4,7 @@ The end-to-end runs are real ``tools/train.py`` / ``tools/dist_train.sh``
 subprocesses on the tiny detector configs and toy COCO data of
 ``tests/test_tools_cli.py``, with the backbone swapped for one of ours.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,7 @@ DETECTION_SIZE = (800, 1216)
 # torch 2.12's CPU autocast supports float16 too, but without native fp16 matmuls it is
 # slow: Pale-T forward+backward at 800x1216 took 258 s in float16 vs 20 s in bfloat16 on
 # the 2-core CPU. On CPU, float16 therefore runs at a smaller size.
-AMP_SIZES = {torch.bfloat16: DETECTION_SIZE,
-             torch.float16: DETECTION_SIZE if AMP_DEVICE == 'cuda' else (224, 320)}
+AMP_SIZES = {torch.bfloat16: DETECTION_SIZE, torch.float16: DETECTION_SIZE if AMP_DEVICE == 'cuda' else (224, 320)}
 
 
 # --------------------------------------------------------------------------
@@ -47,8 +47,11 @@ def test_autocast_forward_backward_at_detection_size(tiny_preset_backbones, cls,
     model = tiny_preset_backbones[cls].to(AMP_DEVICE)
     model.zero_grad(set_to_none=True)
     linear_dtypes = set()
-    handles = [m.register_forward_hook(lambda m, i, out: linear_dtypes.add(out.dtype))
-               for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    handles = [
+        m.register_forward_hook(lambda m, i, out: linear_dtypes.add(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     image = torch.randn(1, 3, *AMP_SIZES[dtype], generator=torch.Generator().manual_seed(0))
     try:
         with torch.autocast(AMP_DEVICE, dtype=dtype):
@@ -68,6 +71,7 @@ def test_fp16_autocast_on_cpu_warns_once(cls, monkeypatch):
     """fp16 autocast on the CPU is many times slower than fp32: said once, with the fix;
     fp32 and bf16 autocast say nothing."""
     from visattn_mm.models import base
+
     monkeypatch.setattr(base, '_warned_cpu_fp16', False)
     model = build_tiny(cls).eval()
     image = torch.randn(1, 3, 32, 32)
@@ -87,6 +91,7 @@ def test_fp16_autocast_on_cpu_warns_once(cls, monkeypatch):
 def test_mmdet_focal_loss_trains_in_bf16_on_cpu():
     """On CPU mmdet's FocalLoss takes its pure-PyTorch path, which handles bfloat16."""
     from mmdet.models.losses import FocalLoss
+
     logits = torch.randn(32, 3, generator=torch.Generator().manual_seed(0)).bfloat16()
     logits.requires_grad_(True)
     labels = torch.arange(32) % 4  # 3 = background
@@ -101,10 +106,14 @@ def train_tool():
 
 
 def _amp_retinanet_cfg(dtype, loss_type='FocalLoss'):
-    return Config(dict(
-        model=dict(type='RetinaNet', bbox_head=dict(
-            type='RetinaHead', loss_cls=dict(type=loss_type, use_sigmoid=True))),
-        optim_wrapper=dict(type='AmpOptimWrapper', dtype=dtype, optimizer=dict(type='SGD'))))
+    return Config(
+        dict(
+            model=dict(
+                type='RetinaNet', bbox_head=dict(type='RetinaHead', loss_cls=dict(type=loss_type, use_sigmoid=True))
+            ),
+            optim_wrapper=dict(type='AmpOptimWrapper', dtype=dtype, optimizer=dict(type='SGD')),
+        )
+    )
 
 
 def test_bf16_amp_with_focal_loss_is_refused_on_gpu(train_tool):
@@ -112,12 +121,15 @@ def test_bf16_amp_with_focal_loss_is_refused_on_gpu(train_tool):
         train_tool.refuse_bf16_focal_loss(_amp_retinanet_cfg('bfloat16'), on_cuda=True)
 
 
-@pytest.mark.parametrize('dtype, loss_type, on_cuda', [
-    ('bfloat16', 'FocalLoss', False),  # CPU: mmdet's pure-PyTorch focal loss
-    ('float16', 'FocalLoss', True),  # mmcv's kernel has a float16 version
-    (None, 'FocalLoss', True),  # AmpOptimWrapper's default is float16
-    ('bfloat16', 'CrossEntropyLoss', True),  # no focal loss
-])
+@pytest.mark.parametrize(
+    'dtype, loss_type, on_cuda',
+    [
+        ('bfloat16', 'FocalLoss', False),  # CPU: mmdet's pure-PyTorch focal loss
+        ('float16', 'FocalLoss', True),  # mmcv's kernel has a float16 version
+        (None, 'FocalLoss', True),  # AmpOptimWrapper's default is float16
+        ('bfloat16', 'CrossEntropyLoss', True),  # no focal loss
+    ],
+)
 def test_other_amp_set_ups_are_accepted(train_tool, dtype, loss_type, on_cuda):
     train_tool.refuse_bf16_focal_loss(_amp_retinanet_cfg(dtype, loss_type), on_cuda=on_cuda)
 
@@ -181,8 +193,7 @@ def retinanet_vvt_config(workspace, toy_coco) -> Path:
     cfg.model = Config.fromfile(stub).model
     _use_backbone_strides_8_to_32(cfg.model, dict(type='VVT', arch=VVT_TINY_ARCH), 16)
     cfg.model.neck.out_channels = 32
-    cfg.model.bbox_head.update(num_classes=len(toy.COCO_CLASSES), in_channels=32,
-                               feat_channels=32, stacked_convs=1)
+    cfg.model.bbox_head.update(num_classes=len(toy.COCO_CLASSES), in_channels=32, feat_channels=32, stacked_convs=1)
     cfg.custom_hooks = [dict(type='RngStateHook')]
     path = workspace / 'retinanet_vvt.py'
     cfg.dump(str(path))
@@ -196,9 +207,20 @@ def test_dist_train_with_frozen_stages(config, request, workspace):
     would fail with a reduction error if a trainable parameter got no gradient. The
     checkpoint holds both ranks' RNG states (RngStateHook, or RandomShiftHook for ViL)."""
     work_dir = workspace / f'dist_{config}'
-    _run(['bash', str(TOOLS / 'dist_train.sh'), request.getfixturevalue(config), '2',
-          '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_iters=2'],
-         cwd=workspace, env=dict(PYTHON=sys.executable, PORT=str(_free_port())))
+    _run(
+        [
+            'bash',
+            str(TOOLS / 'dist_train.sh'),
+            request.getfixturevalue(config),
+            '2',
+            '--work-dir',
+            work_dir,
+            '--cfg-options',
+            'train_cfg.max_iters=2',
+        ],
+        cwd=workspace,
+        env=dict(PYTHON=sys.executable, PORT=str(_free_port())),
+    )
     log = _log_text(work_dir)
     assert 'Distributed training: True' in log and 'Iter(train) [2/2]' in log
     checkpoint = torch.load(work_dir / 'iter_2.pth', weights_only=True)
@@ -224,8 +246,10 @@ def random_shift_config(workspace, toy_coco) -> Path:
 
 
 def _train(config, work_dir, *args, max_iters):
-    _run(_tool('train.py', config, '--work-dir', work_dir, *args,
-               '--cfg-options', f'train_cfg.max_iters={max_iters}'), cwd=work_dir.parent)
+    _run(
+        _tool('train.py', config, '--work-dir', work_dir, *args, '--cfg-options', f'train_cfg.max_iters={max_iters}'),
+        cwd=work_dir.parent,
+    )
 
 
 def _losses_by_iter(run_dir: Path) -> dict:
@@ -250,8 +274,7 @@ def uninterrupted_losses(workspace, random_shift_config) -> dict:
     return _losses_by_iter(run_dir)
 
 
-def test_seeded_deterministic_runs_and_exact_resume(uninterrupted_losses, workspace,
-                                                    random_shift_config):
+def test_seeded_deterministic_runs_and_exact_resume(uninterrupted_losses, workspace, random_shift_config):
     """A run stopped after 2 of 4 iterations (and a validation), then resumed with
     ``--resume``: its first 2 losses equal the uninterrupted run's (determinism), the
     resumed 2 as well (exact resume), and the first run's logs and checkpoints are

@@ -5,10 +5,12 @@ as a script, see :mod:`triton_harness`); every case compares, in float64, the
 output and the gradients of every input with the math path, and counts the
 launches of each kernel to prove which path ran.
 """
+
 import sys
 
 import pytest
 import torch
+
 from triton_harness import (
     HOST,
     PACKAGE,
@@ -23,7 +25,6 @@ from triton_harness import (
     main,
     set_interpreted,
 )
-
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
@@ -38,7 +39,7 @@ PALE_MODULE = 'visattn_mm.ops.triton.pale'
 VICINITY_MODULE = 'visattn_mm.ops.triton.vicinity'
 KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
-interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
+interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
 
 # name: (H, W, w, masking_mode, shift_mode, globals, head dim, local bias, l2g bias)
 # local bias: 'grad' (a leaf), 'frozen' (no gradient), 'table' (gathered from an RPB table, like the
@@ -64,7 +65,7 @@ def case_inputs(name, dtype, device='cpu', seed=0):
     """Leaf tensors of a case and the op on them: ``(leaves, op)``, ``op(impl)`` the output."""
     height, width, window, masking_mode, shift_mode, num_global, dim, bias, has_l2g = CASES[name]
     gen = torch.Generator().manual_seed(seed)
-    n, w2 = height * width, window ** 2
+    n, w2 = height * width, window**2
 
     def leaf(*shape, requires_grad=True):
         return torch.randn(*shape, generator=gen, dtype=dtype).to(device).requires_grad_(requires_grad)
@@ -94,9 +95,20 @@ def case_inputs(name, dtype, device='cpu', seed=0):
             index = sliding_chunk_rpb_index(window).to(table.device)
             bias_table = table[index].reshape(w2, 9 * w2, HEADS).permute(2, 0, 1)
         return sliding_chunk_attention(
-            q, k, v, height, width, window, global_k=global_k if num_global else None,
-            global_v=global_v if num_global else None, local_bias=bias_table, l2g_bias=l2g_bias,
-            masking_mode=masking_mode, shift_mode=shift_mode, impl=impl)
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            global_k=global_k if num_global else None,
+            global_v=global_v if num_global else None,
+            local_bias=bias_table,
+            l2g_bias=l2g_bias,
+            masking_mode=masking_mode,
+            shift_mode=shift_mode,
+            impl=impl,
+        )
 
     return leaves, op
 
@@ -116,6 +128,7 @@ def compare_bias_grad_copies():
     """Case 'odd-non-square' (24 programs) with the local-bias gradient in one copy and in one copy per
     program (interpreter subprocess): the copies each backward used, and the comparison with math."""
     import visattn_mm.ops.triton.host as host
+
     results, default, choose = {}, host.BIAS_GRAD_COPIES, host.bias_grad_copies
     for copies in (1, 1000):
         used = []
@@ -135,8 +148,7 @@ def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
     assert 'error' not in results, results.get('error')
     assert [results[c]['used'] for c in ('1', '1000')] == [[1], [24]]
     for copies in ('1', '1000'):
-        assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'},
-                               dict.fromkeys(KERNELS, 1))
+        assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'}, dict.fromkeys(KERNELS, 1))
 
 
 def test_block_offsets_match_neighbour_order():
@@ -146,19 +158,20 @@ def test_block_offsets_match_neighbour_order():
 
 def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
     from visattn_mm.models.layers import check_attn_impl
+
     assert 'triton' in ATTENTION_IMPLS and check_attn_impl('triton', 'ViL') == 'triton'
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with attention_impl('auto'):
-        assert chosen_path('cuda', True, op='sliding_chunk') == 'fast'            # 'auto' never picks it
+        assert chosen_path('cuda', True, op='sliding_chunk') == 'fast'  # 'auto' never picks it
         assert chosen_path('cuda', True, op='long_short') == 'fast'
         for op in ('sliding_chunk', 'long_short', 'pale', 'vicinity'):
             assert chosen_path('cuda', True, impl='triton', op=op) == 'triton'
-        assert chosen_path('cuda', True, impl='triton') == 'fast'        # an op without kernels: as 'auto'
+        assert chosen_path('cuda', True, impl='triton') == 'fast'  # an op without kernels: as 'auto'
         assert chosen_path('cpu', True, impl='triton', op='sliding_chunk') == 'math'
         assert chosen_path('cpu', False, impl='triton', op='long_short') == 'fast'
     with attention_impl('triton'):
         assert chosen_path('cuda', op='sliding_chunk') == 'triton'
-        assert attention_paths('cuda')['ViLLS'] == 'long_short triton, sliding_chunk triton'   # the env report
+        assert attention_paths('cuda')['ViLLS'] == 'long_short triton, sliding_chunk triton'  # the env report
         assert attention_paths('cuda')['PaleTransformer'] == 'pale triton'
         assert attention_paths('cuda')['VVT'] == 'vicinity triton'
         assert attention_paths('cpu')['VVT'] == 'vicinity fp32 products'
@@ -167,8 +180,9 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
         assert chosen_path('cpu', op='sliding_chunk') == 'triton'
 
 
-@pytest.mark.parametrize('module,wrapper', [(MODULE, 'triton_sliding_chunk_attention'),
-                                            (LONG_SHORT_MODULE, 'triton_long_short_attention')])
+@pytest.mark.parametrize(
+    'module,wrapper', [(MODULE, 'triton_sliding_chunk_attention'), (LONG_SHORT_MODULE, 'triton_long_short_attention')]
+)
 def test_refusals_name_the_alternative(monkeypatch, module, wrapper):
     """What both ops' kernels refuse (the checks of visattn_mm.ops.triton.host), each naming what to do instead."""
     attention = getattr(pytest.importorskip(module), wrapper)
@@ -236,13 +250,13 @@ def test_kernels_launch_on_their_tensors_device(monkeypatch):
     host.launch(Kernel(), (2, 3), {}, tensor_on())
     assert events == ['enter cuda:1', 'launch (2, 3)', 'exit']
     events.clear()
-    host.launch(Kernel(), (1, ), {}, torch.zeros(1))        # CPU tensors (interpreter): no CUDA device call
+    host.launch(Kernel(), (1,), {}, torch.zeros(1))  # CPU tensors (interpreter): no CUDA device call
     assert events == ['launch (1,)']
 
 
 @pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE])
 def test_missing_triton_names_the_fix(monkeypatch, module):
-    monkeypatch.setitem(sys.modules, 'triton', None)      # makes `import triton` fail
+    monkeypatch.setitem(sys.modules, 'triton', None)  # makes `import triton` fail
     for name in (module, PACKAGE):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match=r"impl 'triton' needs the triton package.*pip install triton"):
@@ -258,11 +272,22 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
         height, width, window, dim = 15, 22, 7, 32
         q, k, v = (torch.randn(1, 3, height * width, dim, dtype=dtype, requires_grad=True) for _ in range(3))
         global_k, global_v = (torch.randn(1, 3, 1, dim, dtype=dtype, requires_grad=True) for _ in range(2))
-        local_bias = torch.randn(3, window ** 2, 9 * window ** 2, requires_grad=True)
+        local_bias = torch.randn(3, window**2, 9 * window**2, requires_grad=True)
         l2g_bias = torch.randn(3, 1, requires_grad=True)
-        out = ts.triton_sliding_chunk_attention(q, k, v, height, width, window, global_k=global_k,
-                                                global_v=global_v, local_bias=local_bias, l2g_bias=l2g_bias,
-                                                masking_mode=masking_mode, shift_mode=shift_mode)
+        out = ts.triton_sliding_chunk_attention(
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            global_k=global_k,
+            global_v=global_v,
+            local_bias=local_bias,
+            l2g_bias=l2g_bias,
+            masking_mode=masking_mode,
+            shift_mode=shift_mode,
+        )
         out.sum().backward()
     assert [name for name, _ in compiled] == list(KERNELS) * 2
     assert all(size > 0 for _, size in compiled)
@@ -279,15 +304,31 @@ def sliding_chunk_errors(device, dtype, masking_mode, shift_mode, shape):
     ``({'output' or input: error}, kernel launches)``."""
     gen = torch.Generator().manual_seed(0)
     n, w2, s = shape['height'] * shape['width'], shape['window'] ** 2, shape
-    tokens = [torch.randn(s['batch'], s['heads'], size, s['dim'], generator=gen, dtype=torch.float64)
-              for size in (n, n, n, s['num_global'], s['num_global'])]
-    biases = [torch.randn(s['heads'], w2, 9 * w2, generator=gen, dtype=torch.float64),
-              torch.randn(s['heads'], s['num_global'], generator=gen, dtype=torch.float64)]
+    tokens = [
+        torch.randn(s['batch'], s['heads'], size, s['dim'], generator=gen, dtype=torch.float64)
+        for size in (n, n, n, s['num_global'], s['num_global'])
+    ]
+    biases = [
+        torch.randn(s['heads'], w2, 9 * w2, generator=gen, dtype=torch.float64),
+        torch.randn(s['heads'], s['num_global'], generator=gen, dtype=torch.float64),
+    ]
 
     def op(q, k, v, global_k, global_v, local_bias, l2g_bias, impl):
-        return sliding_chunk_attention(q, k, v, s['height'], s['width'], s['window'], global_k=global_k,
-                                       global_v=global_v, local_bias=local_bias, l2g_bias=l2g_bias,
-                                       masking_mode=masking_mode, shift_mode=shift_mode, impl=impl)
+        return sliding_chunk_attention(
+            q,
+            k,
+            v,
+            s['height'],
+            s['width'],
+            s['window'],
+            global_k=global_k,
+            global_v=global_v,
+            local_bias=local_bias,
+            l2g_bias=l2g_bias,
+            masking_mode=masking_mode,
+            shift_mode=shift_mode,
+            impl=impl,
+        )
 
     errors, launches = low_precision_errors(op, tokens, biases, device, dtype)
     labels = ['output', 'q', 'k', 'v', 'global_k', 'global_v', 'local_bias', 'l2g_bias']
@@ -314,5 +355,10 @@ def test_cuda_kernels_match_float64_math(masking_mode, shift_mode, dtype):
 
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
-    main(case_inputs, CASES, backbone=lambda: compare_backbone(ViL), fp16=compare_fp16,
-         **{'bias-grad-copies': compare_bias_grad_copies})
+    main(
+        case_inputs,
+        CASES,
+        backbone=lambda: compare_backbone(ViL),
+        fp16=compare_fp16,
+        **{'bias-grad-copies': compare_bias_grad_copies},
+    )

@@ -6,8 +6,10 @@ interpreter, in a subprocess (this file run as a script, see
 gradients of every input (queries, local / projected / global keys and values,
 window RPB) with the math path, and counts the launches of each kernel.
 """
+
 import pytest
 import torch
+
 from triton_harness import (
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
@@ -18,7 +20,6 @@ from triton_harness import (
     low_precision_errors,
     main,
 )
-
 from visattn_mm.models import ViLLS
 from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
@@ -28,7 +29,7 @@ MODULE = 'visattn_mm.ops.triton.long_short'
 KERNELS = ('_long_short_forward', '_long_short_backward_queries', '_long_short_backward_keys')
 SLIDING_CHUNK_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
-interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
+interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
 
 # name: (H, W, w, projected keys r, global tokens G, head dim, window RPB)
 # RPB: 'grad' (a leaf), 'frozen' (no gradient), 'table' (gathered from an RPB table, like the backbone),
@@ -76,14 +77,24 @@ def case_inputs(name, dtype, device='cpu', seed=0):
     table = leaf(long_short_rpb_table_size(window), HEADS) if bias == 'table' else None
     local_bias = None
     if bias in ('grad', 'frozen'):
-        local_bias = leaf(HEADS, window ** 2, span ** 2, requires_grad=bias == 'grad')
+        local_bias = leaf(HEADS, window**2, span**2, requires_grad=bias == 'grad')
     leaves += [t for t in (table, local_bias) if t is not None and t.requires_grad]
 
     def op(impl):
         return long_short_attention(
-            q, k, v, height, width, window, k_bar=k_bar if rank else None, v_bar=v_bar if rank else None,
-            global_k=global_k if num_global else None, global_v=global_v if num_global else None,
-            local_bias=window_bias(table, window) if table is not None else local_bias, impl=impl)
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            k_bar=k_bar if rank else None,
+            v_bar=v_bar if rank else None,
+            global_k=global_k if num_global else None,
+            global_v=global_v if num_global else None,
+            local_bias=window_bias(table, window) if table is not None else local_bias,
+            impl=impl,
+        )
 
     return leaves, op
 
@@ -115,18 +126,29 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
     compile to sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
     ls = pytest.importorskip(MODULE)
     compiled = compiling_launches(monkeypatch, tmp_path)
-    for dtype, window, rank, num_global, with_bias in ((torch.bfloat16, 7, 8, 1, True),
-                                                       (torch.float32, 8, 0, 0, False)):
+    for dtype, window, rank, num_global, with_bias in (
+        (torch.bfloat16, 7, 8, 1, True),
+        (torch.float32, 8, 0, 0, False),
+    ):
         height, width, dim, span = 15, 22, 32, window + 2 * segment_pad(window)
 
         def tokens(count):
             return torch.randn(1, 3, count, dim, dtype=dtype, requires_grad=True)
 
-        local_bias = torch.randn(3, window ** 2, span ** 2, requires_grad=True) if with_bias else None
+        local_bias = torch.randn(3, window**2, span**2, requires_grad=True) if with_bias else None
         out = ls.triton_long_short_attention(
-            tokens(height * width), tokens(height * width), tokens(height * width), height, width, window,
-            k_bar=tokens(rank), v_bar=tokens(rank), global_k=tokens(num_global), global_v=tokens(num_global),
-            local_bias=local_bias)
+            tokens(height * width),
+            tokens(height * width),
+            tokens(height * width),
+            height,
+            width,
+            window,
+            k_bar=tokens(rank),
+            v_bar=tokens(rank),
+            global_k=tokens(num_global),
+            global_v=tokens(num_global),
+            local_bias=local_bias,
+        )
         out.sum().backward()
     assert [name for name, _ in compiled] == list(KERNELS) * 2
     assert all(size > 0 for _, size in compiled)
@@ -145,11 +167,18 @@ def long_short_errors(device, dtype, height, width, window, rank, num_global, ba
     (projected and global keys where ``r``, ``G`` > 0): ``({'output' or input: error}, kernel launches)``."""
     gen = torch.Generator().manual_seed(0)
     span = window + 2 * segment_pad(window)
-    sizes = dict(q=height * width, k=height * width, v=height * width, k_bar=rank, v_bar=rank,
-                 global_k=num_global, global_v=num_global)
+    sizes = dict(
+        q=height * width,
+        k=height * width,
+        v=height * width,
+        k_bar=rank,
+        v_bar=rank,
+        global_k=num_global,
+        global_v=num_global,
+    )
     names = [name for name, size in sizes.items() if size]
     tokens = [torch.randn(batch, heads, sizes[name], dim, generator=gen, dtype=torch.float64) for name in names]
-    biases = [torch.randn(heads, window ** 2, span ** 2, generator=gen, dtype=torch.float64)]
+    biases = [torch.randn(heads, window**2, span**2, generator=gen, dtype=torch.float64)]
     names.append('local_bias')
 
     def op(*inputs, impl):

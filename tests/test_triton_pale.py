@@ -6,10 +6,12 @@ interpreter, in a subprocess (this file run as a script, see
 gradients of the queries, keys and values with the math path, and counts the
 launches of each kernel (one per branch: row and column).
 """
+
 import contextlib
 
 import pytest
 import torch
+
 from triton_harness import (
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
@@ -21,14 +23,13 @@ from triton_harness import (
     main,
     set_interpreted,
 )
-
 from visattn_mm.models import PaleTransformer
 from visattn_mm.ops.pale import pale_attention
 
 MODULE = 'visattn_mm.ops.triton.pale'
 KERNELS = ('_pale_forward', '_pale_backward_queries', '_pale_backward_keys')
 BATCH = 2
-interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
+interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
 
 # name: (H, W, pale size, heads, head dim, largest tile side or None for the default)
 # A tile side of 16 splits groups of more than 16 tokens into several query and key tiles. 'strided'
@@ -97,12 +98,16 @@ def _odd_heads(attention, q):
     return attention(*(torch.zeros(1, 3, 9, 4) for _ in range(3)), 3, 3, 2)
 
 
-@pytest.mark.parametrize('call,match', [
-    (lambda attention, q: attention(q, q, q, 3, 3, 2, dropout_p=0.1), "dropout.*'fast' or 'math'"),
-    (lambda attention, q: attention(q, q, q, 2, 3, 2), '9 tokens, not height'),
-    (_odd_heads, '3 heads cannot be split'),
-    (lambda attention, q: attention(q, q, q, 3, 3, (2, 0)), 'pale_size must be a positive int'),
-], ids=['dropout', 'tokens', 'odd-heads', 'pale-size'])
+@pytest.mark.parametrize(
+    'call,match',
+    [
+        (lambda attention, q: attention(q, q, q, 3, 3, 2, dropout_p=0.1), "dropout.*'fast' or 'math'"),
+        (lambda attention, q: attention(q, q, q, 2, 3, 2), '9 tokens, not height'),
+        (_odd_heads, '3 heads cannot be split'),
+        (lambda attention, q: attention(q, q, q, 3, 3, (2, 0)), 'pale_size must be a positive int'),
+    ],
+    ids=['dropout', 'tokens', 'odd-heads', 'pale-size'],
+)
 def test_malformed_calls_are_refused(call, match):
     with pytest.raises(ValueError, match=match):
         call(pytest.importorskip(MODULE).triton_pale_attention, torch.zeros(1, 2, 9, 4))
@@ -141,8 +146,7 @@ def pale_errors(device, dtype, height, width, pale_size, batch=2, heads=4, dim=3
     """:func:`triton_harness.low_precision_errors` of pale attention: ``({'output' or input: error},
     kernel launches)``."""
     gen = torch.Generator().manual_seed(0)
-    tokens = [torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64)
-              for _ in range(3)]
+    tokens = [torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64) for _ in range(3)]
 
     def op(q, k, v, impl):
         return pale_attention(q, k, v, height, width, pale_size, impl=impl)

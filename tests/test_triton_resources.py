@@ -5,14 +5,15 @@ GPU) and reads the registers and spills ptxas reports: the launch settings keep 
 tools/analysis/triton_tuning.py times each kernel under candidate settings on a GPU; here its plumbing runs
 in Triton's interpreter, in a subprocess (this file run as a script, see :mod:`triton_harness`).
 """
+
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from triton_harness import interpreted_fixture, main, skip_unless_compiled
 
 from helpers import build_tiny
+from triton_harness import interpreted_fixture, main, skip_unless_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools' / 'analysis'))
 import triton_resources  # noqa: E402
@@ -26,13 +27,19 @@ from visattn_mm.models import ViL  # noqa: E402
 MAX_SPILL = dict(bf16=64, fp32=2560)
 KERNELS = {
     'vil-s': {'_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys'},
-    'vil-ls-s': {'_long_short_forward', '_long_short_backward_queries', '_long_short_backward_keys',
-                 '_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys'},
+    'vil-ls-s': {
+        '_long_short_forward',
+        '_long_short_backward_queries',
+        '_long_short_backward_keys',
+        '_sliding_chunk_forward',
+        '_sliding_chunk_backward_queries',
+        '_sliding_chunk_backward_keys',
+    },
     'pale-t': {'_pale_forward', '_pale_backward_queries', '_pale_backward_keys'},
     'vvt-s': {'_vicinity_sums', '_vicinity_forward', '_vicinity_backward_queries', '_vicinity_backward_keys'},
 }
-CANDIDATE = dict(num_warps=2, num_stages=2)     # unlike any package setting
-interpreted = interpreted_fixture()   # the tuning run below, in the interpreter
+CANDIDATE = dict(num_warps=2, num_stages=2)  # unlike any package setting
+interpreted = interpreted_fixture()  # the tuning run below, in the interpreter
 
 
 @pytest.fixture(scope='module')
@@ -51,17 +58,24 @@ def test_every_kernel_of_every_backbone_is_compiled_and_reported(rows):
 
 @pytest.mark.parametrize('dtype', MAX_SPILL)
 def test_launch_settings_keep_register_spills_small(rows, dtype):
-    spilling = [(row['model'], row['kernel'], row['head_dim'], row['spill_stores'])
-                for row in rows if row['dtype'] == dtype and row['spill_stores'] > MAX_SPILL[dtype]]
+    spilling = [
+        (row['model'], row['kernel'], row['head_dim'], row['spill_stores'])
+        for row in rows
+        if row['dtype'] == dtype and row['spill_stores'] > MAX_SPILL[dtype]
+    ]
     assert not spilling
 
 
 @pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=lambda m: m.__name__)
-@pytest.mark.parametrize('argv,message', [
-    (['--models', 'vil-x'], r"--models: unknown value\(s\) \['vil-x'\]; choose from \['vil-s'"),
-    (['--dtypes', 'fp16'], r"--dtypes: unknown value\(s\) \['fp16'\]"),
-    (['--size', '256'], '--size: .256. is not HEIGHTxWIDTH'),
-], ids=['model', 'dtype', 'size'])
+@pytest.mark.parametrize(
+    'argv,message',
+    [
+        (['--models', 'vil-x'], r"--models: unknown value\(s\) \['vil-x'\]; choose from \['vil-s'"),
+        (['--dtypes', 'fp16'], r"--dtypes: unknown value\(s\) \['fp16'\]"),
+        (['--size', '256'], '--size: .256. is not HEIGHTxWIDTH'),
+    ],
+    ids=['model', 'dtype', 'size'],
+)
 def test_bad_options_name_the_choices(tool, argv, message):
     with pytest.raises(SystemExit, match=message):
         tool.parse_args(argv)
@@ -77,25 +91,33 @@ def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interp
     # fp32: launch_settings; the kernel with the bias-gradient atomics names its copies.
     copies = ', 32 copies'
     assert {key.split(' ')[0]: label for key, (label, _) in result['package'].items()} == {
-        '_sliding_chunk_forward': '8w1s', '_sliding_chunk_backward_queries': '8w1s' + copies,
-        '_sliding_chunk_backward_keys': '8w1s'}
+        '_sliding_chunk_forward': '8w1s',
+        '_sliding_chunk_backward_queries': '8w1s' + copies,
+        '_sliding_chunk_backward_keys': '8w1s',
+    }
     assert {label.replace(copies, '') for label, _ in result['candidate'].values()} == {'2w2s'}
     # With another count of copies, only that kernel is timed.
     assert {key.split(' ')[0]: label for key, (label, _) in result['copies'].items()} == {
-        '_sliding_chunk_backward_queries': '8w1s, 3 copies'}
+        '_sliding_chunk_backward_queries': '8w1s, 3 copies'
+    }
     # The command line: per kernel the package's settings and the candidates; a CSV line for each.
     assert sorted(kernel for kernel, *_ in result['table']) == sorted(kernels)
     assert {(kernel, settings) for kernel, settings, _ in result['table']} == {
-        (kernel, 'package (8w1s' + (copies if 'queries' in kernel else '') + ')') for kernel in kernels}
+        (kernel, 'package (8w1s' + (copies if 'queries' in kernel else '') + ')') for kernel in kernels
+    }
     assert {best for kernel, _, best in result['table'] if 'queries' not in kernel} == {'2w2s'}
     assert result['csv_lines'] == 1 + 2 * len(kernels) + 1
 
 
 def test_best_rows_pick_the_fastest_compiling_candidate():
     base = dict(model='vil-s', dtype='bf16', kernel='_k', head_dim=32, tile=64)
-    rows = [dict(base, settings='package (4w3s)', time_ms=2.0), dict(base, settings='8w3s', time_ms=1.0),
-            dict(base, settings='16w3s', time_ms=None), dict(base, settings='4w1s', time_ms=1.5)]
-    (best, ) = triton_tuning.best_rows(rows)
+    rows = [
+        dict(base, settings='package (4w3s)', time_ms=2.0),
+        dict(base, settings='8w3s', time_ms=1.0),
+        dict(base, settings='16w3s', time_ms=None),
+        dict(base, settings='4w1s', time_ms=1.5),
+    ]
+    (best,) = triton_tuning.best_rows(rows)
     assert (best['settings'], best['best_settings'], best['speedup']) == ('package (4w3s)', '8w3s', 2.0)
 
 
@@ -105,20 +127,43 @@ def tuning_run():
     import tempfile
 
     from helpers import TINY_ARCHS
+
     torch.manual_seed(0)
     model = build_tiny(ViL, attn_impl='triton', drop_path_rate=0.0).train()
     image = torch.randn(1, 3, 32, 48)
-    result = {name: {' '.join(map(str, key)): value
-                     for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1,
-                                                                  copies).items()}
-              for name, candidate, copies in (('package', None, None), ('candidate', CANDIDATE, None),
-                                              ('copies', None, 3))}
+    result = {
+        name: {
+            ' '.join(map(str, key)): value
+            for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1, copies).items()
+        }
+        for name, candidate, copies in (('package', None, None), ('candidate', CANDIDATE, None), ('copies', None, 3))
+    }
     triton_tuning.MODELS = {'vil-tiny': ('ViL', TINY_ARCHS[ViL])}
     with tempfile.TemporaryDirectory() as out_dir:
-        table = triton_tuning.main(['--device', 'cpu', '--models', 'vil-tiny', '--dtypes', 'fp32', '--size', '32x48',
-                                    '--batch', '1', '--warps', '2', '--stages', '2', '--bias-grad-copies', '1',
-                                    '--repeats', '1',
-                                    '--out-dir', out_dir])
+        table = triton_tuning.main(
+            [
+                '--device',
+                'cpu',
+                '--models',
+                'vil-tiny',
+                '--dtypes',
+                'fp32',
+                '--size',
+                '32x48',
+                '--batch',
+                '1',
+                '--warps',
+                '2',
+                '--stages',
+                '2',
+                '--bias-grad-copies',
+                '1',
+                '--repeats',
+                '1',
+                '--out-dir',
+                out_dir,
+            ]
+        )
         with open(f'{out_dir}/triton_tuning.csv') as csv:
             result['csv_lines'] = len(csv.read().splitlines())
     result['table'] = [(row['kernel'], row['settings'], row['best_settings']) for row in table]

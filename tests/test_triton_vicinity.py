@@ -7,10 +7,13 @@ gradients of the queries, keys and values with the math path, and counts the
 launches of each kernel. Crafted inputs make each of the four signed clamps act;
 the math path's own clamps are counted to prove it.
 """
+
 import contextlib
 
 import pytest
 import torch
+
+import visattn_mm.ops.vicinity as vicinity
 from triton_harness import (
     TOLERANCES,
     assert_cuda_within_tolerance,
@@ -23,8 +26,6 @@ from triton_harness import (
     main,
     set_interpreted,
 )
-
-import visattn_mm.ops.vicinity as vicinity
 from visattn_mm.models import VVT
 from visattn_mm.ops.vicinity import vicinity_attention
 
@@ -36,7 +37,7 @@ BATCH, HEADS = 2, 2
 # Test-sized launches: tiles of 16 tokens and about 8 reduction programs, so a 9x13 map (117 tokens, 8 tiles)
 # with 4 (batch, head) pairs runs 2 splits of 4 tiles each.
 SMALL_LAYOUT = dict(MAX_BLOCK_N=16, PROGRAMS=8)
-interpreted = interpreted_fixture()   # the comparisons below, run in the interpreter
+interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
 
 # name: (H, W, head dim, clamp, inputs, launch layout). Inputs: 'plain' (q, k mostly positive, v of any sign),
 # 'kv' (k x30 and a channel of v ~1e4: KV beyond 1e4), 'z' (every other query x1e3: Z below 1e-4),
@@ -49,7 +50,7 @@ CASES = {
     'odd-map-no-clamp': (3, 5, 24, False, 'plain', SMALL_LAYOUT),
     'several-splits': (9, 13, 16, True, 'plain', SMALL_LAYOUT),
     'several-splits-default-layout': (9, 13, 16, True, 'plain', None),
-    'wide-heads-default-layout': (9, 13, 40, True, 'plain', None),     # head-dim tiles of 64: 16-token tiles
+    'wide-heads-default-layout': (9, 13, 40, True, 'plain', None),  # head-dim tiles of 64: 16-token tiles
     'kv-clamped': (7, 4, 3, True, 'kv', SMALL_LAYOUT),
     'kv-large-no-clamp': (7, 4, 3, False, 'kv', SMALL_LAYOUT),
     'z-clamped': (3, 5, 16, True, 'z', SMALL_LAYOUT),
@@ -60,7 +61,7 @@ CASES = {
 # Cases run with eps=0: the rows of the last tile beyond the map then have a zero denominator.
 EPS_ZERO = {'eps-zero'}
 # The clamps each crafted input kind must make act (checked on the math path).
-ACTING = {'kv': ('kv', ), 'z': ('z', ), 'numerator-output': ('numerator', 'output')}
+ACTING = {'kv': ('kv',), 'z': ('z',), 'numerator-output': ('numerator', 'output')}
 
 
 @contextlib.contextmanager
@@ -151,8 +152,10 @@ def test_crafted_inputs_make_the_clamps_act(name):
     assert all(acting[clamp_name] > 0 for clamp_name in ACTING[kind]), acting
     (q, k, v), _ = case_tensors(name, torch.float64)
     with torch.no_grad():
-        assert not torch.allclose(vicinity_attention(q, k, v, height, width, clamp=True, impl='math'),
-                                  vicinity_attention(q, k, v, height, width, clamp=False, impl='math'))
+        assert not torch.allclose(
+            vicinity_attention(q, k, v, height, width, clamp=True, impl='math'),
+            vicinity_attention(q, k, v, height, width, clamp=False, impl='math'),
+        )
 
 
 def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
@@ -168,7 +171,7 @@ def test_reductions_are_split_over_the_tokens():
     over 7 splits of 5 tiles of 32 tokens per pair, with 8 warps."""
     tv = pytest.importorskip(MODULE)
     with launch_layout(SMALL_LAYOUT):
-        assert tv._layout(BATCH * HEADS, 9 * 13, tv.MAX_BLOCK_N) == (16, 2, 4)   # (tile side, splits, tiles per split)
+        assert tv._layout(BATCH * HEADS, 9 * 13, tv.MAX_BLOCK_N) == (16, 2, 4)  # (tile side, splits, tiles per split)
 
     def launch(batch, heads, height, width, head_dim):
         q = torch.empty(1, 1, 1, 1).expand(batch, heads, height * width, head_dim)
@@ -179,12 +182,16 @@ def test_reductions_are_split_over_the_tokens():
     assert launch(8, 8, 25, 42, 32) == (32, (7, 64), 8, 5)
 
 
-@pytest.mark.parametrize('shapes,match', [
-    (((1, 2, 9, 4), (1, 2, 9, 4), (1, 2, 9, 4)), '9 tokens, not height'),
-    (((1, 2, 9, 4), (1, 2, 9, 5), (1, 2, 9, 4)), 'q, k and v must be .* of one shape'),
-    (((1, 2, 9, 4), (1, 2, 9, 4), (1, 1, 9, 4)), 'q, k and v must be .* of one shape'),
-    (((2, 9, 4), (2, 9, 4), (2, 9, 4)), 'q, k and v must be .* of one shape'),
-], ids=['tokens', 'head-dim', 'heads', 'three-dims'])
+@pytest.mark.parametrize(
+    'shapes,match',
+    [
+        (((1, 2, 9, 4), (1, 2, 9, 4), (1, 2, 9, 4)), '9 tokens, not height'),
+        (((1, 2, 9, 4), (1, 2, 9, 5), (1, 2, 9, 4)), 'q, k and v must be .* of one shape'),
+        (((1, 2, 9, 4), (1, 2, 9, 4), (1, 1, 9, 4)), 'q, k and v must be .* of one shape'),
+        (((2, 9, 4), (2, 9, 4), (2, 9, 4)), 'q, k and v must be .* of one shape'),
+    ],
+    ids=['tokens', 'head-dim', 'heads', 'three-dims'],
+)
 def test_malformed_calls_are_refused(shapes, match):
     attention = pytest.importorskip(MODULE).triton_vicinity_attention
     q, k, v = (torch.zeros(shape) for shape in shapes)
@@ -192,8 +199,10 @@ def test_malformed_calls_are_refused(shapes, match):
         attention(q, k, v, 2, 3)
 
 
-@pytest.mark.parametrize('dtype,head_dim,interpreted,limit', [
-    (torch.float32, 65, True, '64'), (torch.float16, 96, False, '64'), (torch.float64, 33, False, '32 in float64')])
+@pytest.mark.parametrize(
+    'dtype,head_dim,interpreted,limit',
+    [(torch.float32, 65, True, '64'), (torch.float16, 96, False, '64'), (torch.float64, 33, False, '32 in float64')],
+)
 def test_head_dims_beyond_shared_memory_are_refused(monkeypatch, dtype, head_dim, interpreted, limit):
     """Head dims whose (4d x d) sums exceed a GPU's shared memory (float64 on the GPU from 33) are refused,
     naming the alternative; the interpreter runs float64 at any head dim up to 64 (the tests' reference)."""
@@ -237,8 +246,9 @@ def vicinity_errors(device, dtype, height, width, batch=2, heads=4, dim=32):
     """:func:`triton_harness.low_precision_errors` of vicinity attention: ``({'output' or input: error},
     kernel launches)``."""
     gen = torch.Generator().manual_seed(0)
-    tokens = [0.5 * torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64) + 0.5
-              for _ in range(2)]
+    tokens = [
+        0.5 * torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64) + 0.5 for _ in range(2)
+    ]
     tokens.append(torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64))
 
     def op(q, k, v, impl):
@@ -275,5 +285,10 @@ def test_cuda_kernels_match_float64_math(shape, dtype):
 
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
-    main(case_inputs, CASES, backbone=lambda: compare_backbone(VVT), fp16=lambda: compare_low_precision(torch.float16),
-         bf16=lambda: compare_low_precision(torch.bfloat16))
+    main(
+        case_inputs,
+        CASES,
+        backbone=lambda: compare_backbone(VVT),
+        fp16=lambda: compare_low_precision(torch.float16),
+        bf16=lambda: compare_low_precision(torch.bfloat16),
+    )

@@ -1,4 +1,5 @@
 """Vicinity attention (VVT) against its quadratic form; clamps; precision; linear memory."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,8 +23,7 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self.calls.append((str(func.overloadpacket.__name__), [t.dtype for t in tensors],
-                           [t.numel() for t in tensors]))
+        self.calls.append((str(func.overloadpacket.__name__), [t.dtype for t in tensors], [t.numel() for t in tensors]))
         return out
 
     @property
@@ -53,9 +53,8 @@ def test_linear_equals_quadratic_where_clamp_is_inactive(height, width):
     q, k, v = inputs(height, width)
     fast = vicinity_attention(q, k, v, height, width)
     # The clamps did not act on these inputs: the unclamped computation is identical.
-    torch.testing.assert_close(fast, vicinity_attention(q, k, v, height, width, clamp=False),
-                               rtol=1e-12, atol=0)
-    assert (q < 0).any() and (k < 0).any()   # the ReLU kernel matters
+    torch.testing.assert_close(fast, vicinity_attention(q, k, v, height, width, clamp=False), rtol=1e-12, atol=0)
+    assert (q < 0).any() and (k < 0).any()  # the ReLU kernel matters
     torch.testing.assert_close(fast, vicinity_attention_dense(q, k, v, height, width), rtol=1e-5, atol=1e-5)
 
 
@@ -63,9 +62,12 @@ def test_linear_equals_quadratic_where_clamp_is_inactive(height, width):
 def test_linear_equals_quadratic_without_clamps_for_any_values(height, width):
     q, k, v = inputs(height, width, seed=1, positive_v=False)
     q, k = q - 0.5, k - 0.5
-    torch.testing.assert_close(vicinity_attention(q, k, v, height, width, clamp=False),
-                               vicinity_attention_dense(q, k, v, height, width, clamp=False),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        vicinity_attention(q, k, v, height, width, clamp=False),
+        vicinity_attention_dense(q, k, v, height, width, clamp=False),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_linear_equals_quadratic_when_normaliser_and_output_clamps_act():
@@ -82,17 +84,23 @@ def test_gradients_match_the_quadratic_form():
     grads = []
     for fn in (vicinity_attention, vicinity_attention_dense):
         out = fn(q, k, v, 3, 4)
-        grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype)
-                                          .reshape(out.shape)).sum(), (q, k, v)))
+        grads.append(
+            torch.autograd.grad(
+                (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum(), (q, k, v)
+            )
+        )
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    assert torch.autograd.gradcheck(lambda *t: vicinity_attention(*t, 3, 4, clamp=False),
-                                    tuple(x.detach()[:1, :1].requires_grad_() for x in (q, k, v)))
+    assert torch.autograd.gradcheck(
+        lambda *t: vicinity_attention(*t, 3, 4, clamp=False),
+        tuple(x.detach()[:1, :1].requires_grad_() for x in (q, k, v)),
+    )
 
 
 def test_signed_clamp_on_crafted_values():
-    t = torch.tensor([0.0, -0.0, 1e-9, -1e-6, 1e-4, 0.5, -3.0, 1e4, 2e5, -1e9, float('inf')],
-                     dtype=torch.float64, requires_grad=True)
+    t = torch.tensor(
+        [0.0, -0.0, 1e-9, -1e-6, 1e-4, 0.5, -3.0, 1e4, 2e5, -1e9, float('inf')], dtype=torch.float64, requires_grad=True
+    )
     out = signed_clamp(t)
     expected = torch.tensor([0.0, 0.0, 1e-4, -1e-4, 1e-4, 0.5, -3.0, 1e4, 1e4, -1e4, 1e4], dtype=torch.float64)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
@@ -101,23 +109,25 @@ def test_signed_clamp_on_crafted_values():
     torch.testing.assert_close(t.grad, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0], dtype=torch.float64))
 
 
-@pytest.mark.parametrize('qv,kv_,vv,expected,unclamped', [
-    # One token (a = b = 0, so q' = [q, 0, q, 0]), one channel. KV = k v; Z = 1 / (2 q k + 1e-4).
-    (1e3, 1e-3, 1e-3, 0.2 / 2.0001, 2e-3 / 2.0001),     # tiny KV (1e-6) pushed up to 1e-4
-    (1e3, 1e-3, -1e-3, -0.2 / 2.0001, -2e-3 / 2.0001),  # ... keeping its sign
-    (1e3, 1e3, 1e3, 1.0, 1e3),                          # huge KV, q'KV and tiny Z pushed to 1e4 / 1e-4
-    (1e3, 1e3, 1e-9, 1e-4, 2e-3 / (2e6 + 1e-4)),        # ... and the tiny product (2e-5) pushed to 1e-4
-    (1e-3, 1e-3, 1e6, 1e4, 2 / (2e-6 + 1e-4)),          # huge product (q'KV = 2, Z ~ 9804) pushed to 1e4
-    (-1.0, 1.0, 1.0, 0.0, 0.0),                         # ReLU zeroes q: the output stays exactly 0
-])
+@pytest.mark.parametrize(
+    'qv,kv_,vv,expected,unclamped',
+    [
+        # One token (a = b = 0, so q' = [q, 0, q, 0]), one channel. KV = k v; Z = 1 / (2 q k + 1e-4).
+        (1e3, 1e-3, 1e-3, 0.2 / 2.0001, 2e-3 / 2.0001),  # tiny KV (1e-6) pushed up to 1e-4
+        (1e3, 1e-3, -1e-3, -0.2 / 2.0001, -2e-3 / 2.0001),  # ... keeping its sign
+        (1e3, 1e3, 1e3, 1.0, 1e3),  # huge KV, q'KV and tiny Z pushed to 1e4 / 1e-4
+        (1e3, 1e3, 1e-9, 1e-4, 2e-3 / (2e6 + 1e-4)),  # ... and the tiny product (2e-5) pushed to 1e-4
+        (1e-3, 1e-3, 1e6, 1e4, 2 / (2e-6 + 1e-4)),  # huge product (q'KV = 2, Z ~ 9804) pushed to 1e4
+        (-1.0, 1.0, 1.0, 0.0, 0.0),  # ReLU zeroes q: the output stays exactly 0
+    ],
+)
 def test_clamps_on_crafted_single_token(qv, kv_, vv, expected, unclamped):
     q, k, v = (torch.full((1, 1, 1, 1), x, dtype=torch.float64) for x in (qv, kv_, vv))
     out = vicinity_attention(q, k, v, 1, 1)
     torch.testing.assert_close(out.item(), expected, rtol=1e-9, atol=0)
-    torch.testing.assert_close(vicinity_attention(q, k, v, 1, 1, clamp=False).item(), unclamped,
-                               rtol=1e-9, atol=0)
+    torch.testing.assert_close(vicinity_attention(q, k, v, 1, 1, clamp=False).item(), unclamped, rtol=1e-9, atol=0)
     if expected == 0.0:
-        assert out.item() == 0.0   # not pushed to +-1e-4
+        assert out.item() == 0.0  # not pushed to +-1e-4
 
 
 def test_token_count_must_match_the_map():
@@ -140,8 +150,11 @@ def test_half_precision_inputs_are_computed_in_fp32():
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), reference, rtol=1e-2, atol=1e-3)
     # Every product, sum and division ran in fp32 (positions: fp64) although autocast (bf16) was on.
-    reductions = [(name, dtypes) for name, dtypes, _ in recorder.calls
-                  if name in ('mm', 'bmm', 'matmul', 'sum', 'reciprocal', 'div')]
+    reductions = [
+        (name, dtypes)
+        for name, dtypes, _ in recorder.calls
+        if name in ('mm', 'bmm', 'matmul', 'sum', 'reciprocal', 'div')
+    ]
     assert sum(name == 'bmm' for name, _ in reductions) >= 2
     assert all(d[0] in (torch.float32, torch.float64) for _, d in reductions), reductions
 
@@ -165,8 +178,8 @@ def test_memory_is_linear_in_the_number_of_tokens():
     peaks = [_peak(vicinity_attention, h, w) for h, w in sizes]
     for (h, w), peak in zip(sizes, peaks):
         n = h * w
-        assert peak <= 2 * 16 * n, (n, peak)     # heads x 4d = 32 values per token
-    assert peaks[2] / peaks[0] == pytest.approx(16, rel=0.05)   # 16x the tokens -> 16x the memory
+        assert peak <= 2 * 16 * n, (n, peak)  # heads x 4d = 32 values per token
+    assert peaks[2] / peaks[0] == pytest.approx(16, rel=0.05)  # 16x the tokens -> 16x the memory
     assert _peak(vicinity_attention_dense, 16, 16) >= 256 * 256
 
 
@@ -201,11 +214,11 @@ def test_hand_written_backward_passes_gradcheck_with_the_clamps(scale, acting):
     where they act (their masks zero gradients) and where they do not."""
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 6, 3, generator=g, dtype=torch.float64) * scale for _ in range(3))
-    q, k = q.abs() + 0.1 * scale, k.abs() + 0.1 * scale    # away from the ReLU's kink
-    kv = torch.einsum('bhnd,bhne->bhde', k, v)   # unweighted: the 4d-wide KV is its weighted form
+    q, k = q.abs() + 0.1 * scale, k.abs() + 0.1 * scale  # away from the ReLU's kink
+    kv = torch.einsum('bhnd,bhne->bhde', k, v)  # unweighted: the 4d-wide KV is its weighted form
     z_inverse = torch.einsum('bhnd,bhmd->bhn', q, k)
-    assert ((kv.abs() < 1e-4).any().item() if 'kv' in acting else True)
-    assert ((z_inverse > 1e4).any().item() if 'z' in acting else True)
+    assert (kv.abs() < 1e-4).any().item() if 'kv' in acting else True
+    assert (z_inverse > 1e4).any().item() if 'z' in acting else True
     args = tuple(t.requires_grad_() for t in (q, k, v))
     assert torch.autograd.gradcheck(lambda *t: vicinity_attention(*t, 2, 3), args)
     stored = torch.autograd.grad(vicinity_attention(*args, 2, 3, recompute=False).sum(), args)
@@ -216,8 +229,9 @@ def test_hand_written_backward_passes_gradcheck_with_the_clamps(scale, acting):
 def test_signed_clamp_function_keeps_a_mask_and_matches_the_formula():
     """SignedClamp: the formula's values bit for bit and its gradient (crafted values, both
     boundaries, zeros), keeping one boolean per element instead of four tensors."""
-    t = torch.tensor([0.0, -0.0, 1e-9, -1e-6, 1e-4, -1e-4, 0.5, -3.0, 1e4, -1e4, 2e5, -1e9, float('inf')],
-                     dtype=torch.float64)
+    t = torch.tensor(
+        [0.0, -0.0, 1e-9, -1e-6, 1e-4, -1e-4, 0.5, -3.0, 1e4, -1e4, 2e5, -1e9, float('inf')], dtype=torch.float64
+    )
     grads = []
     for fn in (signed_clamp, SignedClamp.apply):
         x = t.clone().requires_grad_()
@@ -249,15 +263,16 @@ def test_preserve_features_function_matches_the_formula():
     torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
     for a, b in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
-    assert torch.autograd.gradcheck(preserve_features, (out.detach()[:, 3:].clone().requires_grad_(),
-                                                        gate.detach().clone().requires_grad_()))
+    assert torch.autograd.gradcheck(
+        preserve_features, (out.detach()[:, 3:].clone().requires_grad_(), gate.detach().clone().requires_grad_())
+    )
 
 
 def test_weights_are_the_cosines_and_sines_of_the_positions_built_once():
     weights = vicinity_weights(3, 4, dtype=torch.float64)
     a, b = vicinity_positions(3, 4, dtype=torch.float64)
     torch.testing.assert_close(weights, torch.stack([a.cos(), a.sin(), b.cos(), b.sin()], dim=-1), rtol=0, atol=0)
-    assert vicinity_weights(3, 4, dtype=torch.float64) is weights            # cached, not rebuilt
+    assert vicinity_weights(3, 4, dtype=torch.float64) is weights  # cached, not rebuilt
     assert vicinity_weights(3, 4, dtype=torch.bfloat16).dtype == torch.bfloat16
 
 
@@ -291,11 +306,9 @@ def test_bf16_products_are_opt_in():
         assert products == ({torch.bfloat16} if bf16_products else {torch.float32}), (impl, products)
         errors[impl, bf16_products] = [rel(a, b) for a, b in zip(results, exact)]
     assert errors['auto', False] == errors['math', False] == errors['fast', False]
-    assert max(errors['auto', False]) < 3e-3, errors      # the bf16 rounding of the result
-    assert errors['auto', True][0] < 5e-3, errors          # output
-    assert max(errors['auto', True][1:]) < 5e-2, errors    # gradients
+    assert max(errors['auto', False]) < 3e-3, errors  # the bf16 rounding of the result
+    assert errors['auto', True][0] < 5e-3, errors  # output
+    assert max(errors['auto', True][1:]) < 5e-2, errors  # gradients
     # The process-wide selection does not choose the precision.
     with attention_impl('fast'):
         assert _bf16_forward_backward(q, k, v, h, w)[1] == {torch.float32}
-
-

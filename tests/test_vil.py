@@ -3,6 +3,7 @@
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
 init_cfg) is tested for every backbone in tests/test_models.py.
 """
+
 import copy
 
 import pytest
@@ -37,9 +38,18 @@ def _dense_module_reference(attn, x, hw):
     k, v = attn.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
     g2l, g2g = attn.g2l_relative_position_bias, attn.g2g_relative_position_bias
     local = sliding_chunk_attention_dense(
-        q[:, :, g:], k[:, :, g:], v[:, :, g:], *hw, attn.window, global_k=k[:, :, :g], global_v=v[:, :, :g],
-        table=attn.local_relative_position_bias_table, l2g_bias=g2l[1], masking_mode=attn.masking_mode,
-        shift_mode=attn.shift_mode)
+        q[:, :, g:],
+        k[:, :, g:],
+        v[:, :, g:],
+        *hw,
+        attn.window,
+        global_k=k[:, :, :g],
+        global_v=v[:, :, :g],
+        table=attn.local_relative_position_bias_table,
+        l2g_bias=g2l[1],
+        masking_mode=attn.masking_mode,
+        shift_mode=attn.shift_mode,
+    )
     glob = dense_attention(q[:, :, :g], k, v, torch.cat([g2g, g2l[0][..., None].expand(heads, g, n - g)], -1))
     out = torch.cat([glob, local], 2).transpose(1, 2).reshape(b, n, c)
     return attn.proj(out)
@@ -49,8 +59,11 @@ def _dense_module_reference(attn, x, hw):
 @pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (1, 0), (0, -1), (0, 6)])
 def test_attention_layer_matches_dense(hw, masking_mode, shift_mode):
     torch.manual_seed(0)
-    attn = SlidingChunkAttention(8, 2, window=3, num_global=2, masking_mode=masking_mode,
-                                 shift_mode=shift_mode).double().eval()
+    attn = (
+        SlidingChunkAttention(8, 2, window=3, num_global=2, masking_mode=masking_mode, shift_mode=shift_mode)
+        .double()
+        .eval()
+    )
     x = torch.randn(2, 2 + hw[0] * hw[1], 8, dtype=torch.float64)
     torch.testing.assert_close(attn(x, hw), _dense_module_reference(attn, x, hw), rtol=1e-5, atol=1e-5)
 
@@ -82,7 +95,8 @@ def test_full_attention_at_another_size_uses_the_resized_table(hw):
     sized = FullAttention(8, 2, rpb_size=hw, num_global=1).double()
     state = full.state_dict()
     state['local_relative_position_bias_table'] = resize_rpb_grid(
-        state['local_relative_position_bias_table'], (5, 5), (2 * hw[0] - 1, 2 * hw[1] - 1))
+        state['local_relative_position_bias_table'], (5, 5), (2 * hw[0] - 1, 2 * hw[1] - 1)
+    )
     sized.load_state_dict(state)
     x = torch.randn(2, 1 + hw[0] * hw[1], 8, dtype=torch.float64)
     out = full(x, hw)
@@ -95,8 +109,7 @@ def test_output_shapes_at_detection_size():
     model = ViL(arch='tiny').eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 800, 1216))
-    assert [tuple(o.shape) for o in outs] == [(1, 48, 200, 304), (1, 96, 100, 152),
-                                              (1, 192, 50, 76), (1, 384, 25, 38)]
+    assert [tuple(o.shape) for o in outs] == [(1, 48, 200, 304), (1, 96, 100, 152), (1, 192, 50, 76), (1, 384, 25, 38)]
 
 
 def test_random_shift_draws_in_training_and_uses_mode_zero_in_eval():

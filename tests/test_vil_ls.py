@@ -3,6 +3,7 @@
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
 init_cfg) is tested for every backbone in tests/test_models.py.
 """
+
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,7 @@ def official_vil_ls_checkpoint(spec, seed=0, img_size=224, window=7, rank=8):
         for ln in ('dual_ln_dp', 'dual_ln_full'):
             net[f'{attn}.attn.{ln}.weight'], net[f'{attn}.attn.{ln}.bias'] = 1 + rand(dim), rand(dim)
         net[f'{attn}.attn.local_relative_position_bias_table'] = rand(ls_rows, heads)
-        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window ** 2, (window + 2 * p) ** 2,
-                                                                  dtype=torch.long)
+        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window**2, (window + 2 * p) ** 2, dtype=torch.long)
 
     return official_vil_layout_checkpoint(spec, long_short_keys, seed, img_size, best_acc=83.8)
 
@@ -59,12 +59,15 @@ def test_default_layout_and_long_short_keys():
     kinds = [type(stage.blocks[0].attn) for stage in model.stages]
     assert kinds == [LongShortAttention] * 2 + [SlidingChunkAttention] * 2
     keys = {k.split('attn.', 1)[1] for k in model.state_dict() if k.startswith('stages.0.blocks.0.attn.')}
-    assert keys == {f'{m}.{p}' for m in ('qkv', 'proj', 'to_dynamic_projection', 'dual_ln_dp', 'dual_ln_full')
-                    for p in ('weight', 'bias')} | {'local_relative_position_bias_table'}
+    assert keys == {
+        f'{m}.{p}'
+        for m in ('qkv', 'proj', 'to_dynamic_projection', 'dual_ln_dp', 'dual_ln_full')
+        for p in ('weight', 'bias')
+    } | {'local_relative_position_bias_table'}
     attn = model.stages[1].blocks[0].attn
     assert attn.local_relative_position_bias_table.shape == (253, 2)
-    assert attn.relative_position_index.shape == (49, 169)                    # a non-persistent buffer
-    assert attn.to_dynamic_projection.weight.shape == (8 * 2, 32)            # r = 8 by default
+    assert attn.relative_position_index.shape == (49, 169)  # a non-persistent buffer
+    assert attn.to_dynamic_projection.weight.shape == (8 * 2, 32)  # r = 8 by default
     assert attn.dual_ln_dp.eps == attn.dual_ln_full.eps == 1e-5
     assert model.stages[0].blocks[0].norm1.eps == 1e-6
     w8 = ViLLS(arch=TINY_ARCH, window_size=8).stages[0].blocks[0].attn
@@ -85,17 +88,22 @@ def test_official_checkpoint_loads_into_dense_backbone(tmp_path):
     net = official_vil_ls_checkpoint(MEDIUM)['net']
     o = lambda key: net['module.' + key]  # noqa: E731
     sd = model.state_dict()
-    for ours, official in [('stages.0.blocks.0.attn.qkv.weight', 'layer1.1.attn.qkv.weight'),
-                           ('stages.1.blocks.3.attn.to_dynamic_projection.bias',
-                            'layer2.7.attn.to_dynamic_projection.bias'),
-                           ('stages.1.blocks.2.attn.dual_ln_dp.weight', 'layer2.5.attn.dual_ln_dp.weight'),
-                           ('stages.1.blocks.2.attn.dual_ln_full.bias', 'layer2.5.attn.dual_ln_full.bias'),
-                           ('stages.1.blocks.1.attn.local_relative_position_bias_table',
-                            'layer2.3.attn.local_relative_position_bias_table'),
-                           ('stages.1.blocks.1.norm2.weight', 'layer2.4.norm.weight'),
-                           ('stages.2.blocks.7.attn.local_relative_position_bias_table',
-                            'layer3.15.attn.local_relative_position_bias_table'),
-                           ('norm3.weight', 'norm.weight')]:
+    for ours, official in [
+        ('stages.0.blocks.0.attn.qkv.weight', 'layer1.1.attn.qkv.weight'),
+        ('stages.1.blocks.3.attn.to_dynamic_projection.bias', 'layer2.7.attn.to_dynamic_projection.bias'),
+        ('stages.1.blocks.2.attn.dual_ln_dp.weight', 'layer2.5.attn.dual_ln_dp.weight'),
+        ('stages.1.blocks.2.attn.dual_ln_full.bias', 'layer2.5.attn.dual_ln_full.bias'),
+        (
+            'stages.1.blocks.1.attn.local_relative_position_bias_table',
+            'layer2.3.attn.local_relative_position_bias_table',
+        ),
+        ('stages.1.blocks.1.norm2.weight', 'layer2.4.norm.weight'),
+        (
+            'stages.2.blocks.7.attn.local_relative_position_bias_table',
+            'layer3.15.attn.local_relative_position_bias_table',
+        ),
+        ('norm3.weight', 'norm.weight'),
+    ]:
         torch.testing.assert_close(sd[ours], o(official))
     qkv = o('layer3.5.attn.qkv.weight')
     torch.testing.assert_close(sd['stages.2.blocks.2.attn.query.weight'], qkv[:384])
@@ -136,6 +144,7 @@ def test_window_table_of_another_size_is_an_error_not_a_resize():
 def test_maskrcnn_config_builds():
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
+
     init_default_scope('mmdet')
     cfg = Config.fromfile(ROOT / 'configs' / 'maskrcnn_vil_ls_m_1x.py')
     assert cfg.model.backbone.type == 'ViLLS' and cfg.model.backbone.arch == 'medium'

@@ -3,6 +3,7 @@
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
 init_cfg) is tested for every backbone in tests/test_models.py.
 """
+
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
 
 
-@pytest.mark.parametrize('arch,expected_m', [('tiny', 12.88), ('small', 25.49), ('medium', 47.91),
-                                             ('large', 61.85)])
+@pytest.mark.parametrize('arch,expected_m', [('tiny', 12.88), ('small', 25.49), ('medium', 47.91), ('large', 61.85)])
 def test_classification_parameter_counts(arch, expected_m):
     """VVT paper, Table 2: backbone (with all four stage norms) + mean-pooled last stage + 1000-class head.
 
@@ -42,7 +42,7 @@ def test_upernet_config_parameter_count_and_maskrcnn_config_build():
     assert cfg.model.backbone.type == 'VVT' and 'norm_cfg' not in cfg.model.backbone
     assert cfg.model.decode_head.norm_cfg.type == 'BN' and cfg.model.auxiliary_head.norm_cfg.type == 'BN'
     assert cfg.model.data_preprocessor.test_cfg == dict(size_divisor=32)
-    assert cfg.default_scope == 'mmseg'   # from mmseg's runtime base; our configs never set it
+    assert cfg.default_scope == 'mmseg'  # from mmseg's runtime base; our configs never set it
     assert isinstance(segmentor.backbone, VVT)
     assert abs(count - 55.5) / 55.5 < 0.02, count
 
@@ -106,11 +106,13 @@ def test_official_checkpoint_loads_completely(vvt_tiny, container):
     sd = checkpoint['model'] if container else checkpoint
     own = vvt_tiny.state_dict()
     assert set(report.renamed) == set(own) and set(report.renamed.values()) == set(sd) - {'head.weight', 'head.bias'}
-    for key, official in (('stages.0.patch_embed.proj.weight', 'patch_embed1.proj.weight'),
-                          ('stages.2.blocks.1.attn.se_fc.2.weight', 'block3.1.attn.se_fc.2.weight'),
-                          ('stages.1.blocks.0.mlp.dwconv.dwconv.weight', 'block2.0.mlp.dwconv.dwconv.weight'),
-                          ('stages.3.blocks.1.attn.out_proj.bias', 'block4.1.attn.out_proj.bias'),
-                          ('stages.3.norm.weight', 'norm4.weight')):
+    for key, official in (
+        ('stages.0.patch_embed.proj.weight', 'patch_embed1.proj.weight'),
+        ('stages.2.blocks.1.attn.se_fc.2.weight', 'block3.1.attn.se_fc.2.weight'),
+        ('stages.1.blocks.0.mlp.dwconv.dwconv.weight', 'block2.0.mlp.dwconv.dwconv.weight'),
+        ('stages.3.blocks.1.attn.out_proj.bias', 'block4.1.attn.out_proj.bias'),
+        ('stages.3.norm.weight', 'norm4.weight'),
+    ):
         assert report.renamed[key] == official
         assert torch.equal(own[key], sd[official]), key
 
@@ -118,22 +120,26 @@ def test_official_checkpoint_loads_completely(vvt_tiny, container):
 def test_official_checkpoint_through_init_cfg_and_truncated_stages(tmp_path):
     spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 4), mlp=(2, 2, 2, 2))
     checkpoint = official_vvt_checkpoint(spec)
-    checkpoint['model'] = {f'module.{k}': v for k, v in checkpoint['model'].items()}   # DataParallel
+    checkpoint['model'] = {f'module.{k}': v for k, v in checkpoint['model'].items()}  # DataParallel
     path = tmp_path / 'vvt_official.pth'
     torch.save(checkpoint, path)
     model = VVT(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model.init_weights()
-    torch.testing.assert_close(model.stages[1].blocks[0].attn.q_proj.weight,
-                               checkpoint['model']['module.block2.0.attn.q_proj.weight'])
+    torch.testing.assert_close(
+        model.stages[1].blocks[0].attn.q_proj.weight, checkpoint['model']['module.block2.0.attn.q_proj.weight']
+    )
 
     # out_indices stop at stage 3: stage 4 is not built and its tensors are dropped with a reason.
     short = VVT(arch=TINY_ARCH, out_indices=(1, 2))
     report = load_pretrained(short, str(path))
     assert len(short.stages) == 3 and report.missing == [] and report.unexpected == []
     dropped = {report.renamed[k] for k, why in report.dropped.items() if why.startswith('stage not built')}
-    assert dropped == {k[len('module.'):] for k in checkpoint['model']
-                       if k.startswith(('module.patch_embed4.', 'module.block4.', 'module.norm4.'))}
-    assert len(dropped) == 4 + 20 + 2   # patch embedding, one block, norm4
+    assert dropped == {
+        k[len('module.') :]
+        for k in checkpoint['model']
+        if k.startswith(('module.patch_embed4.', 'module.block4.', 'module.norm4.'))
+    }
+    assert len(dropped) == 4 + 20 + 2  # patch embedding, one block, norm4
 
 
 def test_checkpoint_of_another_size_is_refused():
@@ -149,8 +155,12 @@ def _module_reference(attn, x, hw):
     heads = attn.num_heads
     q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     d = q.shape[-1] // heads
-    outs = [vicinity_attention_dense(q[..., h * d:(h + 1) * d], k[..., h * d:(h + 1) * d],
-                                     v[..., h * d:(h + 1) * d], *hw) for h in range(heads)]
+    outs = [
+        vicinity_attention_dense(
+            q[..., h * d : (h + 1) * d], k[..., h * d : (h + 1) * d], v[..., h * d : (h + 1) * d], *hw
+        )
+        for h in range(heads)
+    ]
     out = signed_clamp(attn.out_proj(torch.cat(outs, dim=-1)))
     gate = torch.sigmoid(attn.se_fc[2](torch.relu(attn.se_fc[0](x.mean(dim=1)))))
     return signed_clamp(out + out * gate[:, None])
@@ -170,9 +180,9 @@ def test_attention_layer_clamps_after_out_proj_and_gate():
     gate = torch.sigmoid(attn.se_fc[2](torch.relu(attn.se_fc[0](x.mean(dim=1)))))
     with torch.no_grad():
         attn.out_proj.weight.zero_()
-        attn.out_proj.bias.fill_(1e6)       # out_proj -> 1e6 -> 1e4; gated 1e4 (1 + s) -> 1e4
+        attn.out_proj.bias.fill_(1e6)  # out_proj -> 1e6 -> 1e4; gated 1e4 (1 + s) -> 1e4
         assert torch.equal(attn(x, (2, 3)), torch.full((1, 6, 8), 1e4, dtype=torch.float64))
-        attn.out_proj.bias.fill_(1e-7)      # out_proj -> 1e-7 -> 1e-4; gated 1e-4 (1 + s), in range
+        attn.out_proj.bias.fill_(1e-7)  # out_proj -> 1e-7 -> 1e-4; gated 1e-4 (1 + s), in range
         torch.testing.assert_close(attn(x, (2, 3)), (1e-4 * (1 + gate))[:, None].expand(1, 6, 8))
 
 
@@ -183,8 +193,7 @@ def test_bf16_autocast_at_detection_size_is_finite():
     model = VVT(arch='tiny').eval()
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         outs = model(torch.randn(1, 3, 800, 1216))
-    assert [tuple(o.shape) for o in outs] == [(1, 96, 200, 304), (1, 160, 100, 152),
-                                              (1, 320, 50, 76), (1, 512, 25, 38)]
+    assert [tuple(o.shape) for o in outs] == [(1, 96, 200, 304), (1, 160, 100, 152), (1, 320, 50, 76), (1, 512, 25, 38)]
     assert all(torch.isfinite(o).all() for o in outs)
 
 
@@ -212,9 +221,8 @@ def test_backbone_memory_is_linear_in_pixels():
             sum(o.sum() for o in model(torch.randn(1, 3, side, side))).backward()
         peaks.append(recorder.max_numel)
         tokens = (side // 4) ** 2
-        assert recorder.max_numel < tokens ** 2, (side, recorder.max_numel)
+        assert recorder.max_numel < tokens**2, (side, recorder.max_numel)
     assert peaks[1] / peaks[0] == pytest.approx(4, rel=0.05)
-
 
 
 def test_conv_mlp_training_function_keeps_only_the_conv_input():
@@ -238,7 +246,9 @@ def test_conv_mlp_training_function_keeps_only_the_conv_input():
         out = mlp(x, (3, 4))
     assert torch.equal(out, expected)
     assert len(hidden_saved) == 2, hidden_saved
-    args = (torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True),
-            torch.randn(3, 1, 3, 3, dtype=torch.float64, requires_grad=True),
-            torch.randn(3, dtype=torch.float64, requires_grad=True))
+    args = (
+        torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True),
+        torch.randn(3, 1, 3, 3, dtype=torch.float64, requires_grad=True),
+        torch.randn(3, dtype=torch.float64, requires_grad=True),
+    )
     assert torch.autograd.gradcheck(_DepthwiseConvGelu.apply, args)

@@ -7,6 +7,7 @@ the file as a script (:func:`interpreter_results`, :func:`main`); the pytest
 process keeps the kernels compiled for the compile check and the GPU tests.
 Every comparison counts the launches of each kernel to prove which path ran.
 """
+
 import json
 import os
 import subprocess
@@ -35,10 +36,14 @@ TOLERANCES = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-2}
 def interpreter_results(test_file):
     """Runs ``test_file`` as a script with Triton's interpreter on: the ``{name: result}`` it prints."""
     pytest.importorskip('triton')
-    env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
-        [str(ROOT), str(ROOT / 'tests'), os.environ.get('PYTHONPATH', '')]))
-    proc = subprocess.run([sys.executable, str(test_file)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET='1',
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / 'tests'), os.environ.get('PYTHONPATH', '')]),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(test_file)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -58,13 +63,15 @@ def main(case_inputs, cases, **comparisons):
     """The script side of :func:`interpreter_results`: every case of ``cases`` (``case_inputs(name, dtype)``
     gives its ``(leaves, op)``, compared by :func:`compare_paths` in float64) and the other ``comparisons``,
     each caught separately, as one JSON line ``{name: result or {'error': text}}`` on stdout."""
-    comparisons = {**{name: lambda name=name: compare_paths(*case_inputs(name, torch.float64)) for name in cases},
-                   **comparisons}
+    comparisons = {
+        **{name: lambda name=name: compare_paths(*case_inputs(name, torch.float64)) for name in cases},
+        **comparisons,
+    }
     results = {}
     for name, compare in comparisons.items():
         try:
             results[name] = compare()
-        except Exception:   # reported per case by the parent
+        except Exception:  # reported per case by the parent
             results[name] = dict(error=traceback.format_exc())
     print(json.dumps(results))
 
@@ -72,12 +79,15 @@ def main(case_inputs, cases, **comparisons):
 def launches_since(before):
     """Launches per kernel name since the ``before`` snapshot of the counter."""
     from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
-    return {name: count - before.get(name, 0) for name, count in KERNEL_LAUNCHES.items()
-            if count != before.get(name, 0)}
+
+    return {
+        name: count - before.get(name, 0) for name, count in KERNEL_LAUNCHES.items() if count != before.get(name, 0)
+    }
 
 
 def launch_snapshot():
     from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
+
     return dict(KERNEL_LAUNCHES)
 
 
@@ -111,8 +121,9 @@ def compare_paths(leaves, op):
     assert impl.triton_interpreted(), 'the kernels must run in the interpreter here'
     expected, math_launches = forward_backward(leaves, op, 'math')
     actual, launches = forward_backward(leaves, op, 'triton')
-    return dict(math_launches=math_launches, launches=launches,
-                mismatches=mismatches(actual, expected, rtol=1e-10, atol=1e-10))
+    return dict(
+        math_launches=math_launches, launches=launches, mismatches=mismatches(actual, expected, rtol=1e-10, atol=1e-10)
+    )
 
 
 def assert_kernels_matched(result, launches):
@@ -128,6 +139,7 @@ def compare_backbone(cls):
     """A tiny ``cls`` backbone with attn_impl='triton' against the same weights with 'math' (interpreter
     subprocess): outputs and parameter gradients, and the kernel launches of each."""
     from helpers import build_tiny
+
     image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     results = {}
     for attn_impl in ('math', 'triton'):
@@ -139,8 +151,11 @@ def compare_backbone(cls):
         tensors = {f'output {i}': o for i, o in enumerate(outs)}
         tensors.update((name, g) for (name, _), g in zip(model.named_parameters(), grads))
         results[attn_impl] = tensors, launches_since(before)
-    return dict(math_launches=results['math'][1], launches=results['triton'][1],
-                mismatches=mismatches(results['triton'][0], results['math'][0], rtol=1e-9, atol=1e-10))
+    return dict(
+        math_launches=results['math'][1],
+        launches=results['triton'][1],
+        mismatches=mismatches(results['triton'][0], results['math'][0], rtol=1e-9, atol=1e-10),
+    )
 
 
 def compiling_launches(monkeypatch, tmp_path):
@@ -163,13 +178,14 @@ def compiling_launches(monkeypatch, tmp_path):
     def compile_instead(kernel, grid, settings, *args, **constexprs):
         signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
         signature.update(dict.fromkeys(constexprs, 'constexpr'))
-        binary = triton_compile(ASTSource(kernel, signature, constexprs=constexprs),
-                                target=GPUTarget('cuda', 90, 32), options=settings)
+        binary = triton_compile(
+            ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget('cuda', 90, 32), options=settings
+        )
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 
-    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))   # compile for real, not from a cache
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))  # compile for real, not from a cache
     monkeypatch.setattr(host, 'launch', compile_instead)
-    set_interpreted(monkeypatch, True)                      # CPU tensors pass the device check
+    set_interpreted(monkeypatch, True)  # CPU tensors pass the device check
     return compiled
 
 
@@ -214,8 +230,9 @@ def low_precision_errors(op, tokens, biases, device, dtype):
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision('highest')
     try:
-        results, launches = run([t.to(device, dtype) for t in tokens]
-                                + [b.to(device, torch.float32) for b in biases], 'triton')
+        results, launches = run(
+            [t.to(device, dtype) for t in tokens] + [b.to(device, torch.float32) for b in biases], 'triton'
+        )
     finally:
         torch.set_float32_matmul_precision(previous)
     return [((r - ref).norm() / ref.norm()).item() for r, ref in zip(results, reference)], launches

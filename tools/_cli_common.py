@@ -4,6 +4,7 @@ Both tools accept mmdet (``default_scope='mmdet'``) and mmseg
 (``default_scope='mmseg'``) configs; the helpers here pick the library from
 the config, register its modules and apply the library-specific conventions.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +26,7 @@ def import_plugin() -> None:
     """
     import visattn_mm  # noqa: F401
     from visattn_mm.compat import allow_mmengine_checkpoints
+
     allow_mmengine_checkpoints()
 
 
@@ -54,7 +56,8 @@ def register_scope_modules(cfg: Config) -> str:
     else:
         raise SystemExit(
             f"config sets default_scope={scope!r}; these tools need 'mmdet' or "
-            "'mmseg' (inherit the library's _base_/default_runtime.py).")
+            "'mmseg' (inherit the library's _base_/default_runtime.py)."
+        )
     # The Runner sets the default scope itself from cfg.default_scope.
     register_all_modules(init_default_scope=False)
     return scope
@@ -72,6 +75,7 @@ def set_work_dir(cfg: Config, cli_work_dir: str | None, config_path: str) -> Non
 def has_accelerator() -> bool:
     """True if mmengine would place the model on a non-CPU device."""
     from mmengine.device import get_device
+
     return get_device() != 'cpu'
 
 
@@ -89,7 +93,8 @@ def prepare_cpu_distributed(cfg: Config) -> None:
     if cfg.launcher != 'pytorch':
         raise SystemExit(
             f'--launcher {cfg.launcher} without a GPU is not supported; use '
-            '--launcher pytorch (tools/dist_train.sh) for CPU runs.')
+            '--launcher pytorch (tools/dist_train.sh) for CPU runs.'
+        )
     import datetime
 
     import torch.distributed as dist
@@ -99,8 +104,9 @@ def prepare_cpu_distributed(cfg: Config) -> None:
     env_cfg = cfg.env_cfg
     dist_cfg = dict(env_cfg.get('dist_cfg') or {})
     if dist_cfg.get('backend', 'nccl') != 'gloo' and os.environ.get('RANK', '0') == '0':
-        print(f"[visattn_mm] no GPU: using backend 'gloo' instead of "
-              f"{dist_cfg.get('backend', 'nccl')!r}", file=sys.stderr)
+        print(
+            f"[visattn_mm] no GPU: using backend 'gloo' instead of {dist_cfg.get('backend', 'nccl')!r}", file=sys.stderr
+        )
     dist_cfg['backend'] = 'gloo'
     env_cfg['dist_cfg'] = dist_cfg
     if not dist.is_initialized():
@@ -116,7 +122,8 @@ def prepare_cpu_distributed(cfg: Config) -> None:
             type='MMDistributedDataParallel',
             broadcast_buffers=False,
             find_unused_parameters=cfg.get('find_unused_parameters', False),
-            device_ids=None)
+            device_ids=None,
+        )
     elif _is_ddp_type(wrapper.get('type', 'MMDistributedDataParallel')):
         # Explicit config values win over the Runner's default_args.
         wrapper.setdefault('device_ids', None)
@@ -134,6 +141,7 @@ def finish_distributed() -> None:
     streams are flushed; there is nothing left to finalise at that point.
     """
     import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()):
         return
     cpu_gloo = dist.get_backend() == 'gloo' and not has_accelerator()
@@ -141,6 +149,7 @@ def finish_distributed() -> None:
     dist.destroy_process_group()
     if cpu_gloo:
         import logging
+
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -151,10 +160,10 @@ def _is_ddp_type(wrapper_type) -> bool:
     """Whether the Runner would pass ``device_ids`` to this model wrapper."""
     from mmengine.registry import MODEL_WRAPPERS
     from torch.nn.parallel import DistributedDataParallel
+
     if isinstance(wrapper_type, str):
         wrapper_type = MODEL_WRAPPERS.get(wrapper_type)
-    return isinstance(wrapper_type, type) and issubclass(
-        wrapper_type, DistributedDataParallel)
+    return isinstance(wrapper_type, type) and issubclass(wrapper_type, DistributedDataParallel)
 
 
 def build_runner(cfg: Config):
@@ -164,6 +173,7 @@ def build_runner(cfg: Config):
     under the plugin's checkpoint policy (see ``visattn_mm.checkpoint.policy``).
     """
     from mmengine.registry import RUNNERS
+
     if 'runner_type' not in cfg:
         cfg.runner_type = 'CheckpointPolicyRunner'
     return RUNNERS.build(cfg)
@@ -177,6 +187,7 @@ def exit_on_checkpoint_error():
     only hide them; the exit status is 1.
     """
     from visattn_mm.checkpoint import CheckpointError
+
     try:
         yield
     except CheckpointError as err:
@@ -191,10 +202,12 @@ def keep_config_in_log_dir(runner) -> None:
     each run's log keeps every run's exact settings.
     """
     from mmengine.dist import is_main_process
+
     name = osp.basename(runner.cfg.filename) if runner.cfg.filename else f'{runner.timestamp}.py'
     dumped = osp.join(runner.work_dir, name)
     if is_main_process() and osp.isfile(dumped):
         import shutil
+
         shutil.copy2(dumped, osp.join(runner.log_dir, name))
 
 

@@ -7,6 +7,7 @@ Usage::
 
 Paste its output into bug reports; ``tools/train.py`` logs the same at start.
 """
+
 from visattn_mm.collect_env import collect_env, format_env
 
 

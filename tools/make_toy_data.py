@@ -35,6 +35,7 @@ Usage::
 :func:`use_toy_data` points an mmdet or mmseg config at such a dataset, keeping
 its pipelines, model and schedule.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,7 +79,7 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     """A dim random linear gradient plus Gaussian noise, as uint8 HxWx3."""
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     angle = rng.uniform(0, 2 * math.pi)
-    ramp = (np.cos(angle) * xx / width + np.sin(angle) * yy / height)
+    ramp = np.cos(angle) * xx / width + np.sin(angle) * yy / height
     ramp = (ramp - ramp.min()) / max(float(np.ptp(ramp)), 1e-6)
     start = rng.uniform(40, 110, size=3)
     end = rng.uniform(40, 110, size=3)
@@ -87,8 +88,7 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _shape_polygon(rng: np.random.Generator, kind: str, cx: float, cy: float,
-                   size: float) -> list[tuple[float, float]]:
+def _shape_polygon(rng: np.random.Generator, kind: str, cx: float, cy: float, size: float) -> list[tuple[float, float]]:
     """Vertices of a shape of diameter ``size`` centred at (cx, cy)."""
     r = size / 2
     if kind == 'circle':
@@ -108,8 +108,7 @@ def _shape_polygon(rng: np.random.Generator, kind: str, cx: float, cy: float,
         raise ValueError(f'unknown shape {kind!r}')
     angles = angles + rot
     # Round so the JSON and the rasterised mask describe exactly the same polygon.
-    return [(round(cx + r * math.cos(a), 2), round(cy + r * math.sin(a), 2))
-            for a in angles]
+    return [(round(cx + r * math.cos(a), 2), round(cy + r * math.sin(a), 2)) for a in angles]
 
 
 def _jittered_colour(rng: np.random.Generator, kind: str) -> tuple[int, int, int]:
@@ -118,9 +117,16 @@ def _jittered_colour(rng: np.random.Generator, kind: str) -> tuple[int, int, int
     return tuple(int(c) for c in np.clip(colour, 0, 255))
 
 
-def _place_objects(rng: np.random.Generator, classes: Sequence[str], height: int,
-                   width: int, min_objects: int, max_objects: int,
-                   min_size: int, max_size: int) -> list[dict]:
+def _place_objects(
+    rng: np.random.Generator,
+    classes: Sequence[str],
+    height: int,
+    width: int,
+    min_objects: int,
+    max_objects: int,
+    min_size: int,
+    max_size: int,
+) -> list[dict]:
     """Sample non-overlapping shapes; returns dicts with kind, polygon, colour.
 
     Shapes never overlap (rejection sampling on bounding circles), so every
@@ -146,10 +152,9 @@ def _place_objects(rng: np.random.Generator, classes: Sequence[str], height: int
         placed.append((cx, cy, r))
         kind_idx = int(rng.integers(len(classes)))
         kind = classes[kind_idx]
-        objects.append(dict(
-            label=kind_idx,
-            polygon=_shape_polygon(rng, kind, cx, cy, size),
-            colour=_jittered_colour(rng, kind)))
+        objects.append(
+            dict(label=kind_idx, polygon=_shape_polygon(rng, kind, cx, cy, size), colour=_jittered_colour(rng, kind))
+        )
     if len(objects) < min_objects:  # pragma: no cover - only for absurd sizes
         raise RuntimeError('could not place objects; image too small for sizes')
     return objects
@@ -200,8 +205,7 @@ def _write_manifest(out_dir: Path, manifest: dict) -> None:
 # --------------------------------------------------------------------------
 # COCO instance segmentation
 # --------------------------------------------------------------------------
-def _coco_split(rng: np.random.Generator, out_dir: Path, split: str, num_images: int,
-                height: int, width: int) -> None:
+def _coco_split(rng: np.random.Generator, out_dir: Path, split: str, num_images: int, height: int, width: int) -> None:
     img_dir = out_dir / split
     _clear_generated(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -218,33 +222,39 @@ def _coco_split(rng: np.random.Generator, out_dir: Path, split: str, num_images:
             xs = [p[0] for p in poly]
             ys = [p[1] for p in poly]
             x0, y0 = min(xs), min(ys)
-            annotations.append(dict(
-                id=len(annotations) + 1,
-                image_id=image_id,
-                category_id=obj['label'] + 1,
-                segmentation=[[c for p in poly for c in p]],
-                bbox=[round(x0, 2), round(y0, 2),
-                      round(max(xs) - x0, 2), round(max(ys) - y0, 2)],
-                area=round(_polygon_area(poly), 2),
-                iscrowd=0))
+            annotations.append(
+                dict(
+                    id=len(annotations) + 1,
+                    image_id=image_id,
+                    category_id=obj['label'] + 1,
+                    segmentation=[[c for p in poly for c in p]],
+                    bbox=[round(x0, 2), round(y0, 2), round(max(xs) - x0, 2), round(max(ys) - y0, 2)],
+                    area=round(_polygon_area(poly), 2),
+                    iscrowd=0,
+                )
+            )
         canvas.save(img_dir / file_name)
-        images.append(dict(id=image_id, file_name=file_name, width=width,
-                           height=height))
+        images.append(dict(id=image_id, file_name=file_name, width=width, height=height))
     coco = dict(
         info=dict(description='visattn_mm toy shapes', version=str(TOY_DATA_VERSION)),
         licenses=[],
         images=images,
         annotations=annotations,
-        categories=[dict(id=i + 1, name=name, supercategory='shape')
-                    for i, name in enumerate(COCO_CLASSES)])
+        categories=[dict(id=i + 1, name=name, supercategory='shape') for i, name in enumerate(COCO_CLASSES)],
+    )
     ann_dir = out_dir / 'annotations'
     ann_dir.mkdir(parents=True, exist_ok=True)
     (ann_dir / f'instances_{split}.json').write_text(json.dumps(coco))
 
 
-def make_coco_instances(out_dir: str | Path, num_train: int = 200, num_val: int = 50,
-                        image_size: tuple[int, int] = (128, 160), seed: int = 0,
-                        force: bool = False) -> Path:
+def make_coco_instances(
+    out_dir: str | Path,
+    num_train: int = 200,
+    num_val: int = 50,
+    image_size: tuple[int, int] = (128, 160),
+    seed: int = 0,
+    force: bool = False,
+) -> Path:
     """Write a COCO-format instance-segmentation toy dataset.
 
     Args:
@@ -260,15 +270,13 @@ def make_coco_instances(out_dir: str | Path, num_train: int = 200, num_val: int 
     """
     out_dir = Path(out_dir)
     height, width = image_size
-    manifest = _manifest('coco', seed=seed, num_train=num_train, num_val=num_val,
-                         image_size=[height, width])
+    manifest = _manifest('coco', seed=seed, num_train=num_train, num_val=num_val, image_size=[height, width])
     if not force and _is_up_to_date(out_dir, manifest):
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     # Independent streams per split: the val set does not change with num_train.
-    train_rng, val_rng = (np.random.default_rng(s)
-                          for s in np.random.SeedSequence(seed).spawn(2))
+    train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     _coco_split(train_rng, out_dir, 'train', num_train, height, width)
     _coco_split(val_rng, out_dir, 'val', num_val, height, width)
     _write_manifest(out_dir, manifest)
@@ -278,8 +286,15 @@ def make_coco_instances(out_dir: str | Path, num_train: int = 200, num_val: int 
 # --------------------------------------------------------------------------
 # ADE20K-layout semantic segmentation
 # --------------------------------------------------------------------------
-def _ade_split(rng: np.random.Generator, out_dir: Path, split: str, num_images: int,
-               height: int, width: int, classes: Sequence[str]) -> None:
+def _ade_split(
+    rng: np.random.Generator,
+    out_dir: Path,
+    split: str,
+    num_images: int,
+    height: int,
+    width: int,
+    classes: Sequence[str],
+) -> None:
     img_dir = out_dir / 'images' / split
     ann_dir = out_dir / 'annotations' / split
     _clear_generated(img_dir)
@@ -299,9 +314,15 @@ def _ade_split(rng: np.random.Generator, out_dir: Path, split: str, num_images: 
         label.save(ann_dir / f'{stem}.png')
 
 
-def make_ade20k_layout(out_dir: str | Path, num_train: int = 100, num_val: int = 20,
-                       image_size: tuple[int, int] = (128, 128), seed: int = 0,
-                       num_classes: int = len(ADE_CLASSES), force: bool = False) -> Path:
+def make_ade20k_layout(
+    out_dir: str | Path,
+    num_train: int = 100,
+    num_val: int = 20,
+    image_size: tuple[int, int] = (128, 128),
+    seed: int = 0,
+    num_classes: int = len(ADE_CLASSES),
+    force: bool = False,
+) -> Path:
     """Write an ADE20K-layout semantic-segmentation toy dataset.
 
     Label maps use 0 for background (ignored under ``reduce_zero_label=True``)
@@ -324,15 +345,15 @@ def make_ade20k_layout(out_dir: str | Path, num_train: int = 100, num_val: int =
         raise ValueError(f'num_classes must be in 1..{len(ADE_CLASSES)}, got {num_classes}')
     out_dir = Path(out_dir)
     height, width = image_size
-    manifest = _manifest('ade20k', seed=seed, num_train=num_train, num_val=num_val,
-                         image_size=[height, width], num_classes=num_classes)
+    manifest = _manifest(
+        'ade20k', seed=seed, num_train=num_train, num_val=num_val, image_size=[height, width], num_classes=num_classes
+    )
     if not force and _is_up_to_date(out_dir, manifest):
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     classes = ADE_CLASSES[:num_classes]
-    train_rng, val_rng = (np.random.default_rng(s)
-                          for s in np.random.SeedSequence(seed).spawn(2))
+    train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     _ade_split(train_rng, out_dir, 'training', num_train, height, width, classes)
     _ade_split(val_rng, out_dir, 'validation', num_val, height, width, classes)
     _write_manifest(out_dir, manifest)
@@ -345,8 +366,13 @@ def make_ade20k_layout(out_dir: str | Path, num_train: int = 100, num_val: int =
 def _class_heads(model) -> list:
     """The heads of an mmdet / mmseg model dict that have a ``num_classes``."""
     roi = model.get('roi_head') or {}
-    heads = [model.get('bbox_head'), roi.get('bbox_head'), roi.get('mask_head'),
-             model.get('decode_head'), model.get('auxiliary_head')]
+    heads = [
+        model.get('bbox_head'),
+        roi.get('bbox_head'),
+        roi.get('mask_head'),
+        model.get('decode_head'),
+        model.get('auxiliary_head'),
+    ]
     flat = []
     for head in heads:
         flat += head if isinstance(head, (list, tuple)) else [head]
@@ -377,32 +403,42 @@ def use_toy_data(cfg, data_root: str | Path) -> None:
         classes, splits = COCO_CLASSES, dict(train='train', val='val', test='val')
 
         def fields(split):
-            return dict(data_root=root, ann_file=f'annotations/instances_{split}.json',
-                        data_prefix=dict(img=f'{split}/'), metainfo=dict(classes=classes))
+            return dict(
+                data_root=root,
+                ann_file=f'annotations/instances_{split}.json',
+                data_prefix=dict(img=f'{split}/'),
+                metainfo=dict(classes=classes),
+            )
     elif scope == 'mmseg':
         classes, splits = ADE_CLASSES, dict(train='training', val='validation', test='validation')
 
         def fields(split):
-            return dict(type='BaseSegDataset', data_root=root, img_suffix='.jpg',
-                        seg_map_suffix='.png', reduce_zero_label=True,
-                        data_prefix=dict(img_path=f'images/{split}',
-                                         seg_map_path=f'annotations/{split}'),
-                        metainfo=dict(classes=classes))
+            return dict(
+                type='BaseSegDataset',
+                data_root=root,
+                img_suffix='.jpg',
+                seg_map_suffix='.png',
+                reduce_zero_label=True,
+                data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'),
+                metainfo=dict(classes=classes),
+            )
     else:
-        raise ValueError(f"use_toy_data: default_scope={scope!r}; toy data exists for 'mmdet' "
-                         "(coco layout) and 'mmseg' (ade20k layout) configs")
+        raise ValueError(
+            f"use_toy_data: default_scope={scope!r}; toy data exists for 'mmdet' "
+            "(coco layout) and 'mmseg' (ade20k layout) configs"
+        )
     for phase, split in splits.items():
         loader = cfg.get(f'{phase}_dataloader')
         if not loader:
             continue
         dataset = loader['dataset']
-        while 'dataset' in dataset:                 # RepeatDataset, ConcatDataset-like wrappers
+        while 'dataset' in dataset:  # RepeatDataset, ConcatDataset-like wrappers
             dataset = dataset['dataset']
         dataset.update(fields(split))
     if scope == 'mmdet':
         for key in ('val_evaluator', 'test_evaluator'):
             evaluators = cfg.get(key) or []
-            for evaluator in (evaluators if isinstance(evaluators, list) else [evaluators]):
+            for evaluator in evaluators if isinstance(evaluators, list) else [evaluators]:
                 if 'ann_file' in evaluator:
                     evaluator['ann_file'] = root + 'annotations/instances_val.json'
     for head in _class_heads(cfg.model):
@@ -417,16 +453,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument('kind', choices=['coco', 'ade20k'], help='dataset layout')
     parser.add_argument('out_dir', help='output directory')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--num-train', type=int, default=None,
-                        help='training images (default: 200 coco, 100 ade20k)')
-    parser.add_argument('--num-val', type=int, default=None,
-                        help='validation images (default: 50 coco, 20 ade20k)')
-    parser.add_argument('--image-size', type=int, nargs=2, metavar=('H', 'W'),
-                        default=None, help='default: 128 160 coco, 128 128 ade20k')
-    parser.add_argument('--num-classes', type=int, default=len(ADE_CLASSES),
-                        help='ade20k only: number of foreground classes')
-    parser.add_argument('--force', action='store_true',
-                        help='regenerate even if the manifest matches')
+    parser.add_argument('--num-train', type=int, default=None, help='training images (default: 200 coco, 100 ade20k)')
+    parser.add_argument('--num-val', type=int, default=None, help='validation images (default: 50 coco, 20 ade20k)')
+    parser.add_argument(
+        '--image-size',
+        type=int,
+        nargs=2,
+        metavar=('H', 'W'),
+        default=None,
+        help='default: 128 160 coco, 128 128 ade20k',
+    )
+    parser.add_argument(
+        '--num-classes', type=int, default=len(ADE_CLASSES), help='ade20k only: number of foreground classes'
+    )
+    parser.add_argument('--force', action='store_true', help='regenerate even if the manifest matches')
     return parser.parse_args(argv)
 
 

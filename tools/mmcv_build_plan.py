@@ -17,6 +17,7 @@ Run by the bootstrap with the new environment's python once torch is installed; 
 environment of the build. ``python tools/mmcv_build_plan.py`` shows the plan for the
 current interpreter without building anything.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,11 +95,13 @@ def make_plan(machine: Machine, env: dict[str, str]) -> Plan:
     jobs = env.get('MAX_JOBS') or str(max(1, machine.cores))
     cpu_only = env.get(CPU_ONLY_FLAG, '') not in ('', '0')
     if not machine.gpu_capabilities or cpu_only:
-        why = (f'{CPU_ONLY_FLAG}=1' if machine.gpu_capabilities
-               else 'torch sees no CUDA device')
-        return Plan('cpu', f'{base_key}-cpu',
-                    {'MMCV_WITH_OPS': '1', 'FORCE_CUDA': '0', 'MAX_JOBS': jobs},
-                    f'CPU ops only ({why})')
+        why = f'{CPU_ONLY_FLAG}=1' if machine.gpu_capabilities else 'torch sees no CUDA device'
+        return Plan(
+            'cpu',
+            f'{base_key}-cpu',
+            {'MMCV_WITH_OPS': '1', 'FORCE_CUDA': '0', 'MAX_JOBS': jobs},
+            f'CPU ops only ({why})',
+        )
 
     if machine.nvcc is None:
         raise PlanError(
@@ -107,7 +110,8 @@ def make_plan(machine: Machine, env: dict[str, str]) -> Plan:
             'that mmdet runs on the GPU). Either install the CUDA toolkit '
             f'{machine.torch_cuda} that matches torch {machine.torch} (nvcc on PATH, or '
             f'CUDA_HOME set) and run again, or set {CPU_ONLY_FLAG}=1 to build the CPU ops '
-            'only (models then run on the CPU).')
+            'only (models then run on the CPU).'
+        )
     if _major(machine.nvcc_cuda) != _major(machine.torch_cuda):
         raise PlanError(
             f'nvcc ({machine.nvcc}) is CUDA {machine.nvcc_cuda}, but torch {machine.torch} '
@@ -115,15 +119,18 @@ def make_plan(machine: Machine, env: dict[str, str]) -> Plan:
             'mmcv\'s CUDA ops. Put a CUDA '
             f'{_major(machine.torch_cuda)}.x toolkit first on PATH (or CUDA_HOME), install '
             f'a torch built for CUDA {machine.nvcc_cuda}, or set {CPU_ONLY_FLAG}=1 for a '
-            'CPU-only build.')
+            'CPU-only build.'
+        )
     arch_list = env.get('TORCH_CUDA_ARCH_LIST') or ';'.join(
-        f'{major}.{minor}' for major, minor in sorted(set(machine.gpu_capabilities)))
+        f'{major}.{minor}' for major, minor in sorted(set(machine.gpu_capabilities))
+    )
     arch_key = re.sub(r'[^0-9A-Za-z.+]+', '_', arch_list)
-    return Plan('cuda', f'{base_key}-cuda{machine.torch_cuda}-arch{arch_key}',
-                {'MMCV_WITH_OPS': '1', 'FORCE_CUDA': '1', 'MAX_JOBS': jobs,
-                 'TORCH_CUDA_ARCH_LIST': arch_list},
-                f'CUDA ops for compute capability {arch_list} with {machine.nvcc} '
-                f'(CUDA {machine.nvcc_cuda})')
+    return Plan(
+        'cuda',
+        f'{base_key}-cuda{machine.torch_cuda}-arch{arch_key}',
+        {'MMCV_WITH_OPS': '1', 'FORCE_CUDA': '1', 'MAX_JOBS': jobs, 'TORCH_CUDA_ARCH_LIST': arch_list},
+        f'CUDA ops for compute capability {arch_list} with {machine.nvcc} (CUDA {machine.nvcc_cuda})',
+    )
 
 
 def _major(version: str | None) -> str | None:
@@ -136,19 +143,23 @@ def describe_machine() -> Machine:
 
     capabilities, nvcc = (), None
     if torch.cuda.is_available():
-        capabilities = tuple(torch.cuda.get_device_capability(i)
-                             for i in range(torch.cuda.device_count()))
+        capabilities = tuple(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
         # Where torch's extension builder (mmcv's build) will look for it. Imported only
         # here: on a machine without a GPU it logs a warning about the missing CUDA runtime.
         from torch.utils.cpp_extension import CUDA_HOME
+
         if CUDA_HOME and os.access(os.path.join(CUDA_HOME, 'bin', 'nvcc'), os.X_OK):
             nvcc = os.path.join(CUDA_HOME, 'bin', 'nvcc')
         nvcc = nvcc or shutil.which('nvcc')
-    return Machine(python=f'{sys.version_info.major}.{sys.version_info.minor}',
-                   torch=torch.__version__, torch_cuda=torch.version.cuda,
-                   gpu_capabilities=capabilities, nvcc=nvcc,
-                   nvcc_cuda=_nvcc_release(nvcc) if nvcc else None,
-                   cores=len(os.sched_getaffinity(0)))
+    return Machine(
+        python=f'{sys.version_info.major}.{sys.version_info.minor}',
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        gpu_capabilities=capabilities,
+        nvcc=nvcc,
+        nvcc_cuda=_nvcc_release(nvcc) if nvcc else None,
+        cores=len(os.sched_getaffinity(0)),
+    )
 
 
 def _nvcc_release(nvcc: str) -> str | None:

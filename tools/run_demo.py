@@ -11,6 +11,7 @@ checkpoint, ``predictions.pkl`` (the trained model's validation predictions),
 and the training-loss curve) and ``summary.json`` (AP of the trained and the
 untrained model, training and evaluation times).
 """
+
 import argparse
 import json
 import pickle
@@ -70,12 +71,14 @@ def schedule_options(max_iters, warmup_iters, logger_interval):
     interval are capped at the new length.
     """
     milestones = [int(max_iters * 0.75), int(max_iters * 0.9)]
-    return [f'train_cfg.max_iters={max_iters}',
-            f'param_scheduler.0.end={min(warmup_iters, max_iters)}',
-            f'param_scheduler.1.end={max_iters}',
-            f'param_scheduler.1.milestones=[{milestones[0]},{milestones[1]}]',
-            f'default_hooks.checkpoint.interval={max_iters}',
-            f'default_hooks.logger.interval={min(logger_interval, max_iters)}']
+    return [
+        f'train_cfg.max_iters={max_iters}',
+        f'param_scheduler.0.end={min(warmup_iters, max_iters)}',
+        f'param_scheduler.1.end={max_iters}',
+        f'param_scheduler.1.milestones=[{milestones[0]},{milestones[1]}]',
+        f'default_hooks.checkpoint.interval={max_iters}',
+        f'default_hooks.logger.interval={min(logger_interval, max_iters)}',
+    ]
 
 
 def save_untrained_checkpoint(cfg, path):
@@ -115,8 +118,15 @@ def visible_predictions(pred_instances, score_thr, overlap_thr=DRAW_OVERLAP_THR)
     for i in order:
         if all(covered[i, j] <= overlap_thr for j in keep):
             keep.append(i)
-    return [dict(bbox=pred_instances['bboxes'][i].tolist(), label=int(pred_instances['labels'][i]),
-                 score=float(scores[i]), mask=pred_instances['masks'][i]) for i in keep]
+    return [
+        dict(
+            bbox=pred_instances['bboxes'][i].tolist(),
+            label=int(pred_instances['labels'][i]),
+            score=float(scores[i]),
+            mask=pred_instances['masks'][i],
+        )
+        for i in keep
+    ]
 
 
 def _draw_instances(ax, image, instances, classes, palette):
@@ -133,11 +143,18 @@ def _draw_instances(ax, image, instances, classes, palette):
         colour = np.array(palette[inst['label']]) / 255
         ax.contour(mask_utils.decode(inst['mask']), levels=[0.5], colors=[colour], linewidths=1.2)
         x1, y1, x2, y2 = inst['bbox']
-        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour,
-                               linewidth=1, linestyle='--'))
+        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=1, linestyle='--'))
         text = classes[inst['label']] + (f' {inst["score"]:.2f}' if 'score' in inst else '')
-        ax.text(x1 + 1, y1 + 1, text, fontsize=7, color='white', va='top', clip_on=True,
-                bbox=dict(facecolor=colour, edgecolor='none', pad=1, alpha=0.8))
+        ax.text(
+            x1 + 1,
+            y1 + 1,
+            text,
+            fontsize=7,
+            color='white',
+            va='top',
+            clip_on=True,
+            bbox=dict(facecolor=colour, edgecolor='none', pad=1, alpha=0.8),
+        )
     ax.set_xlim(-0.5, image.shape[1] - 0.5)  # boxes reaching past the border do not shrink the image
     ax.set_ylim(image.shape[0] - 0.5, -0.5)
     ax.set_xticks([])
@@ -153,13 +170,17 @@ def _ground_truth(coco, image_id, height, width):
     for ann in coco.loadAnns(coco.getAnnIds(imgIds=[image_id])):
         x, y, w, h = ann['bbox']
         rles = mask_utils.frPyObjects(ann['segmentation'], height, width)
-        instances.append(dict(bbox=[x, y, x + w, y + h], label=label_of[ann['category_id']],
-                              mask=mask_utils.merge(rles) if isinstance(rles, list) else rles))
+        instances.append(
+            dict(
+                bbox=[x, y, x + w, y + h],
+                label=label_of[ann['category_id']],
+                mask=mask_utils.merge(rles) if isinstance(rles, list) else rles,
+            )
+        )
     return instances
 
 
-def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, score_thr,
-                      num_images=6, title=''):
+def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, score_thr, num_images=6, title=''):
     """Ground truth next to predictions on the first validation images, and the loss curve.
 
     Args:
@@ -177,6 +198,7 @@ def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, sc
         title (str): Figure title.
     """
     import matplotlib
+
     matplotlib.use('Agg')  # no display needed
     import matplotlib.pyplot as plt
     import numpy as np
@@ -201,10 +223,8 @@ def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, sc
         _draw_instances(truth_ax, image, _ground_truth(coco, image_id, height, width), classes, palette)
         truth_ax.set_title(f'ground truth: {Path(result["img_path"]).name}', fontsize=9)
         pred_ax = fig.add_subplot(grid[row, 2 * pair + 1])
-        _draw_instances(pred_ax, image, visible_predictions(result['pred_instances'], score_thr),
-                        classes, palette)
-        pred_ax.set_title(f'prediction (score >= {score_thr:g}; best of overlapping boxes)',
-                          fontsize=9)
+        _draw_instances(pred_ax, image, visible_predictions(result['pred_instances'], score_thr), classes, palette)
+        pred_ax.set_title(f'prediction (score >= {score_thr:g}; best of overlapping boxes)', fontsize=9)
     curve_ax = fig.add_subplot(grid[:, -1])
     series, validation_keys = plot_curves.read_series(plot_curves.find_scalar_files(work_dir))
     plot_curves.draw_panel(curve_ax, series, 'loss', validation_keys)
@@ -227,15 +247,25 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--work-dir', default='work_dirs/demo')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data and of training')
-    parser.add_argument('--max-iters', type=_positive_int,
-                        help="training iterations (the config's 150 by default); the LR schedule and "
-                             'the checkpoint follow')
-    parser.add_argument('--score-thr', type=float, default=0.5,
-                        help='predictions scoring below this are not drawn (all count for the AP); '
-                             'of boxes covering each other by more than half the smaller one, only the best')
+    parser.add_argument(
+        '--max-iters',
+        type=_positive_int,
+        help="training iterations (the config's 150 by default); the LR schedule and the checkpoint follow",
+    )
+    parser.add_argument(
+        '--score-thr',
+        type=float,
+        default=0.5,
+        help='predictions scoring below this are not drawn (all count for the AP); '
+        'of boxes covering each other by more than half the smaller one, only the best',
+    )
     parser.add_argument('--num-images', type=_positive_int, default=6, help='validation images in demo.png')
-    parser.add_argument('--cfg-options', nargs='+', default=[],
-                        help='extra key=value overrides for training, e.g. optim_wrapper.optimizer.lr=1e-4')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        default=[],
+        help='extra key=value overrides for training, e.g. optim_wrapper.optimizer.lr=1e-4',
+    )
     return parser.parse_args(argv)
 
 
@@ -244,27 +274,60 @@ def main(argv=None):
     from mmengine.config import Config
 
     cfg = Config.fromfile(CONFIG)
-    schedule = [] if args.max_iters is None else schedule_options(
-        args.max_iters, cfg.param_scheduler[0]['end'], cfg.default_hooks.logger.interval)
+    schedule = (
+        []
+        if args.max_iters is None
+        else schedule_options(args.max_iters, cfg.param_scheduler[0]['end'], cfg.default_hooks.logger.interval)
+    )
     work_dir = (ROOT / args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
 
     make_coco_instances(DATA_ROOT, seed=args.seed)
 
     start = time.time()
-    run([sys.executable, 'tools/train.py', CONFIG, '--work-dir', work_dir, '--cfg-options',
-         f'randomness.seed={args.seed}', *NO_VALIDATION, *schedule, *args.cfg_options], work_dir / 'train.log')
+    run(
+        [
+            sys.executable,
+            'tools/train.py',
+            CONFIG,
+            '--work-dir',
+            work_dir,
+            '--cfg-options',
+            f'randomness.seed={args.seed}',
+            *NO_VALIDATION,
+            *schedule,
+            *args.cfg_options,
+        ],
+        work_dir / 'train.log',
+    )
     train_minutes = (time.time() - start) / 60
     checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
 
     untrained = work_dir / 'untrained.pth'
     save_untrained_checkpoint(cfg, untrained)
-    before = parse_metrics(run([sys.executable, 'tools/test.py', CONFIG, untrained,
-                                '--work-dir', work_dir / 'untrained_eval'], work_dir / 'test_untrained.log'))
+    before = parse_metrics(
+        run(
+            [sys.executable, 'tools/test.py', CONFIG, untrained, '--work-dir', work_dir / 'untrained_eval'],
+            work_dir / 'test_untrained.log',
+        )
+    )
     start = time.time()
     predictions_file = work_dir / 'predictions.pkl'
-    after = parse_metrics(run([sys.executable, 'tools/test.py', CONFIG, checkpoint, '--work-dir',
-                               work_dir / 'eval', '--out', predictions_file], work_dir / 'test.log'))
+    after = parse_metrics(
+        run(
+            [
+                sys.executable,
+                'tools/test.py',
+                CONFIG,
+                checkpoint,
+                '--work-dir',
+                work_dir / 'eval',
+                '--out',
+                predictions_file,
+            ],
+            work_dir / 'test.log',
+        )
+    )
     test_minutes = (time.time() - start) / 60
 
     with open(predictions_file, 'rb') as f:
@@ -272,21 +335,39 @@ def main(argv=None):
     iters = args.max_iters or cfg.train_cfg.max_iters
     picture = work_dir / 'demo.png'
     draw_demo_picture(
-        predictions, DATA_ROOT / 'annotations' / 'instances_val.json', work_dir, picture,
-        cfg.metainfo['classes'], cfg.metainfo['palette'], args.score_thr, args.num_images,
+        predictions,
+        DATA_ROOT / 'annotations' / 'instances_val.json',
+        work_dir,
+        picture,
+        cfg.metainfo['classes'],
+        cfg.metainfo['palette'],
+        args.score_thr,
+        args.num_images,
         title=f'Mask R-CNN ViL-T after {iters} iterations on the toy data: bbox mAP {after["bbox_mAP"]:.3f}, '
-              f'segm mAP {after.get("segm_mAP", float("nan")):.3f} (untrained: {before["bbox_mAP"]:.3f})')
+        f'segm mAP {after.get("segm_mAP", float("nan")):.3f} (untrained: {before["bbox_mAP"]:.3f})',
+    )
 
-    summary = dict(trained=after, untrained=before, max_iters=iters, train_minutes=round(train_minutes, 1),
-                   trained_eval_minutes=round(test_minutes, 1), score_thr=args.score_thr,
-                   config=str(CONFIG.relative_to(ROOT)), seed=args.seed)
+    summary = dict(
+        trained=after,
+        untrained=before,
+        max_iters=iters,
+        train_minutes=round(train_minutes, 1),
+        trained_eval_minutes=round(test_minutes, 1),
+        score_thr=args.score_thr,
+        config=str(CONFIG.relative_to(ROOT)),
+        seed=args.seed,
+    )
     (work_dir / 'summary.json').write_text(json.dumps(summary, indent=2))
     print('\n=== demo summary ===')
     for name, m in (('untrained', before), ('trained', after)):
-        print(f'{name:>9}: bbox mAP {m["bbox_mAP"]:.3f} (AP50 {m.get("bbox_mAP_50", float("nan")):.3f}), '
-              f'segm mAP {m.get("segm_mAP", float("nan")):.3f}')
-    print(f'training ({iters} iterations, no validation inside) took {train_minutes:.1f} min, '
-          f'evaluating the trained model {test_minutes:.1f} min; picture: {picture}')
+        print(
+            f'{name:>9}: bbox mAP {m["bbox_mAP"]:.3f} (AP50 {m.get("bbox_mAP_50", float("nan")):.3f}), '
+            f'segm mAP {m.get("segm_mAP", float("nan")):.3f}'
+        )
+    print(
+        f'training ({iters} iterations, no validation inside) took {train_minutes:.1f} min, '
+        f'evaluating the trained model {test_minutes:.1f} min; picture: {picture}'
+    )
 
 
 if __name__ == '__main__':

@@ -25,6 +25,7 @@ are kept:
   (masks are merged too, by ``visattn_mm.engine.det_tta.InstanceAwareDetTTAModel``) and mmseg's
   ``SegTTAModel`` over image ratios 0.5-1.75 x flip / no flip.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,21 +41,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='directory for logs and metric json')
-    parser.add_argument('--out', help='mmdet: .pkl file for the raw predictions; '
-                        'mmseg: directory for prediction PNGs')
+    parser.add_argument('--out', help='mmdet: .pkl file for the raw predictions; mmseg: directory for prediction PNGs')
     parser.add_argument('--show', action='store_true', help='display predictions')
     parser.add_argument('--show-dir', help='save painted predictions here')
-    parser.add_argument('--wait-time', type=float, default=2,
-                        help='seconds each --show window stays open')
+    parser.add_argument('--wait-time', type=float, default=2, help='seconds each --show window stays open')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config entries, key=value (key="[a,b]" for lists)')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
+        '--cfg-options', nargs='+', action=DictAction, help='override config entries, key=value (key="[a,b]" for lists)'
+    )
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
-    parser.add_argument('--allow-partial', action='store_true',
-                        help='evaluate even if some tensors of the model are not in the checkpoint '
-                        '(they keep their initial, random values; the log lists them)')
+    parser.add_argument(
+        '--allow-partial',
+        action='store_true',
+        help='evaluate even if some tensors of the model are not in the checkpoint '
+        '(they keep their initial, random values; the log lists them)',
+    )
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     common.set_local_rank_env(args.local_rank)
@@ -65,8 +66,10 @@ def apply_visualization(cfg: Config, scope: str, args: argparse.Namespace) -> No
     """Turn on the ``visualization`` hook the way each library's test.py does."""
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
-        raise SystemExit('--show/--show-dir need default_hooks.visualization '
-                         '(DetVisualizationHook or SegVisualizationHook) in the config')
+        raise SystemExit(
+            '--show/--show-dir need default_hooks.visualization '
+            '(DetVisualizationHook or SegVisualizationHook) in the config'
+        )
     hook['draw'] = True
     if args.show:
         hook['show'] = True
@@ -92,11 +95,23 @@ def _default_det_tta_pipeline(cfg: Config) -> list:
     pipeline[-1] = dict(
         type='TestTimeAug',
         transforms=[
-            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
-            [dict(type='PackDetInputs',
-                  meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                             'scale_factor', 'flip', 'flip_direction'))],
-        ])
+            [dict(type='RandomFlip', prob=1.0), dict(type='RandomFlip', prob=0.0)],
+            [
+                dict(
+                    type='PackDetInputs',
+                    meta_keys=(
+                        'img_id',
+                        'img_path',
+                        'ori_shape',
+                        'img_shape',
+                        'scale_factor',
+                        'flip',
+                        'flip_direction',
+                    ),
+                )
+            ],
+        ],
+    )
     return pipeline
 
 
@@ -112,23 +127,29 @@ def _default_seg_tta_pipeline(cfg: Config) -> list:
     flip, followed by the test pipeline's remaining non-resize steps.
     """
     loader, *rest = _test_pipeline(cfg)
-    return [loader, dict(
-        type='TestTimeAug',
-        transforms=[
-            [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in SEG_TTA_RATIOS],
-            [dict(type='RandomFlip', prob=0., direction='horizontal'),
-             dict(type='RandomFlip', prob=1., direction='horizontal')],
-            *([t] for t in rest if t['type'] != 'Resize'),
-        ])]
+    return [
+        loader,
+        dict(
+            type='TestTimeAug',
+            transforms=[
+                [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in SEG_TTA_RATIOS],
+                [
+                    dict(type='RandomFlip', prob=0.0, direction='horizontal'),
+                    dict(type='RandomFlip', prob=1.0, direction='horizontal'),
+                ],
+                *([t] for t in rest if t['type'] != 'Resize'),
+            ],
+        ),
+    ]
 
 
 DEFAULT_TTA_MODELS = {
-    'mmdet': dict(type='InstanceAwareDetTTAModel',
-                  tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)),
+    'mmdet': dict(
+        type='InstanceAwareDetTTAModel', tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)
+    ),
     'mmseg': dict(type='SegTTAModel'),
 }
-DEFAULT_TTA_PIPELINES = {'mmdet': _default_det_tta_pipeline,
-                         'mmseg': _default_seg_tta_pipeline}
+DEFAULT_TTA_PIPELINES = {'mmdet': _default_det_tta_pipeline, 'mmseg': _default_seg_tta_pipeline}
 
 
 def apply_tta(cfg: Config, scope: str) -> None:
@@ -159,8 +180,7 @@ def main(argv=None) -> None:
         apply_visualization(cfg, scope, args)
     if args.tta:
         apply_tta(cfg, scope)
-    if args.out is not None and scope == 'mmdet' and not args.out.endswith(
-            ('.pkl', '.pickle')):
+    if args.out is not None and scope == 'mmdet' and not args.out.endswith(('.pkl', '.pickle')):
         raise SystemExit('--out for detection configs must end in .pkl or .pickle')
     if args.out is not None and scope == 'mmseg':
         cfg.test_evaluator['output_dir'] = args.out
@@ -170,6 +190,7 @@ def main(argv=None) -> None:
     runner.partial_load_option = 'add --allow-partial'
     if args.out is not None and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
+
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     with common.exit_on_checkpoint_error():
         runner.test()

@@ -5,6 +5,7 @@ checkout of huggingface/pytorch-image-models, then its usual arguments, e.g.
 
     python tools/timm_train.py PATH/TO/pytorch-image-models/train.py /data/imagenet --model pale_tiny ...
 """
+
 import runpy
 import sys
 

@@ -7,6 +7,7 @@ Usage::
 
 The library is chosen by the config's ``default_scope``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,20 +24,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='directory for logs and checkpoints')
     parser.add_argument(
-        '--resume', nargs='?', const='auto', default=None, metavar='CHECKPOINT',
-        help='resume from CHECKPOINT, or without a value from the latest '
-        'checkpoint in the work dir')
-    parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (needs a GPU)')
-    parser.add_argument('--auto-scale-lr', action='store_true',
-                        help='scale the lr by total batch size / '
-                        'auto_scale_lr.base_batch_size')
+        '--resume',
+        nargs='?',
+        const='auto',
+        default=None,
+        metavar='CHECKPOINT',
+        help='resume from CHECKPOINT, or without a value from the latest checkpoint in the work dir',
+    )
+    parser.add_argument('--amp', action='store_true', help='automatic mixed precision (needs a GPU)')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config entries, key=value (e.g. train_cfg.max_iters=10, '
-        'key="[a,b]" for lists)')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
+        '--auto-scale-lr', action='store_true', help='scale the lr by total batch size / auto_scale_lr.base_batch_size'
+    )
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config entries, key=value (e.g. train_cfg.max_iters=10, key="[a,b]" for lists)',
+    )
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none', help='job launcher')
     # torch.distributed.launch passes --local-rank (torch >= 2) or --local_rank.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
@@ -54,7 +59,8 @@ def apply_amp(cfg: Config) -> None:
     if not common.has_accelerator():
         raise SystemExit(
             '--amp needs a GPU (or NPU/MLU/MUSA): mmengine\'s AmpOptimWrapper '
-            'does not support CPU training. Run without --amp on this machine.')
+            'does not support CPU training. Run without --amp on this machine.'
+        )
     if cfg.optim_wrapper.get('type') == 'AmpOptimWrapper':
         print('[visattn_mm] optim_wrapper is already AmpOptimWrapper')
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
@@ -93,13 +99,18 @@ def refuse_bf16_focal_loss(cfg: Config, on_cuda: bool) -> None:
     dtype = str(wrapper.get('dtype')).replace('torch.', '')
     if not on_cuda or wrapper.get('type') != 'AmpOptimWrapper' or dtype != 'bfloat16':
         return
-    if any(d.get('type') in ('FocalLoss', 'mmdet.FocalLoss') and d.get('use_sigmoid', True)
-           and not d.get('activated', False) for d in _config_dicts(cfg.get('model'))):
+    if any(
+        d.get('type') in ('FocalLoss', 'mmdet.FocalLoss')
+        and d.get('use_sigmoid', True)
+        and not d.get('activated', False)
+        for d in _config_dicts(cfg.get('model'))
+    ):
         raise SystemExit(
             "AMP with optim_wrapper.dtype='bfloat16' cannot train this model on a GPU: its "
             "FocalLoss calls mmcv's sigmoid_focal_loss CUDA kernel, which has no bfloat16 "
             "version. Use optim_wrapper.dtype='float16' (or leave dtype unset) with --amp, "
-            'or train without --amp.')
+            'or train without --amp.'
+        )
 
 
 def apply_auto_scale_lr(cfg: Config) -> None:
@@ -109,7 +120,8 @@ def apply_auto_scale_lr(cfg: Config) -> None:
         raise SystemExit(
             '--auto-scale-lr needs auto_scale_lr=dict(enable=False, '
             'base_batch_size=N) in the config (N = the batch size the lr was '
-            'tuned for, summed over GPUs).')
+            'tuned for, summed over GPUs).'
+        )
     auto.enable = True
 
 

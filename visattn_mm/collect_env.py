@@ -8,6 +8,7 @@ and Triton (``attn_impl='triton'``), and the attention path each backbone takes 
 :mod:`visattn_mm.ops.impl`). ``tools/train.py`` logs :func:`plugin_env` after
 the Runner has logged the system part.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,8 +18,13 @@ import torch
 from .models import BACKBONES
 from .ops.impl import chosen_path, get_attention_impl
 
-LIBRARIES = (('MMDetection', 'mmdet'), ('MMSegmentation', 'mmseg'), ('timm', 'timm'),
-             ('Triton', 'triton'), ('visattn_mm', 'visattn_mm'))
+LIBRARIES = (
+    ('MMDetection', 'mmdet'),
+    ('MMSegmentation', 'mmseg'),
+    ('timm', 'timm'),
+    ('Triton', 'triton'),
+    ('visattn_mm', 'visattn_mm'),
+)
 
 
 def _version(module_name):
@@ -43,17 +49,15 @@ def mmcv_ops_status():
     except ImportError as error:
         return f'do not import ({error}); reinstall mmcv with its compiled ops (tools/bootstrap.sh)'
     built_with = get_compiling_cuda_version()
-    status = 'import; ' + ('built without CUDA' if built_with == 'not available'
-                           else f'built with CUDA {built_with}')
+    status = 'import; ' + ('built without CUDA' if built_with == 'not available' else f'built with CUDA {built_with}')
     if not torch.cuda.is_available():
         return status
-    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]], device='cuda')
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0]], device='cuda')
     try:
         nms(boxes, torch.tensor([0.9, 0.8], device='cuda'), iou_threshold=0.5)
     except (RuntimeError, NotImplementedError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return (f'{status}; FAIL on cuda ({reason}): rebuild mmcv with CUDA ops '
-                '(tools/bootstrap.sh on this machine)')
+        return f'{status}; FAIL on cuda ({reason}): rebuild mmcv with CUDA ops (tools/bootstrap.sh on this machine)'
     return f'{status}; run on cuda'
 
 
@@ -67,12 +71,11 @@ def attention_paths(device_type):
     for backbone, cls in BACKBONES.items():
         parts = []
         for op, has_bias in cls.attention_ops:
-            if has_bias is None:   # no softmax: the Triton kernels or torch ops
+            if has_bias is None:  # no softmax: the Triton kernels or torch ops
                 parts.append(f'{op} ' + ('triton' if chosen_path(device_type, op=op) == 'triton' else 'torch ops'))
                 continue
             train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
-            parts.append(f'{op} {train}' if train == infer
-                         else f'{op} {train} (training) / {infer} (inference)')
+            parts.append(f'{op} {train}' if train == infer else f'{op} {train} (training) / {infer} (inference)')
         lines[backbone] = ', '.join(parts)
     return lines
 
@@ -95,15 +98,16 @@ def plugin_env(device_type=None):
         'CUDA devices': str(torch.cuda.device_count()),
     }
     for index in range(torch.cuda.device_count()):
-        env[f'GPU {index}'] = (f'{torch.cuda.get_device_name(index)}, compute capability '
-                               f'{".".join(map(str, torch.cuda.get_device_capability(index)))}')
+        env[f'GPU {index}'] = (
+            f'{torch.cuda.get_device_name(index)}, compute capability '
+            f'{".".join(map(str, torch.cuda.get_device_capability(index)))}'
+        )
     env['MMCV'] = _version('mmcv')
     env['MMCV ops'] = mmcv_ops_status()
     env['MMEngine'] = _version('mmengine')
     for name, module in LIBRARIES:
         env[name] = _version(module)
-    env['attention implementation'] = (f'{get_attention_impl()} (VISATTN_ATTENTION_IMPL), '
-                                       f'paths on {device_type}:')
+    env['attention implementation'] = f'{get_attention_impl()} (VISATTN_ATTENTION_IMPL), paths on {device_type}:'
     for backbone, paths in attention_paths(device_type).items():
         env[f'attention {backbone}'] = paths
     return env

@@ -31,6 +31,7 @@ None of these can run arbitrary code. Note that the ``builtins.getattr``
 entry is process-wide: other weights-only loads that reference ``getattr``
 hit the same restricted function.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -42,12 +43,33 @@ _registered = False
 # Numeric numpy dtype classes (numpy >= 1.25). Float64DType and Int64DType
 # are what Runner checkpoints contain; the rest cover other logged numbers.
 _NUMPY_DTYPE_CLASSES = (
-    'BoolDType', 'Int8DType', 'UInt8DType', 'Int16DType', 'UInt16DType',
-    'Int32DType', 'UInt32DType', 'Int64DType', 'UInt64DType', 'LongDType',
-    'ULongDType', 'LongLongDType', 'ULongLongDType', 'ByteDType', 'UByteDType',
-    'ShortDType', 'UShortDType', 'IntDType', 'UIntDType', 'Float16DType',
-    'Float32DType', 'Float64DType', 'LongDoubleDType', 'Complex64DType',
-    'Complex128DType', 'CLongDoubleDType')
+    'BoolDType',
+    'Int8DType',
+    'UInt8DType',
+    'Int16DType',
+    'UInt16DType',
+    'Int32DType',
+    'UInt32DType',
+    'Int64DType',
+    'UInt64DType',
+    'LongDType',
+    'ULongDType',
+    'LongLongDType',
+    'ULongLongDType',
+    'ByteDType',
+    'UByteDType',
+    'ShortDType',
+    'UShortDType',
+    'IntDType',
+    'UIntDType',
+    'Float16DType',
+    'Float32DType',
+    'Float64DType',
+    'LongDoubleDType',
+    'Complex64DType',
+    'Complex128DType',
+    'CLongDoubleDType',
+)
 
 
 def _history_buffer_getattr(obj, name: str):
@@ -60,12 +82,17 @@ def _history_buffer_getattr(obj, name: str):
     # The class-level registry is empty until a first HistoryBuffer exists,
     # hence the defaults spelled out.
     allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
-    if (obj is HistoryBuffer and isinstance(name, str) and name in allowed
-            and callable(getattr(HistoryBuffer, name, None))):
+    if (
+        obj is HistoryBuffer
+        and isinstance(name, str)
+        and name in allowed
+        and callable(getattr(HistoryBuffer, name, None))
+    ):
         return getattr(HistoryBuffer, name)
     raise pickle.UnpicklingError(
         f'weights-only load: getattr({obj!r}, {name!r}) is not allowed; only '
-        'HistoryBuffer statistics methods are (see visattn_mm.compat)')
+        'HistoryBuffer statistics methods are (see visattn_mm.compat)'
+    )
 
 
 def mmengine_safe_globals() -> list:
@@ -95,8 +122,7 @@ def mmengine_safe_globals() -> list:
     ]
     dtypes = getattr(np, 'dtypes', None)  # numpy >= 1.25
     if dtypes is not None:
-        entries += [getattr(dtypes, name) for name in _NUMPY_DTYPE_CLASSES
-                    if hasattr(dtypes, name)]
+        entries += [getattr(dtypes, name) for name in _NUMPY_DTYPE_CLASSES if hasattr(dtypes, name)]
     return entries
 
 

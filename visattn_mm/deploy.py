@@ -14,6 +14,7 @@ takes 'fast' on the CPU without gradients); the Triton kernels are refused
 libraries' *tensor mode* (:class:`TensorMode`): the raw head outputs, which the
 libraries' own post-processing turns into boxes or label maps.
 """
+
 import operator
 
 import torch
@@ -36,13 +37,18 @@ def check_exportable(model):
         ValueError: If any module's ``attn_impl`` is 'triton', or 'auto' under a
             process-wide 'triton' selection.
     """
-    triton = [name or type(model).__name__ for name, module in model.named_modules()
-              if getattr(module, 'attn_impl', None) is not None and resolve_impl(module.attn_impl) == 'triton']
+    triton = [
+        name or type(model).__name__
+        for name, module in model.named_modules()
+        if getattr(module, 'attn_impl', None) is not None and resolve_impl(module.attn_impl) == 'triton'
+    ]
     if triton:
         where = 'the process-wide selection' if get_attention_impl() == 'triton' else 'its attn_impl'
-        raise ValueError(f"attn_impl='triton' cannot be exported (modules {triton[:3]}, by {where}): its Triton "
-                         "kernels are CUDA custom ops that ONNX and CPU programs cannot hold. Build the model with "
-                         "attn_impl='fast' (the same weights and outputs) and export that.")
+        raise ValueError(
+            f"attn_impl='triton' cannot be exported (modules {triton[:3]}, by {where}): its Triton "
+            "kernels are CUDA custom ops that ONNX and CPU programs cannot hold. Build the model with "
+            "attn_impl='fast' (the same weights and outputs) and export that."
+        )
 
 
 class TensorMode(nn.Module):
@@ -72,8 +78,10 @@ class TensorMode(nn.Module):
         self.output_groups = tuple(output_groups) if output_groups else None
         self.two_stage = hasattr(model, 'rpn_head') and hasattr(model, 'roi_head')
         if not (self.two_stage or hasattr(model, 'bbox_head') or hasattr(model, 'decode_head')):
-            raise TypeError(f'TensorMode takes an mmdet detector (bbox_head, or rpn_head and roi_head) or '
-                            f'an mmseg segmentor (decode_head), not {type(model).__name__}')
+            raise TypeError(
+                f'TensorMode takes an mmdet detector (bbox_head, or rpn_head and roi_head) or '
+                f'an mmseg segmentor (decode_head), not {type(model).__name__}'
+            )
 
     def forward(self, images):
         if self.two_stage:
@@ -82,8 +90,8 @@ class TensorMode(nn.Module):
         else:
             out = self.model(images, mode='tensor')
             if isinstance(out, torch.Tensor):
-                out = (out, )
-        groups = [(g, ) if isinstance(g, torch.Tensor) else tuple(g) for g in out]
+                out = (out,)
+        groups = [(g,) if isinstance(g, torch.Tensor) else tuple(g) for g in out]
         self.output_groups = tuple(len(g) for g in groups)
         return tuple(t for g in groups for t in g)
 
@@ -94,14 +102,17 @@ class TensorMode(nn.Module):
             list[list]: one list per output group (e.g. ``[cls_scores, bbox_preds]``).
         """
         if self.output_groups is None:
-            raise RuntimeError('TensorMode.regroup needs the grouping: pass output_groups (saved beside '
-                               'an exported graph) or call forward once')
+            raise RuntimeError(
+                'TensorMode.regroup needs the grouping: pass output_groups (saved beside '
+                'an exported graph) or call forward once'
+            )
         if len(flat) != sum(self.output_groups):
-            raise ValueError(f'{len(flat)} outputs for the grouping {self.output_groups}: the graph is not '
-                             f'of this model')
+            raise ValueError(
+                f'{len(flat)} outputs for the grouping {self.output_groups}: the graph is not of this model'
+            )
         groups, start = [], 0
         for count in self.output_groups:
-            groups.append(list(flat[start:start + count]))
+            groups.append(list(flat[start : start + count]))
             start += count
         return groups
 
@@ -127,13 +138,14 @@ class TensorMode(nn.Module):
         if hasattr(model, 'decode_head'):
             mode = model.test_cfg.get('mode', 'whole')
             if mode != 'whole':
-                raise ValueError(f"test_cfg.mode={mode!r}: the exported segmentor serves mode='whole' only "
-                                 f"(set model.test_cfg.mode='whole')")
+                raise ValueError(
+                    f"test_cfg.mode={mode!r}: the exported segmentor serves mode='whole' only "
+                    f"(set model.test_cfg.mode='whole')"
+                )
             return model.postprocess_result(model.decode_head.predict_by_feat(groups[0][0], metas), data_samples)
         if self.two_stage:
             features, cls_scores, bbox_preds = groups
-            proposals = model.rpn_head.predict_by_feat(cls_scores, bbox_preds, batch_img_metas=metas,
-                                                       rescale=False)
+            proposals = model.rpn_head.predict_by_feat(cls_scores, bbox_preds, batch_img_metas=metas, rescale=False)
             results = model.roi_head.predict(tuple(features), proposals, data_samples, rescale=True)
         else:
             results = model.bbox_head.predict_by_feat(*groups, batch_img_metas=metas, rescale=True)
@@ -204,7 +216,7 @@ class _ImageInput(nn.Module):
 
     def forward(self, images):
         out = self.model(images)
-        return (out, ) if isinstance(out, torch.Tensor) else tuple(out)
+        return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
 def export_program(model, example, dynamic_shapes=None):
@@ -230,9 +242,8 @@ def export_program(model, example, dynamic_shapes=None):
         dynamic_shapes = image_dynamic_shapes()
     with torch.no_grad():
         if isinstance(model, TensorMode):
-            model(example)   # learns the output grouping; export reverts attributes set while tracing
-        return torch.export.export(_ImageInput(model), (example, ),
-                                   dynamic_shapes=dynamic_shapes or None)
+            model(example)  # learns the output grouping; export reverts attributes set while tracing
+        return torch.export.export(_ImageInput(model), (example,), dynamic_shapes=dynamic_shapes or None)
 
 
 def export_onnx(program, path, output_names=None, opset_version=None):
@@ -251,12 +262,19 @@ def export_onnx(program, path, output_names=None, opset_version=None):
     """
     from .onnx_functions import adaptive_average_pool_2d, floor_divide_sizes
 
-    translations = {operator.floordiv: floor_divide_sizes,
-                    torch.ops.aten._adaptive_avg_pool2d.default: adaptive_average_pool_2d}
-    onnx_program = torch.onnx.export(program, dynamo=True, input_names=[INPUT_NAME],
-                                     output_names=list(output_names) if output_names else None,
-                                     opset_version=opset_version, verbose=False,
-                                     custom_translation_table=translations)
+    translations = {
+        operator.floordiv: floor_divide_sizes,
+        torch.ops.aten._adaptive_avg_pool2d.default: adaptive_average_pool_2d,
+    }
+    onnx_program = torch.onnx.export(
+        program,
+        dynamo=True,
+        input_names=[INPUT_NAME],
+        output_names=list(output_names) if output_names else None,
+        opset_version=opset_version,
+        verbose=False,
+        custom_translation_table=translations,
+    )
     onnx_program.save(str(path))
     return onnx_program
 

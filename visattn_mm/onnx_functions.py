@@ -1,4 +1,5 @@
 """ONNX translations that torch's exporter gets wrong for these models (needs onnxscript, the deploy extra)."""
+
 from onnxscript import opset18 as op
 from onnxscript import script
 from onnxscript.onnx_types import INT64
@@ -25,13 +26,16 @@ def _bin_averages(length, bins, like):
     count = op.Constant(value_int=bins)
     # Sizes are non-negative, so Div's truncation is the floor; the ceiling is (a + n - 1) // n.
     start = op.Div(op.Mul(op.Constant(value_ints=list(range(bins))), length), count)
-    end = op.Div(op.Add(op.Mul(op.Constant(value_ints=list(range(1, bins + 1))), length),
-                        op.Constant(value_int=bins - 1)), count)
-    position = op.Unsqueeze(op.Range(op.Constant(value_int=0), length, op.Constant(value_int=1)),
-                            op.Constant(value_ints=[0]))
+    end = op.Div(
+        op.Add(op.Mul(op.Constant(value_ints=list(range(1, bins + 1))), length), op.Constant(value_int=bins - 1)), count
+    )
+    position = op.Unsqueeze(
+        op.Range(op.Constant(value_int=0), length, op.Constant(value_int=1)), op.Constant(value_ints=[0])
+    )
     column = op.Constant(value_ints=[1])
-    inside = op.And(op.GreaterOrEqual(position, op.Unsqueeze(start, column)),
-                    op.Less(position, op.Unsqueeze(end, column)))
+    inside = op.And(
+        op.GreaterOrEqual(position, op.Unsqueeze(start, column)), op.Less(position, op.Unsqueeze(end, column))
+    )
     return op.Div(op.CastLike(inside, like), op.CastLike(op.Unsqueeze(op.Sub(end, start), column), like))
 
 

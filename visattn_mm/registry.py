@@ -4,6 +4,7 @@ Classes go into mmengine's root registries: mmdet's and mmseg's registries are
 children of those and fall back to their parent, so one registration serves
 configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 """
+
 from mmengine.registry import HOOKS, MODELS, RUNNERS
 
 from . import timm_models  # noqa: F401  (registers the timm.create_model names)

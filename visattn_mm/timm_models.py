@@ -23,6 +23,7 @@ compile (generators, modules looked up by computed names). :data:`NOT_SCRIPTABLE
 lists the names for test filters, as timm's own tests exclude such models by name
 (``EXCLUDE_JIT_FILTERS``, ``EXCLUDE_FX_FILTERS``).
 """
+
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
@@ -44,13 +45,23 @@ for _size in ('tiny', 'small', 'medium', 'large'):
 for _size, _drop_path in (('tiny', 0.1), ('small', 0.3), ('base', 0.5)):  # Pale paper's ImageNet drop path
     VARIANTS[f'pale_{_size}'] = ('PaleTransformer', dict(arch=_size, drop_path_rate=_drop_path))
 
+
 def _cfg(backbone_type):
     # Every variant takes any input size (ViL's full-attention tables are resized), so
     # fixed_input_size is False; pool_size is the last map of a 224 input (stride 32).
-    return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7),
-                fixed_input_size=False, crop_pct=BACKBONES[backbone_type].crop_pct,
-                interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-                first_conv='backbone.stages.0.patch_embed.proj', classifier='head')
+    return dict(
+        url='',
+        num_classes=1000,
+        input_size=(3, 224, 224),
+        pool_size=(7, 7),
+        fixed_input_size=False,
+        crop_pct=BACKBONES[backbone_type].crop_pct,
+        interpolation='bicubic',
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        first_conv='backbone.stages.0.patch_embed.proj',
+        classifier='head',
+    )
 
 
 default_cfgs = generate_default_cfgs({name: _cfg(spec[0]) for name, spec in VARIANTS.items()})
@@ -76,8 +87,15 @@ def _create(variant, pretrained=False, **kwargs):
     # features_only: stage maps via forward_intermediates; an int n means the last n stages
     feature_cfg = dict(out_indices=kwargs.pop('out_indices', 4), feature_cls='getter')
     kwargs = {**defaults, **kwargs}
-    return build_model_with_cfg(Classifier, variant, pretrained, backbone_type=backbone_type,
-                                feature_cfg=feature_cfg, pretrained_filter_fn=_pretrained_filter, **kwargs)
+    return build_model_with_cfg(
+        Classifier,
+        variant,
+        pretrained,
+        backbone_type=backbone_type,
+        feature_cfg=feature_cfg,
+        pretrained_filter_fn=_pretrained_filter,
+        **kwargs,
+    )
 
 
 @register_model

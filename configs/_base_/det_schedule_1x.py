@@ -18,7 +18,8 @@ custom_hooks = [dict(type='RngStateHook')]
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=_base_.no_decay_paramwise_cfg)
+    paramwise_cfg=_base_.no_decay_paramwise_cfg,
+)
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),

@@ -10,4 +10,5 @@ param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1),
 ]
 multiscale_resize = dict(
-    type='RandomChoiceResize', scales=[(1333, short) for short in range(640, 801, 32)], keep_ratio=True)
+    type='RandomChoiceResize', scales=[(1333, short) for short in range(640, 801, 32)], keep_ratio=True
+)

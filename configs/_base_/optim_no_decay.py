@@ -11,4 +11,5 @@ no_decay_paramwise_cfg = dict(
         'relative_position': dict(decay_mult=0.0),
         'cls_token': dict(decay_mult=0.0),
         'pos_embed': dict(decay_mult=0.0),
-    })
+    },
+)

@@ -15,4 +15,5 @@ pale_backbone = dict(
     norm_eval=False,
     with_cp=False,
     # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
-    attn_impl='auto')
+    attn_impl='auto',
+)

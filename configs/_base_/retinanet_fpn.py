@@ -4,5 +4,6 @@
 # backbone (keeping out_indices=(1, 2, 3)) and the neck's input channels (last three stage dims).
 _base_ = ['mmdet::_base_/models/retinanet_r50_fpn.py']
 model = dict(
-    backbone=dict(out_indices=(1, 2, 3)),   # placeholder (ResNet-50) until a final config replaces it
-    neck=dict(in_channels=[512, 1024, 2048], start_level=0, add_extra_convs='on_input', num_outs=5))
+    backbone=dict(out_indices=(1, 2, 3)),  # placeholder (ResNet-50) until a final config replaces it
+    neck=dict(in_channels=[512, 1024, 2048], start_level=0, add_extra_convs='on_input', num_outs=5),
+)

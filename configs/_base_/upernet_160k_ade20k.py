@@ -28,19 +28,26 @@ model = dict(
     data_preprocessor=dict(
         size=crop_size,
         # mmseg does not pad test images by default; backbones would see e.g. 512x683.
-        test_cfg=dict(size_divisor=32)),
-    backbone=dict(norm_cfg=norm_cfg),   # placeholder (ResNet-50) until a derived config replaces it
+        test_cfg=dict(size_divisor=32),
+    ),
+    backbone=dict(norm_cfg=norm_cfg),  # placeholder (ResNet-50) until a derived config replaces it
     decode_head=dict(num_classes=150, norm_cfg=norm_cfg),
     # Auxiliary FCN head on the stage-3 output (in_index=2), loss weight 0.4.
-    auxiliary_head=dict(in_index=2, num_classes=150, norm_cfg=norm_cfg,
-                        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=0.4)))
+    auxiliary_head=dict(
+        in_index=2,
+        num_classes=150,
+        norm_cfg=norm_cfg,
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=0.4),
+    ),
+)
 
 # AdamW lr 6e-5, weight decay 0.01; no decay per ./optim_no_decay.py.
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=_base_.no_decay_paramwise_cfg)
+    paramwise_cfg=_base_.no_decay_paramwise_cfg,
+)
 
 # Linear warm-up over 1500 iterations, then poly decay (power 1.0) to 0 at 160k.
 param_scheduler = [

@@ -20,6 +20,7 @@ vil_backbone = dict(
     norm_eval=False,
     with_cp=False,
     # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
-    attn_impl='auto')
+    attn_impl='auto',
+)
 # dynamic projection rank 8 (Transformer-LS paper, Sec. 4.3)
 vil_ls_backbone = dict(vil_backbone, type='ViLLS', dp_rank=8)

@@ -16,4 +16,5 @@ vvt_backbone = dict(
     attn_impl='auto',
     # True: the attention's matrix products on bf16 operands under bf16 AMP (tensor cores,
     # coarser gradients; see visattn_mm.ops.vicinity); False: fp32 products
-    bf16_products=False)
+    bf16_products=False,
+)

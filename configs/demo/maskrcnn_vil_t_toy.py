@@ -15,7 +15,8 @@ model = dict(
     backbone=dict(drop_path_rate=0.0, init_cfg=None),
     roi_head=dict(bbox_head=dict(num_classes=len(classes)), mask_head=dict(num_classes=len(classes))),
     # At most 4 objects per image: fewer sampled anchors/RoIs keep mmcv's CPU RoIAlign cheap.
-    train_cfg=dict(rpn=dict(sampler=dict(num=128)), rcnn=dict(sampler=dict(num=128))))
+    train_cfg=dict(rpn=dict(sampler=dict(num=128)), rcnn=dict(sampler=dict(num=128))),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -31,14 +32,30 @@ test_pipeline = [
     dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
 train_dataloader = dict(
-    batch_size=4, num_workers=1, persistent_workers=True,
+    batch_size=4,
+    num_workers=1,
+    persistent_workers=True,
     sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(data_root=data_root, metainfo=metainfo, ann_file='annotations/instances_train.json',
-                 data_prefix=dict(img='train/'), pipeline=train_pipeline))
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_train.json',
+        data_prefix=dict(img='train/'),
+        pipeline=train_pipeline,
+    ),
+)
 val_dataloader = dict(
-    batch_size=4, num_workers=1, persistent_workers=True,
-    dataset=dict(data_root=data_root, metainfo=metainfo, ann_file='annotations/instances_val.json',
-                 data_prefix=dict(img='val/'), pipeline=test_pipeline))
+    batch_size=4,
+    num_workers=1,
+    persistent_workers=True,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_val.json',
+        data_prefix=dict(img='val/'),
+        pipeline=test_pipeline,
+    ),
+)
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json', metric=['bbox', 'segm'])
 test_evaluator = val_evaluator
@@ -47,11 +64,15 @@ train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, 
 optim_wrapper = dict(optimizer=dict(lr=4e-4))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
-    dict(type='MultiStepLR', by_epoch=False, begin=0, end=max_iters,
-         milestones=[int(max_iters * 0.75), int(max_iters * 0.9)], gamma=0.1),
+    dict(
+        type='MultiStepLR',
+        by_epoch=False,
+        begin=0,
+        end=max_iters,
+        milestones=[int(max_iters * 0.75), int(max_iters * 0.9)],
+        gamma=0.1,
+    ),
 ]
 custom_hooks = [dict(type='RandomShiftHook', switch_ratio=0.75)]
-default_hooks = dict(
-    logger=dict(interval=5),
-    checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+default_hooks = dict(logger=dict(interval=5), checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 log_processor = dict(by_epoch=False)

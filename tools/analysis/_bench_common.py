@@ -18,6 +18,7 @@ Peak memory, always the memory a call needs on top of what existed before it
   resident and are not counted. Timed calls run with the allocator left as it is.
   ``tests/test_benchmark_tools.py`` checks that known allocations measure right.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,10 +36,10 @@ import torch
 
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
-MIB = 2 ** 20
-GIB = 2 ** 30
+MIB = 2**20
+GIB = 2**30
 AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-DTYPES = ('fp32', ) + tuple(AUTOCAST_DTYPES)
+DTYPES = ('fp32',) + tuple(AUTOCAST_DTYPES)
 MODES = ('fwd', 'fwd+bwd')
 
 
@@ -51,8 +52,7 @@ def parse_list(text, convert=str, option='value'):
     try:
         items = [convert(item.strip()) for item in text.split(',') if item.strip()]
     except ValueError:
-        raise SystemExit(f'{option}: cannot read {text!r} as a comma-separated list of '
-                         f'{convert.__name__}') from None
+        raise SystemExit(f'{option}: cannot read {text!r} as a comma-separated list of {convert.__name__}') from None
     if not items:
         raise SystemExit(f'{option}: empty list')
     return items
@@ -110,7 +110,7 @@ def start_run(args):
     return device, meter, machine
 
 
-NO_IMPL = '-'   # the impl column of cases that do not run our attention ops
+NO_IMPL = '-'  # the impl column of cases that do not run our attention ops
 
 
 def measure_case(row, fn, impl, device, meter, args):
@@ -158,7 +158,7 @@ def _read_status_bytes(field):
     with open('/proc/self/status') as status:
         for line in status:
             if line.startswith(field + ':'):
-                return int(line.split()[1]) * 1024       # reported in kB
+                return int(line.split()[1]) * 1024  # reported in kB
     raise RuntimeError(f'/proc/self/status has no {field} line')
 
 
@@ -167,8 +167,9 @@ class CpuPeakMemory:
 
     def __init__(self):
         if not osp.exists('/proc/self/clear_refs'):
-            raise SystemExit('CPU peak memory needs Linux /proc/self/clear_refs '
-                             '(kernel >= 4.0); run on Linux or use --device cuda')
+            raise SystemExit(
+                'CPU peak memory needs Linux /proc/self/clear_refs (kernel >= 4.0); run on Linux or use --device cuda'
+            )
         libc_name = ctypes.util.find_library('c')
         self._libc = ctypes.CDLL(libc_name) if libc_name else None
         self._base = None
@@ -178,7 +179,7 @@ class CpuPeakMemory:
         if self._libc is not None and hasattr(self._libc, 'malloc_trim'):
             self._libc.malloc_trim(0)
         with open('/proc/self/clear_refs', 'w') as refs:
-            refs.write('5')                              # resets VmHWM to the current RSS
+            refs.write('5')  # resets VmHWM to the current RSS
         self._base = _read_status_bytes('VmRSS')
 
     def peak(self):
@@ -246,15 +247,13 @@ def add_ratio_columns(rows, baseline, match_keys, value_keys, name_key='model'):
         value_keys (Sequence[str]): Fields to divide.
         name_key (str): Field naming what was measured.
     """
-    reference = {tuple(row[k] for k in match_keys): row
-                 for row in rows if row[name_key] == baseline}
+    reference = {tuple(row[k] for k in match_keys): row for row in rows if row[name_key] == baseline}
     for row in rows:
         base = reference.get(tuple(row[k] for k in match_keys))
         for key in value_keys:
             value = row.get(key)
             base_value = None if base is None else base.get(key)
-            row[f'{key}_vs_{baseline}'] = (value / base_value
-                                           if value is not None and base_value else None)
+            row[f'{key}_vs_{baseline}'] = value / base_value if value is not None and base_value else None
     return rows
 
 
@@ -290,11 +289,9 @@ def machine_description(device):
     cpu = platform.processor() or 'unknown CPU'
     if osp.exists('/proc/cpuinfo'):
         with open('/proc/cpuinfo') as info:
-            names = [line.split(':', 1)[1].strip() for line in info
-                     if line.startswith('model name')]
+            names = [line.split(':', 1)[1].strip() for line in info if line.startswith('model name')]
         cpu = names[0] if names else cpu
-    text = (f'CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, '
-            f'{torch.get_num_threads()} threads')
+    text = f'CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
     if device.type == 'cuda':
         text += f'; GPU: {torch.cuda.get_device_name(device)}'
     return text
@@ -342,10 +339,16 @@ def plot_growth(series, x_label, path, title):
             if not points:
                 continue
             index = variants.index(variant)
-            axis.plot([p[0] for p in points], [p[column + 1] for p in points],
-                      color=colours(groups.index(group)), linestyle=styles[index % len(styles)],
-                      marker=markers[index % len(markers)], markersize=4, linewidth=1.2,
-                      label=f'{group} {variant}')
+            axis.plot(
+                [p[0] for p in points],
+                [p[column + 1] for p in points],
+                color=colours(groups.index(group)),
+                linestyle=styles[index % len(styles)],
+                marker=markers[index % len(markers)],
+                markersize=4,
+                linewidth=1.2,
+                label=f'{group} {variant}',
+            )
             measured += [(p[0], p[column + 1]) for p in points]
         if len({x for x, _ in measured}) > 1:
             x0 = min(x for x, _ in measured)

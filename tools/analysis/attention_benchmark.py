@@ -24,6 +24,7 @@ Example::
 
     .venv/bin/python tools/analysis/attention_benchmark.py --sides 28,56,112 --repeats 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,26 +49,51 @@ DENSE = ('dense', 'sdpa')
 # fp32 N x N buffers alive at the peak of the dense path: logits and probabilities
 # in forward; plus their gradients in backward.
 DENSE_SCORE_COPIES = {'fwd': 2, 'fwd+bwd': 4}
-COLUMNS = ('attention', 'impl', 'mode', 'dtype', 'batch', 'heads', 'head_dim', 'side', 'tokens',
-           'time_ms', 'peak_mem_mib', 'status')
-GROWTH_COLUMNS = ('attention', 'impl', 'mode', 'dtype', 'tokens_from', 'tokens_to',
-                  'token_ratio', 'mem_ratio', 'time_ratio')
+COLUMNS = (
+    'attention',
+    'impl',
+    'mode',
+    'dtype',
+    'batch',
+    'heads',
+    'head_dim',
+    'side',
+    'tokens',
+    'time_ms',
+    'peak_mem_mib',
+    'status',
+)
+GROWTH_COLUMNS = (
+    'attention',
+    'impl',
+    'mode',
+    'dtype',
+    'tokens_from',
+    'tokens_to',
+    'token_ratio',
+    'mem_ratio',
+    'time_ratio',
+)
 
 
 def _sliding_chunk_extras(batch, heads, head_dim, device):
     w2 = WINDOW * WINDOW
-    return dict(global_k=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
-                global_v=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
-                local_bias=0.02 * torch.randn(heads, w2, 9 * w2, device=device))
+    return dict(
+        global_k=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
+        global_v=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
+        local_bias=0.02 * torch.randn(heads, w2, 9 * w2, device=device),
+    )
 
 
 def _long_short_extras(batch, heads, head_dim, device):
     patch = (WINDOW + 2 * segment_pad(WINDOW)) ** 2
-    return dict(k_bar=torch.randn(batch, heads, DP_RANK, head_dim, device=device),
-                v_bar=torch.randn(batch, heads, DP_RANK, head_dim, device=device),
-                global_k=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
-                global_v=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
-                local_bias=0.02 * torch.randn(heads, WINDOW * WINDOW, patch, device=device))
+    return dict(
+        k_bar=torch.randn(batch, heads, DP_RANK, head_dim, device=device),
+        v_bar=torch.randn(batch, heads, DP_RANK, head_dim, device=device),
+        global_k=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
+        global_v=torch.randn(batch, heads, NUM_GLOBAL, head_dim, device=device),
+        local_bias=0.02 * torch.randn(heads, WINDOW * WINDOW, patch, device=device),
+    )
 
 
 def attention_call(name, q, k, v, side, extras):
@@ -83,7 +109,7 @@ def attention_call(name, q, k, v, side, extras):
     if name == 'dense':
         return dense_attention(q, k, v)
     if name == 'sdpa':
-        return F.scaled_dot_product_attention(q, k, v, scale=1.0)     # q is pre-scaled
+        return F.scaled_dot_product_attention(q, k, v, scale=1.0)  # q is pre-scaled
     raise ValueError(f'unknown attention {name!r}')
 
 
@@ -98,15 +124,17 @@ def make_extras(name, batch, heads, head_dim, device):
 
 def dense_score_gib(batch, heads, tokens, mode):
     """GiB of fp32 ``N x N`` buffers the dense path holds at its peak."""
-    return DENSE_SCORE_COPIES[mode] * batch * heads * tokens ** 2 * 4 / common.GIB
+    return DENSE_SCORE_COPIES[mode] * batch * heads * tokens**2 * 4 / common.GIB
 
 
 def case_function(name, q, k, v, side, extras, mode, device, dtype):
     """A no-argument callable running one forward (or forward + backward)."""
     if mode == 'fwd':
+
         def forward():
             with torch.no_grad(), common.autocast(device, dtype):
                 attention_call(name, q, k, v, side, extras)
+
         return forward
 
     def forward_backward():
@@ -115,6 +143,7 @@ def case_function(name, q, k, v, side, extras, mode, device, dtype):
         out.float().mean().backward()
         for t in (q, k, v):
             t.grad = None
+
     return forward_backward
 
 
@@ -122,7 +151,7 @@ def run_side(side, args, device, meter, log):
     """All attentions, impls, dtypes and modes at one side; returns their rows."""
     batch, heads, head_dim = args.batch, args.heads, args.head_dim
     tokens = side * side
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     q, k, v = (torch.randn(batch, heads, tokens, head_dim, device=device) for _ in range(3))
     q = (q * scale).requires_grad_()
     k.requires_grad_()
@@ -134,8 +163,17 @@ def run_side(side, args, device, meter, log):
         for dtype in args.dtypes:
             for impl in impls:
                 for mode in args.modes:
-                    row = dict(attention=name, impl=impl, mode=mode, dtype=dtype, batch=batch,
-                               heads=heads, head_dim=head_dim, side=side, tokens=tokens)
+                    row = dict(
+                        attention=name,
+                        impl=impl,
+                        mode=mode,
+                        dtype=dtype,
+                        batch=batch,
+                        heads=heads,
+                        head_dim=head_dim,
+                        side=side,
+                        tokens=tokens,
+                    )
                     need = dense_score_gib(batch, heads, tokens, mode)
                     if name == 'dense' and need > args.dense_limit_gib:
                         row['status'] = f'skipped: would need {need:.3g} GiB'
@@ -160,12 +198,19 @@ def growth_rows(rows):
     for (name, impl, mode, dtype), points in series.items():
         points.sort(key=lambda r: r['tokens'])
         for small, large in zip(points, points[1:]):
-            growth.append(dict(
-                attention=name, impl=impl, mode=mode, dtype=dtype, tokens_from=small['tokens'],
-                tokens_to=large['tokens'], token_ratio=large['tokens'] / small['tokens'],
-                mem_ratio=(large['peak_mem_mib'] / small['peak_mem_mib']
-                           if small['peak_mem_mib'] else None),
-                time_ratio=large['time_ms'] / small['time_ms']))
+            growth.append(
+                dict(
+                    attention=name,
+                    impl=impl,
+                    mode=mode,
+                    dtype=dtype,
+                    tokens_from=small['tokens'],
+                    tokens_to=large['tokens'],
+                    token_ratio=large['tokens'] / small['tokens'],
+                    mem_ratio=(large['peak_mem_mib'] / small['peak_mem_mib'] if small['peak_mem_mib'] else None),
+                    time_ratio=large['time_ms'] / small['time_ms'],
+                )
+            )
     return growth
 
 
@@ -176,8 +221,7 @@ def plot_rows(rows, path, title):
     for row in rows:
         if row['status'] == 'ok':
             label = (f"{row['attention']} {row['impl']}", f"{row['mode']} {row['dtype']}")
-            series.setdefault(label, []).append((row['tokens'], row['time_ms'],
-                                                 row['peak_mem_mib']))
+            series.setdefault(label, []).append((row['tokens'], row['time_ms'], row['peak_mem_mib']))
     return common.plot_growth(series, 'tokens N', path, title)
 
 
@@ -195,8 +239,9 @@ def default_dense_limit_gib(device):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--attentions', default=','.join(OURS + DENSE))
-    parser.add_argument('--sides', default='28,56,112,224',
-                        help='map sides S (N = S^2 tokens); use 2x steps for 4x tokens')
+    parser.add_argument(
+        '--sides', default='28,56,112,224', help='map sides S (N = S^2 tokens); use 2x steps for 4x tokens'
+    )
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--heads', type=int, default=4, help='even (pale splits the heads)')
     parser.add_argument('--head-dim', type=int, default=32)
@@ -207,16 +252,22 @@ def parse_args(argv=None):
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
-    parser.add_argument('--dense-limit-gib', type=float, default=None,
-                        help='skip dense cases whose N x N scores need more '
-                             '(default: half the memory available)')
-    parser.add_argument('--dense-max-tokens', type=int, default=112 * 112,
-                        help='skip dense and sdpa cases above this many tokens (their time '
-                             'grows as N^2; sdpa\'s fused kernels need no N x N memory)')
+    parser.add_argument(
+        '--dense-limit-gib',
+        type=float,
+        default=None,
+        help='skip dense cases whose N x N scores need more (default: half the memory available)',
+    )
+    parser.add_argument(
+        '--dense-max-tokens',
+        type=int,
+        default=112 * 112,
+        help='skip dense and sdpa cases above this many tokens (their time '
+        'grows as N^2; sdpa\'s fused kernels need no N x N memory)',
+    )
     parser.add_argument('--out-dir', default='work_dirs/attention_benchmark')
     args = parser.parse_args(argv)
-    args.attentions = common.check_choices(common.parse_list(args.attentions), OURS + DENSE,
-                                           '--attentions')
+    args.attentions = common.check_choices(common.parse_list(args.attentions), OURS + DENSE, '--attentions')
     args.sides = common.parse_list(args.sides, int, '--sides')
     if min(args.sides) < WINDOW:
         raise SystemExit(f'--sides: every side must be >= the window {WINDOW}')
@@ -233,9 +284,12 @@ def main(argv=None):
         args.dense_limit_gib = default_dense_limit_gib(device)
 
     def log(row):
-        print(f"{row['attention']:>13} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
-              f"N={row['tokens']}: {common.format_value(row.get('time_ms'))} ms, "
-              f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
+        print(
+            f"{row['attention']:>13} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
+            f"N={row['tokens']}: {common.format_value(row.get('time_ms'))} ms, "
+            f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+            flush=True,
+        )
 
     rows = []
     for side in sorted(args.sides):
@@ -245,8 +299,10 @@ def main(argv=None):
     print(common.format_table(rows, COLUMNS))
     print('\ngrowth between consecutive sizes (linear: mem_ratio ~ token_ratio)\n')
     print(common.format_table(growth, GROWTH_COLUMNS))
-    paths = [osp.join(args.out_dir, name) for name in
-             ('attention_benchmark.csv', 'attention_growth.csv', 'attention_benchmark.png')]
+    paths = [
+        osp.join(args.out_dir, name)
+        for name in ('attention_benchmark.csv', 'attention_growth.csv', 'attention_benchmark.png')
+    ]
     common.write_csv(rows, COLUMNS, paths[0])
     common.write_csv(growth, GROWTH_COLUMNS, paths[1])
     if not plot_rows(rows, paths[2], f'attention benchmark ({device.type}): {machine}'):

@@ -22,6 +22,7 @@ Example (short CPU run)::
     .venv/bin/python tools/analysis/benchmark.py --models vil-t,swin-t,r50 \
         --sizes 512x512 --dtypes fp32 --repeats 3 --out-dir work_dirs/benchmark
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,21 +33,54 @@ import _bench_common as common
 import torch
 
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
-COLUMNS = ('model', 'impl', 'mode', 'dtype', 'batch', 'height', 'width', 'megapixels',
-           'params_m', 'time_ms', 'peak_mem_mib', 'time_ms_vs_{b}', 'peak_mem_mib_vs_{b}',
-           'status')
+COLUMNS = (
+    'model',
+    'impl',
+    'mode',
+    'dtype',
+    'batch',
+    'height',
+    'width',
+    'megapixels',
+    'params_m',
+    'time_ms',
+    'peak_mem_mib',
+    'time_ms_vs_{b}',
+    'peak_mem_mib_vs_{b}',
+    'status',
+)
 
 # mmdet's Mask R-CNN Swin-T backbone (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)
 # and ResNet-50 backbone (configs/_base_/models/mask-rcnn_r50_fpn.py), without weights.
-SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7,
-              mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
-              drop_path_rate=0.2, patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False)
-RESNET_50 = dict(depth=50, num_stages=4, out_indices=(0, 1, 2, 3), frozen_stages=1,
-                 norm_cfg=dict(type='BN', requires_grad=True), norm_eval=True, style='pytorch')
+SWIN_T = dict(
+    embed_dims=96,
+    depths=(2, 2, 6, 2),
+    num_heads=(3, 6, 12, 24),
+    window_size=7,
+    mlp_ratio=4,
+    qkv_bias=True,
+    qk_scale=None,
+    drop_rate=0.0,
+    attn_drop_rate=0.0,
+    drop_path_rate=0.2,
+    patch_norm=True,
+    out_indices=(0, 1, 2, 3),
+    with_cp=False,
+)
+RESNET_50 = dict(
+    depth=50,
+    num_stages=4,
+    out_indices=(0, 1, 2, 3),
+    frozen_stages=1,
+    norm_cfg=dict(type='BN', requires_grad=True),
+    norm_eval=True,
+    style='pytorch',
+)
 
 
 def _ours(class_name, arch, **kwargs):
     import visattn_mm.models as models
+
     return getattr(models, class_name)(arch=arch, **kwargs)
 
 
@@ -54,8 +88,13 @@ def _timm_swin_t():
     """timm's Swin-T as a dense backbone: any input size (padded like mmdet's Swin), 4 maps."""
     import timm
     from timm.layers import PatchEmbed
-    model = timm.create_model('swin_tiny_patch4_window7_224', features_only=True,
-                              strict_img_size=False, drop_path_rate=SWIN_T['drop_path_rate'])
+
+    model = timm.create_model(
+        'swin_tiny_patch4_window7_224',
+        features_only=True,
+        strict_img_size=False,
+        drop_path_rate=SWIN_T['drop_path_rate'],
+    )
     for module in model.modules():
         if isinstance(module, PatchEmbed):
             module.dynamic_img_pad = True
@@ -66,8 +105,8 @@ def _torchvision_resnet_50():
     """torchvision's ResNet-50 trunk returning the four stage maps."""
     import torchvision
     from torchvision.models.feature_extraction import create_feature_extractor
-    return create_feature_extractor(torchvision.models.resnet50(),
-                                    [f'layer{i}' for i in range(1, 5)])
+
+    return create_feature_extractor(torchvision.models.resnet50(), [f'layer{i}' for i in range(1, 5)])
 
 
 def _baseline(class_name, kwargs, fallback, fallback_name):
@@ -77,8 +116,11 @@ def _baseline(class_name, kwargs, fallback, fallback_name):
     try:
         import mmdet.models.backbones as backbones
     except Exception as error:  # ImportError, or mmcv's _ext failing to load
-        print(f'[benchmark] mmdet cannot be imported ({type(error).__name__}: {error}); '
-              f'{class_name} baseline built from {fallback_name} instead', flush=True)
+        print(
+            f'[benchmark] mmdet cannot be imported ({type(error).__name__}: {error}); '
+            f'{class_name} baseline built from {fallback_name} instead',
+            flush=True,
+        )
         return fallback()
     return getattr(backbones, class_name)(**kwargs)
 
@@ -86,16 +128,24 @@ def _baseline(class_name, kwargs, fallback, fallback_name):
 def _model_zoo():
     """name -> (builder, uses our attention ops)."""
     zoo = {}
-    for prefix, class_name, archs in (('vil', 'ViL', 'tsmb'), ('vil-ls', 'ViLLS', 'tsmb'),
-                                      ('pale', 'PaleTransformer', 'tsb'), ('vvt', 'VVT', 'tsml')):
+    for prefix, class_name, archs in (
+        ('vil', 'ViL', 'tsmb'),
+        ('vil-ls', 'ViLLS', 'tsmb'),
+        ('pale', 'PaleTransformer', 'tsb'),
+        ('vvt', 'VVT', 'tsml'),
+    ):
         for arch in archs:
             zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
-    for arch in 'tsml':   # VVT with its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
+    for arch in 'tsml':  # VVT with its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
         zoo[f'vvt-{arch}-bf16'] = (functools.partial(_ours, 'VVT', arch, bf16_products=True), True)
-    zoo['swin-t'] = (functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t,
-                                       "timm's swin_tiny_patch4_window7_224"), False)
-    zoo['r50'] = (functools.partial(_baseline, 'ResNet', RESNET_50, _torchvision_resnet_50,
-                                    "torchvision's resnet50"), False)
+    zoo['swin-t'] = (
+        functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t, "timm's swin_tiny_patch4_window7_224"),
+        False,
+    )
+    zoo['r50'] = (
+        functools.partial(_baseline, 'ResNet', RESNET_50, _torchvision_resnet_50, "torchvision's resnet50"),
+        False,
+    )
     return zoo
 
 
@@ -104,7 +154,7 @@ MODEL_ZOO = _model_zoo()
 
 def backbone_loss(outputs):
     """Sum of the means of the backbone's output maps (a scalar depending on all of them)."""
-    if isinstance(outputs, dict):   # torchvision's feature extractor
+    if isinstance(outputs, dict):  # torchvision's feature extractor
         outputs = outputs.values()
     return sum(out.float().mean() for out in outputs)
 
@@ -117,6 +167,7 @@ def case_function(model, images, mode, device, dtype):
         def forward():
             with torch.no_grad(), common.autocast(device, dtype):
                 model(images)
+
         return forward
     model.train()
 
@@ -125,6 +176,7 @@ def case_function(model, images, mode, device, dtype):
             loss = backbone_loss(model(images))
         loss.backward()
         model.zero_grad(set_to_none=True)
+
     return forward_backward
 
 
@@ -141,9 +193,17 @@ def run_model(name, args, device, meter, log):
             for dtype in args.dtypes:
                 for impl in impls:
                     for mode in args.modes:
-                        row = dict(model=name, impl=impl, mode=mode, dtype=dtype, batch=batch,
-                                   height=height, width=width,
-                                   megapixels=height * width / 1e6, params_m=params_m)
+                        row = dict(
+                            model=name,
+                            impl=impl,
+                            mode=mode,
+                            dtype=dtype,
+                            batch=batch,
+                            height=height,
+                            width=width,
+                            megapixels=height * width / 1e6,
+                            params_m=params_m,
+                        )
                         fn = case_function(model, images, mode, device, dtype)
                         common.measure_case(row, fn, impl, device, meter, args)
                         log(row)
@@ -159,10 +219,8 @@ def plot_rows(rows, path, title):
     series = {}
     for row in rows:
         if row['status'] == 'ok':
-            label = (f"{row['model']} {row['impl']}",
-                     f"{row['mode']} {row['dtype']} b{row['batch']}")
-            series.setdefault(label, []).append((row['megapixels'], row['time_ms'],
-                                                 row['peak_mem_mib']))
+            label = (f"{row['model']} {row['impl']}", f"{row['mode']} {row['dtype']} b{row['batch']}")
+            series.setdefault(label, []).append((row['megapixels'], row['time_ms'], row['peak_mem_mib']))
     return common.plot_growth(series, 'input megapixels', path, title)
 
 
@@ -172,27 +230,36 @@ def columns_for(baseline):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', default='all',
-                        help=f'comma-separated, or "all": {", ".join(MODEL_ZOO)}')
+    parser.add_argument('--models', default='all', help=f'comma-separated, or "all": {", ".join(MODEL_ZOO)}')
     parser.add_argument('--baseline', default='swin-t', help='model the ratios refer to')
     parser.add_argument('--sizes', default=','.join(DEFAULT_SIZES), help='HEIGHTxWIDTH list')
     parser.add_argument('--batches', default='1,2', help='comma-separated batch sizes (ints >= 1), e.g. 1,2,8')
-    parser.add_argument('--dtypes', default='fp32,bf16',
-                        help='fp32, bf16, fp16 (the last two under autocast)')
-    parser.add_argument('--impls', default='math,fast',
-                        help='attention implementations of our backbones: math, fast, auto, triton (CUDA)')
-    parser.add_argument('--modes', default=','.join(common.MODES),
-                        help=f'comma-separated, any of: {", ".join(common.MODES)} (forward; forward + backward)')
-    parser.add_argument('--warmup', type=int, default=1,
-                        help='untimed calls before the timed ones, an int >= 0 (default: %(default)s)')
-    parser.add_argument('--repeats', type=int, default=3,
-                        help='timed calls, an int >= 1; the median is reported (default: %(default)s)')
+    parser.add_argument('--dtypes', default='fp32,bf16', help='fp32, bf16, fp16 (the last two under autocast)')
+    parser.add_argument(
+        '--impls',
+        default='math,fast',
+        help='attention implementations of our backbones: math, fast, auto, triton (CUDA)',
+    )
+    parser.add_argument(
+        '--modes',
+        default=','.join(common.MODES),
+        help=f'comma-separated, any of: {", ".join(common.MODES)} (forward; forward + backward)',
+    )
+    parser.add_argument(
+        '--warmup', type=int, default=1, help='untimed calls before the timed ones, an int >= 0 (default: %(default)s)'
+    )
+    parser.add_argument(
+        '--repeats', type=int, default=3, help='timed calls, an int >= 1; the median is reported (default: %(default)s)'
+    )
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
     args = parser.parse_args(argv)
-    args.models = (list(MODEL_ZOO) if args.models == 'all'
-                   else common.check_choices(common.parse_list(args.models), MODEL_ZOO, '--models'))
+    args.models = (
+        list(MODEL_ZOO)
+        if args.models == 'all'
+        else common.check_choices(common.parse_list(args.models), MODEL_ZOO, '--models')
+    )
     if args.baseline not in MODEL_ZOO:
         raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
     if args.baseline not in args.models:
@@ -210,22 +277,27 @@ def main(argv=None):
     device, meter, machine = common.start_run(args)
 
     def log(row):
-        print(f"{row['model']:>9} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
-              f"b{row['batch']} {row['height']}x{row['width']}: "
-              f"{common.format_value(row.get('time_ms'))} ms, "
-              f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
+        print(
+            f"{row['model']:>9} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
+            f"b{row['batch']} {row['height']}x{row['width']}: "
+            f"{common.format_value(row.get('time_ms'))} ms, "
+            f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+            flush=True,
+        )
 
     rows = []
     interrupted = False
     try:
         for name in args.models:
             rows += run_model(name, args, device, meter, log)
-    except KeyboardInterrupt:   # a time limit (timeout -s INT) keeps what was measured
+    except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
         interrupted = True
-        print(f'\n[benchmark] interrupted: reporting the {len(rows)} rows of the models measured '
-              'until then', flush=True)
-    common.add_ratio_columns(rows, args.baseline, ('mode', 'dtype', 'batch', 'height', 'width'),
-                             ('time_ms', 'peak_mem_mib'))
+        print(
+            f'\n[benchmark] interrupted: reporting the {len(rows)} rows of the models measured until then', flush=True
+        )
+    common.add_ratio_columns(
+        rows, args.baseline, ('mode', 'dtype', 'batch', 'height', 'width'), ('time_ms', 'peak_mem_mib')
+    )
     columns = columns_for(args.baseline)
     print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
     print(common.format_table(rows, columns))

@@ -16,6 +16,7 @@ documented renaming of VVT's and Pale's numbered layout (``patch_embed{n}``,
 ``block{n}``, ``norm{n}`` -> ``stages.{n-1}.*``, see ``visattn_mm.models.base``): old
 keys are compared under the names that renaming gives them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,13 @@ def fingerprint_configs(entry):
         image = torch.randn(1, 3, *IMAGE)
         with torch.no_grad():
             feats = model.extract_feat(image)
-        entry[f'config/{name}'] = dict(keys=keys, params=params, outputs=[f.clone() for f in feats],
-                                       backbone=type(model.backbone).__name__, prefix='backbone.')
+        entry[f'config/{name}'] = dict(
+            keys=keys,
+            params=params,
+            outputs=[f.clone() for f in feats],
+            backbone=type(model.backbone).__name__,
+            prefix='backbone.',
+        )
         print(f'{name}: {params} parameters, {len(keys)} tensors', flush=True)
 
 
@@ -85,8 +91,9 @@ def fingerprint_classifiers(entry):
         image = torch.randn(1, 3, *IMAGE)
         with torch.no_grad():
             logits = model(image)
-        entry[f'timm/{name}'] = dict(keys=keys, params=params, outputs=[logits], backbone=VARIANTS[name][0],
-                                     prefix='backbone.')
+        entry[f'timm/{name}'] = dict(
+            keys=keys, params=params, outputs=[logits], backbone=VARIANTS[name][0], prefix='backbone.'
+        )
         print(f'{name}: {params} parameters', flush=True)
         if name.endswith('_tiny'):
             dense = {'ViL': ViL, 'ViLLS': ViLLS, 'VVT': VVT, 'PaleTransformer': PaleTransformer}[VARIANTS[name][0]]
@@ -95,8 +102,13 @@ def fingerprint_classifiers(entry):
             report = load_pretrained(backbone, {'state_dict': model.state_dict()}, source=name)
             with torch.no_grad():
                 outputs = backbone(image)
-            entry[f'load/{name}'] = dict(keys=state_summary(backbone)[0], params=report.summary(),
-                                         outputs=list(outputs), backbone=VARIANTS[name][0], prefix='')
+            entry[f'load/{name}'] = dict(
+                keys=state_summary(backbone)[0],
+                params=report.summary(),
+                outputs=list(outputs),
+                backbone=VARIANTS[name][0],
+                prefix='',
+            )
 
 
 def renamed_as_documented(old, new):
@@ -117,9 +129,12 @@ def renamed_as_documented(old, new):
     if list(shapes) == [key for key, _ in old['keys']]:
         return old['keys'], old['params'], False
     params = old['params']
-    if isinstance(params, str):   # a load report: rename the keys it lists
-        params = re.sub(r'(?<![\w.])(?:patch_embed|block|norm)\d+\.[\w.]+',
-                        lambda m: renamed_numbered_key(m.group(), layout) or m.group(), params)
+    if isinstance(params, str):  # a load report: rename the keys it lists
+        params = re.sub(
+            r'(?<![\w.])(?:patch_embed|block|norm)\d+\.[\w.]+',
+            lambda m: renamed_numbered_key(m.group(), layout) or m.group(),
+            params,
+        )
     return sorted(shapes.items()), params, True
 
 
@@ -158,8 +173,11 @@ def main(argv=None):
         print(f'saved {len(entry)} fingerprints to {args.save}')
         return 0
     problems = compare(torch.load(args.compare, weights_only=False), entry)
-    print('\n'.join(problems) if problems else f'identical: {len(entry)} fingerprints '
-          '(keys, shapes, parameter counts, load reports, outputs bit for bit)')
+    print(
+        '\n'.join(problems)
+        if problems
+        else f'identical: {len(entry)} fingerprints (keys, shapes, parameter counts, load reports, outputs bit for bit)'
+    )
     return 1 if problems else 0
 
 

@@ -38,6 +38,7 @@ What is counted (mmdet's / mmseg's ``get_flops.py`` convention):
   not padded (the backbones pad internally); the seed is fixed, so the RPN's
   proposal count, and with it the RoI heads' FLOPs, is reproducible.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,40 +54,54 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--tasks', nargs='+', choices=list(TASK_SCHEDULES),
-                        default=list(TASK_SCHEDULES), help='tables to build')
-    parser.add_argument('--configs', nargs='+', metavar='STEM',
-                        help='measure only these configs (file names without .py); '
-                             'other rows keep their cells from an existing --out page, '
-                             'else stay empty')
-    parser.add_argument('--skip-flops', action='store_true',
-                        help='count parameters only (seconds per config instead of minutes)')
-    parser.add_argument('--device', default='cpu',
-                        help="where to run the counted forward passes, e.g. 'cuda' "
-                             '(same counts, much faster)')
-    parser.add_argument('--out', default=str(ROOT / 'docs' / 'model_zoo.md'),
-                        help='markdown file to write; a partial run (--tasks, --configs, '
-                             '--skip-flops) merges its rows into an existing page')
+    parser.add_argument(
+        '--tasks', nargs='+', choices=list(TASK_SCHEDULES), default=list(TASK_SCHEDULES), help='tables to build'
+    )
+    parser.add_argument(
+        '--configs',
+        nargs='+',
+        metavar='STEM',
+        help='measure only these configs (file names without .py); '
+        'other rows keep their cells from an existing --out page, '
+        'else stay empty',
+    )
+    parser.add_argument(
+        '--skip-flops', action='store_true', help='count parameters only (seconds per config instead of minutes)'
+    )
+    parser.add_argument(
+        '--device',
+        default='cpu',
+        help="where to run the counted forward passes, e.g. 'cuda' (same counts, much faster)",
+    )
+    parser.add_argument(
+        '--out',
+        default=str(ROOT / 'docs' / 'model_zoo.md'),
+        help='markdown file to write; a partial run (--tasks, --configs, '
+        '--skip-flops) merges its rows into an existing page',
+    )
     args = parser.parse_args(argv)
 
     rows = planned_configs(args.tasks)
     known = {stem for stem, *_ in rows}
     unknown = sorted(set(args.configs or ()) - known)
     if unknown:
-        raise SystemExit(f'--configs {unknown} are not in the planned matrix of '
-                         f'--tasks {args.tasks}; names look like maskrcnn_vil_t_1x')
+        raise SystemExit(
+            f'--configs {unknown} are not in the planned matrix of '
+            f'--tasks {args.tasks}; names look like maskrcnn_vil_t_1x'
+        )
     out = Path(args.out)
-    complete = (set(args.tasks) == set(TASK_SCHEDULES) and not args.configs
-                and not args.skip_flops)
+    complete = set(args.tasks) == set(TASK_SCHEDULES) and not args.configs and not args.skip_flops
     previous_page = None
     if not complete and out.is_file():
         # A partial run updates the page instead of replacing it: the rows and
         # cells it did not measure took up to 20 minutes to make.
         previous_page = out.read_text()
         if not read_page(previous_page)[1]:
-            raise SystemExit(f'{out} exists and has no model-zoo table rows; this partial run '
-                             '(--tasks, --configs or --skip-flops) would only merge into a '
-                             'model-zoo page: pass a new --out file')
+            raise SystemExit(
+                f'{out} exists and has no model-zoo table rows; this partial run '
+                '(--tasks, --configs or --skip-flops) would only merge into a '
+                'model-zoo page: pass a new --out file'
+            )
     for task in args.tasks:
         for path in sorted(CONFIG_DIR.glob(f'{task}_*.py')):
             if path.stem not in known:
@@ -108,21 +123,19 @@ def main(argv=None) -> None:
             continue
         found = measure(path, args.skip_flops, size, args.device)
         measurements[stem] = by_model[key] = found
-        flops = '' if found.flops is None else (
-            f', {found.flops / 1e9:.1f} GMACs at {found.flops_input}')
-        print(f'{stem}: {found.params / 1e6:.2f}M params{flops} ({found.seconds:.0f} s)',
-              flush=True)
-    command = 'python tools/analysis/model_zoo.py ' + ' '.join(
-        argv if argv is not None else sys.argv[1:])
+        flops = '' if found.flops is None else (f', {found.flops / 1e9:.1f} GMACs at {found.flops_input}')
+        print(f'{stem}: {found.params / 1e6:.2f}M params{flops} ({found.seconds:.0f} s)', flush=True)
+    command = 'python tools/analysis/model_zoo.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(args.tasks, measurements, command.strip(), previous_page))
     if previous_page is None:
-        print(f'wrote {out}' + ('' if complete else ' (a partial page: only what this run '
-                                                    'measured)'))
+        print(f'wrote {out}' + ('' if complete else ' (a partial page: only what this run measured)'))
     else:
-        print(f'updated {out}: {len(measurements)} measured rows replaced'
-              f'{" (their FLOPs cells kept)" if args.skip_flops else ""}; '
-              'every other row and table kept as it was')
+        print(
+            f'updated {out}: {len(measurements)} measured rows replaced'
+            f'{" (their FLOPs cells kept)" if args.skip_flops else ""}; '
+            'every other row and table kept as it was'
+        )
 
 
 if __name__ == '__main__':

@@ -16,6 +16,7 @@ also be one run's directory or a ``scalars.json`` file.
 Each key gets its own panel, plotted against ``step`` (iterations, or epochs
 for epoch-based validation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,13 @@ def find_scalar_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     files = sorted(path.glob('vis_data/scalars.json')) + sorted(
-        path.glob('*/vis_data/scalars.json'))  # timestamps sort chronologically
+        path.glob('*/vis_data/scalars.json')
+    )  # timestamps sort chronologically
     if not files:
         raise FileNotFoundError(
             f'no vis_data/scalars.json under {path}: pass an mmengine work dir whose '
-            "runs used LocalVisBackend (mmdet's and mmseg's default visualizer does)")
+            "runs used LocalVisBackend (mmdet's and mmseg's default visualizer does)"
+        )
     return files
 
 
@@ -94,19 +97,20 @@ def draw_panel(ax, series: dict, key: str, validation_keys: frozenset = frozense
     values = [series[key][s] for s in steps]
     ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3)
     ax.set_ylabel(key)
-    ax.set_xlabel('validation step (epoch or iteration)' if key in validation_keys
-                  else 'iteration')
+    ax.set_xlabel('validation step (epoch or iteration)' if key in validation_keys else 'iteration')
     ax.grid(alpha=0.3)
 
 
-def plot(series: dict, keys: list[str], out: str | Path, title: str = '',
-         validation_keys: frozenset = frozenset()) -> None:
+def plot(
+    series: dict, keys: list[str], out: str | Path, title: str = '', validation_keys: frozenset = frozenset()
+) -> None:
     """Write one panel per key, value against step, to the image file ``out``.
 
     Keys in ``validation_keys`` get the x label of validation steps, which
     LoggerHook logs by epoch unless ``log_metric_by_epoch=False``.
     """
     import matplotlib
+
     matplotlib.use('Agg')  # no display needed
     import matplotlib.pyplot as plt
 
@@ -123,8 +127,9 @@ def plot(series: dict, keys: list[str], out: str | Path, title: str = '',
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description='Plot mmengine training curves')
     parser.add_argument('work_dir', help='work dir, one run dir, or a scalars.json')
-    parser.add_argument('--keys', nargs='+', help=f'scalars to plot (default: those of '
-                        f'{", ".join(DEFAULT_KEYS)} that were logged)')
+    parser.add_argument(
+        '--keys', nargs='+', help=f'scalars to plot (default: those of {", ".join(DEFAULT_KEYS)} that were logged)'
+    )
     parser.add_argument('--out', default='curves.png', help='output image (.png)')
     args = parser.parse_args(argv)
     try:
@@ -134,8 +139,7 @@ def main(argv=None) -> None:
     except (FileNotFoundError, KeyError) as err:
         raise SystemExit(str(err).strip('"')) from None
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    plot(series, keys, args.out, title=osp.basename(osp.abspath(args.work_dir)),
-         validation_keys=validation_keys)
+    plot(series, keys, args.out, title=osp.basename(osp.abspath(args.work_dir)), validation_keys=validation_keys)
     print(f'{", ".join(f"{k} ({len(series[k])} points)" for k in keys)} -> {args.out}')
 
 

@@ -25,6 +25,7 @@ Example (the table of docs/benchmarks.md)::
     .venv/bin/python tools/analysis/step_cost.py --models vil-s,vil-ls-s,pale-t,vvt-s \
         --impls auto,triton --configs maskrcnn_vil_s_1x,upernet_vvt_s_160k_ade20k
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,27 @@ from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
 BASELINES = ('swin-t', 'r50')
-COLUMNS = ('model', 'impl', 'parts', 'batch', 'height', 'width', 'dtype', 'mode', 'peak_gib', 'peak_gib_vs_swin-t',
-           'peak_gib_vs_r50', 'launched', 'launched_vs_swin-t', 'layout_gb', 'layout_gb_vs_swin-t', 'moved_gb',
-           'saved_gb', 'tflops', 'trace_s')
+COLUMNS = (
+    'model',
+    'impl',
+    'parts',
+    'batch',
+    'height',
+    'width',
+    'dtype',
+    'mode',
+    'peak_gib',
+    'peak_gib_vs_swin-t',
+    'peak_gib_vs_r50',
+    'launched',
+    'launched_vs_swin-t',
+    'layout_gb',
+    'layout_gb_vs_swin-t',
+    'moved_gb',
+    'saved_gb',
+    'tflops',
+    'trace_s',
+)
 CLASS_COLUMNS = ('model', 'impl', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
 OP_COLUMNS = ('model', 'impl', 'op', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
 
@@ -61,12 +80,16 @@ def build_config_model(config):
     """
     from zoo_measure import build_model
     from zoo_paper import CONFIG_DIR
+
     path = config if config.endswith('.py') else osp.join(CONFIG_DIR, f'{config}.py')
     if not osp.exists(path):
         raise SystemExit(f'--configs: {path} does not exist')
     model, scope = build_model(path)
-    heads = [name for name in ('decode_head', 'auxiliary_head', 'rpn_head', 'bbox_head')
-             if getattr(model, name, None) is not None]
+    heads = [
+        name
+        for name in ('decode_head', 'auxiliary_head', 'rpn_head', 'bbox_head')
+        if getattr(model, name, None) is not None
+    ]
     parts = '+'.join(['backbone'] + (['neck'] if getattr(model, 'with_neck', False) else []) + heads)
     if getattr(model, 'roi_head', None) is not None:
         parts += ' (roi_head left out: it needs NMS proposals)'
@@ -74,6 +97,7 @@ def build_config_model(config):
     def forward(net, images):
         features = net.extract_feat(images)
         return [getattr(net, head)(features) for head in heads] or features
+
     return model, forward, parts
 
 
@@ -88,23 +112,55 @@ def trace_rows(name, model, forward, parts, impls, args):
     for impl in impls:
         begin = time.perf_counter()
         with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
-            cost = trace_step(model, (args.batch, 3, *args.size), dtype=args.dtype, mode=args.mode,
-                              device_type=args.device_type, forward=forward)
+            cost = trace_step(
+                model,
+                (args.batch, 3, *args.size),
+                dtype=args.dtype,
+                mode=args.mode,
+                device_type=args.device_type,
+                forward=forward,
+            )
         summary = cost.summary()
-        rows.append(dict(model=name, impl=impl, parts=parts, batch=args.batch, height=args.size[0],
-                         width=args.size[1], dtype=args.dtype, mode=args.mode,
-                         peak_gib=summary['peak_bytes'] / common.GIB, launched=summary['launched'],
-                         layout_gb=_gb(summary['layout_bytes']), moved_gb=_gb(summary['bytes_moved']),
-                         saved_gb=_gb(summary['bytes_saved']), tflops=summary['flops'] / 1e12,
-                         trace_s=time.perf_counter() - begin))
-        for key, table, items in (('op_class', class_rows, cost.by_class().items()),
-                                  ('op', op_rows, cost.ops.items())):
+        rows.append(
+            dict(
+                model=name,
+                impl=impl,
+                parts=parts,
+                batch=args.batch,
+                height=args.size[0],
+                width=args.size[1],
+                dtype=args.dtype,
+                mode=args.mode,
+                peak_gib=summary['peak_bytes'] / common.GIB,
+                launched=summary['launched'],
+                layout_gb=_gb(summary['layout_bytes']),
+                moved_gb=_gb(summary['bytes_moved']),
+                saved_gb=_gb(summary['bytes_saved']),
+                tflops=summary['flops'] / 1e12,
+                trace_s=time.perf_counter() - begin,
+            )
+        )
+        for key, table, items in (('op_class', class_rows, cost.by_class().items()), ('op', op_rows, cost.ops.items())):
             for label, op in sorted(items, key=lambda item: -item[1].bytes_moved):
-                table.append({'model': name, 'impl': impl, key: label, 'op_class': op.op_class, 'count': op.count,
-                              'launched': op.launched, 'gflops': op.flops / 1e9, 'read_gb': _gb(op.bytes_read),
-                              'written_gb': _gb(op.bytes_written), 'saved_gb': _gb(op.bytes_saved)})
-        print(f"{name:>9} {impl:>6}: peak {rows[-1]['peak_gib']:.2f} GiB, {summary['launched']} ops, "
-              f"layout {rows[-1]['layout_gb']:.1f} GB ({rows[-1]['trace_s']:.1f} s)", flush=True)
+                table.append(
+                    {
+                        'model': name,
+                        'impl': impl,
+                        key: label,
+                        'op_class': op.op_class,
+                        'count': op.count,
+                        'launched': op.launched,
+                        'gflops': op.flops / 1e9,
+                        'read_gb': _gb(op.bytes_read),
+                        'written_gb': _gb(op.bytes_written),
+                        'saved_gb': _gb(op.bytes_saved),
+                    }
+                )
+        print(
+            f"{name:>9} {impl:>6}: peak {rows[-1]['peak_gib']:.2f} GiB, {summary['launched']} ops, "
+            f"layout {rows[-1]['layout_gb']:.1f} GB ({rows[-1]['trace_s']:.1f} s)",
+            flush=True,
+        )
     return rows, class_rows, op_rows
 
 
@@ -112,27 +168,37 @@ def add_ratios(rows):
     """Ratios to the baselines' rows of the same run (same batch, size, dtype, mode)."""
     keys = ('batch', 'height', 'width', 'dtype', 'mode')
     common.add_ratio_columns(rows, 'swin-t', keys, ('peak_gib', 'launched', 'layout_gb'))
-    common.add_ratio_columns(rows, 'r50', keys, ('peak_gib', ))
+    common.add_ratio_columns(rows, 'r50', keys, ('peak_gib',))
     return rows
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ours = [name for name in benchmark.MODEL_ZOO if name not in BASELINES]
-    parser.add_argument('--models', default='vil-s,vil-ls-s,pale-t,vvt-s',
-                        help=f'comma-separated backbones, "all" or "none": {", ".join(ours)} (the baselines '
-                             f'{", ".join(BASELINES)} are always traced)')
-    parser.add_argument('--configs', default='',
-                        help='comma-separated config names (configs/<name>.py) or paths: whole models')
-    parser.add_argument('--impls', default='auto,triton',
-                        help=f'attention implementations of our models, from {", ".join(ATTENTION_IMPLS)}')
+    parser.add_argument(
+        '--models',
+        default='vil-s,vil-ls-s,pale-t,vvt-s',
+        help=f'comma-separated backbones, "all" or "none": {", ".join(ours)} (the baselines '
+        f'{", ".join(BASELINES)} are always traced)',
+    )
+    parser.add_argument(
+        '--configs', default='', help='comma-separated config names (configs/<name>.py) or paths: whole models'
+    )
+    parser.add_argument(
+        '--impls',
+        default='auto,triton',
+        help=f'attention implementations of our models, from {", ".join(ATTENTION_IMPLS)}',
+    )
     parser.add_argument('--batch', type=int, default=8)
     parser.add_argument('--size', default='800x1333', help='HEIGHTxWIDTH')
-    parser.add_argument('--dtype', default='bf16', choices=list(AUTOCAST_DTYPES),
-                        help='fp32, or bf16 / fp16 autocast')
+    parser.add_argument('--dtype', default='bf16', choices=list(AUTOCAST_DTYPES), help='fp32, or bf16 / fp16 autocast')
     parser.add_argument('--mode', default='fwd+bwd', choices=list(MODES))
-    parser.add_argument('--device-type', default='cuda', choices=('cuda', 'cpu'),
-                        help="whose dispatch decisions the step takes: CUDA's (emulated) or the CPU's")
+    parser.add_argument(
+        '--device-type',
+        default='cuda',
+        choices=('cuda', 'cpu'),
+        help="whose dispatch decisions the step takes: CUDA's (emulated) or the CPU's",
+    )
     parser.add_argument('--out-dir', default='work_dirs/step_cost')
     args = parser.parse_args(argv)
     if args.models in ('all', 'none'):
@@ -161,12 +227,16 @@ def main(argv=None):
             table += new
         del model
     add_ratios(rows)
-    print(f'\nstep costs, {args.mode}, batch {args.batch}, {args.size[0]}x{args.size[1]}, {args.dtype}, '
-          f'{args.device_type} dispatch (traced on fake tensors)\n')
+    print(
+        f'\nstep costs, {args.mode}, batch {args.batch}, {args.size[0]}x{args.size[1]}, {args.dtype}, '
+        f'{args.device_type} dispatch (traced on fake tensors)\n'
+    )
     print(common.format_table(rows, [c for c in COLUMNS if c not in ('batch', 'height', 'width', 'dtype', 'mode')]))
-    for file_name, table, columns in (('step_cost.csv', rows, COLUMNS),
-                                      ('step_cost_classes.csv', class_rows, CLASS_COLUMNS),
-                                      ('step_cost_ops.csv', op_rows, OP_COLUMNS)):
+    for file_name, table, columns in (
+        ('step_cost.csv', rows, COLUMNS),
+        ('step_cost_classes.csv', class_rows, CLASS_COLUMNS),
+        ('step_cost_ops.csv', op_rows, OP_COLUMNS),
+    ):
         common.write_csv(table, columns, osp.join(args.out_dir, file_name))
     print(f'\nwrote {args.out_dir}/step_cost.csv, step_cost_classes.csv, step_cost_ops.csv')
     return rows

@@ -14,6 +14,7 @@ Example::
 
     .venv/bin/python tools/analysis/step_cost_calibration.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ INPUT_SHAPE = (8, 3, 800, 1333)
 def trace_peak_mib(model):
     """Peak MiB of one traced step at the H100's setting."""
     from visattn_mm.analysis.step_cost import trace_step
+
     model.train()
     return trace_step(model, INPUT_SHAPE, dtype='bf16', mode='fwd+bwd', device_type='cuda').peak_bytes / common.MIB
 
@@ -48,6 +50,7 @@ def trace_peak_mib(model):
 def trace_baselines():
     """``{name: traced peak MiB}`` of the baselines, built as ``step_cost.py`` builds them."""
     import step_cost
+
     return {name: trace_peak_mib(step_cost.build_backbone(name)) for name in BASELINES}
 
 
@@ -56,20 +59,24 @@ def _load_tracer_into(package):
     imports from the package supplied where the old package lacks them."""
     from visattn_mm.ops import common as ops_common
     from visattn_mm.ops import impl
+
     if not hasattr(ops_common, 'clear_device_caches'):
+
         def clear_device_caches():
             for module in list(sys.modules.values()):
                 if getattr(module, '__name__', '').startswith('visattn_mm.ops.'):
                     for value in vars(module).values():
                         getattr(value, 'cache_clear', lambda: None)()
+
         ops_common.clear_device_caches = clear_device_caches
     if not hasattr(impl, 'dispatch_as'):
         impl.dispatch_as = lambda device_type: contextlib.nullcontext()
     analysis = types.ModuleType(f'{package}.analysis')
     analysis.__path__ = []
     sys.modules[analysis.__name__] = analysis
-    spec = importlib.util.spec_from_file_location(f'{package}.analysis.step_cost',
-                                                  osp.join(ROOT, 'visattn_mm', 'analysis', 'step_cost.py'))
+    spec = importlib.util.spec_from_file_location(
+        f'{package}.analysis.step_cost', osp.join(ROOT, 'visattn_mm', 'analysis', 'step_cost.py')
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -89,6 +96,7 @@ def worker(models):
     import visattn_mm.ops.long_short  # noqa: F401  (loaded, so that their choice is patched)
     import visattn_mm.ops.pale  # noqa: F401
     import visattn_mm.ops.sliding_chunk  # noqa: F401
+
     _load_tracer_into('visattn_mm')
     _answer_fused_choice_as_cuda()
     peaks = {}
@@ -102,16 +110,21 @@ def trace_ours_at(commit, models):
     """``{name: traced peak MiB}`` of our backbones at ``commit``, or a string saying why there are none."""
     with tempfile.TemporaryDirectory() as tree:
         archive = osp.join(tree, 'package.tar')
-        made = subprocess.run(['git', 'archive', '-o', archive, commit, 'visattn_mm'], cwd=ROOT,
-                              capture_output=True, text=True)
+        made = subprocess.run(
+            ['git', 'archive', '-o', archive, commit, 'visattn_mm'], cwd=ROOT, capture_output=True, text=True
+        )
         if made.returncode != 0:
             return f'git cannot give the package at {commit}: {made.stderr.strip() or made.stdout.strip()}'
         with tarfile.open(archive) as tar:
             tar.extractall(tree, filter='data')
         env_path = osp.pathsep.join([tree, osp.dirname(osp.abspath(__file__))])
-        run = subprocess.run([sys.executable, '-c', 'import sys, step_cost_calibration as c; c.worker(sys.argv[1:])',
-                              *models], capture_output=True, text=True, cwd=tree,
-                             env={**__import__('os').environ, 'PYTHONPATH': env_path})
+        run = subprocess.run(
+            [sys.executable, '-c', 'import sys, step_cost_calibration as c; c.worker(sys.argv[1:])', *models],
+            capture_output=True,
+            text=True,
+            cwd=tree,
+            env={**__import__('os').environ, 'PYTHONPATH': env_path},
+        )
         if run.returncode != 0:
             raise RuntimeError(f'tracing the backbones at {commit} failed:\n{run.stderr[-3000:]}')
         return json.loads(run.stdout.strip().splitlines()[-1])
@@ -125,9 +138,16 @@ def calibration_rows(models=tuple(OURS), commit=MEASURED_AT):
     for name in (*BASELINES, *models):
         value = traced.get(name) if name in BASELINES else (ours.get(name) if isinstance(ours, dict) else None)
         measured = H100_PEAK_MIB[name]
-        rows.append(dict(model=name, code='today' if name in BASELINES else commit, measured_mib=measured,
-                         traced_mib=value, error=None if value is None else value / measured - 1,
-                         note='' if value is not None else ours))
+        rows.append(
+            dict(
+                model=name,
+                code='today' if name in BASELINES else commit,
+                measured_mib=measured,
+                traced_mib=value,
+                error=None if value is None else value / measured - 1,
+                note='' if value is not None else ours,
+            )
+        )
     return rows
 
 
@@ -137,8 +157,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     models = common.check_choices(common.parse_list(args.models, option='--models'), OURS, '--models')
     rows = calibration_rows(models)
-    shown = [dict(row, traced_mib=None if row['traced_mib'] is None else round(row['traced_mib']),
-                  error=None if row['error'] is None else f"{row['error']:+.1%}") for row in rows]
+    shown = [
+        dict(
+            row,
+            traced_mib=None if row['traced_mib'] is None else round(row['traced_mib']),
+            error=None if row['error'] is None else f"{row['error']:+.1%}",
+        )
+        for row in rows
+    ]
     print(common.format_table(shown, ('model', 'code', 'measured_mib', 'traced_mib', 'error', 'note')))
     return rows
 

@@ -28,6 +28,7 @@ Example (a GPU; the command of docs/benchmarks.md)::
     python tools/analysis/train_throughput.py configs/maskrcnn_vil_s_1x.py \\
         configs/maskrcnn_pale_t_1x.py --batch 2 --dtypes fp32,fp16 --iters 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,20 @@ import make_toy_data as toy  # noqa: E402
 
 SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 AMP_DTYPES = dict(fp16='float16', bf16='bfloat16')
-COLUMNS = ('config', 'dtype', 'batch', 'height', 'width', 'iters', 'step_ms', 'images_per_s',
-           'peak_mem_mib', 'images_per_s_vs_baseline', 'peak_mem_mib_vs_baseline', 'status')
+COLUMNS = (
+    'config',
+    'dtype',
+    'batch',
+    'height',
+    'width',
+    'iters',
+    'step_ms',
+    'images_per_s',
+    'peak_mem_mib',
+    'images_per_s_vs_baseline',
+    'peak_mem_mib_vs_baseline',
+    'status',
+)
 
 
 class StepTimer(Hook):
@@ -86,8 +99,10 @@ def load_config(name):
     """A config file, or a library's config as ``'mmdet::path/in/its/configs.py'``."""
     if '::' in name:
         from mmengine.hub import get_config
+
         return get_config(name)
     from mmengine.config import Config
+
     return Config.fromfile(name)
 
 
@@ -98,22 +113,20 @@ def config_label(name):
 def prepare_config(cfg, data_root, dtype, args, work_dir):
     """``cfg`` set up for one throughput run (see the module doc), in place."""
     if cfg.get('default_scope') != 'mmdet':
-        raise SystemExit(f'{cfg.filename}: train_throughput.py measures detection configs '
-                         "(default_scope='mmdet') on toy COCO data")
+        raise SystemExit(
+            f'{cfg.filename}: train_throughput.py measures detection configs (default_scope=\'mmdet\') on toy COCO data'
+        )
     toy.use_toy_data(cfg, data_root)
     cfg.model.backbone.init_cfg = None
     loader = cfg.train_dataloader
-    loader.update(batch_size=args.batch, num_workers=args.workers,
-                  persistent_workers=args.workers > 0)
+    loader.update(batch_size=args.batch, num_workers=args.workers, persistent_workers=args.workers > 0)
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=args.warmup + args.iters)
-    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader', 'test_cfg',
-                'test_evaluator'):
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader', 'test_cfg', 'test_evaluator'):
         cfg[key] = None
     cfg.param_scheduler = []
     cfg.default_hooks.checkpoint = None
     if dtype in AMP_DTYPES:
-        cfg.optim_wrapper.update(type='AmpOptimWrapper', dtype=AMP_DTYPES[dtype],
-                                 loss_scale='dynamic')
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', dtype=AMP_DTYPES[dtype], loss_scale='dynamic')
     cfg.work_dir = work_dir
     cfg.log_level = 'WARNING'
     cfg.launcher = 'none'
@@ -122,9 +135,14 @@ def prepare_config(cfg, data_root, dtype, args, work_dir):
 def run_case(name, dtype, data_root, args, device, meter):
     """One config at one dtype: a row of the table."""
     label = config_label(name)
-    row = dict(config=label, dtype=dtype, batch=args.batch, height=args.image_size[0],
-               width=args.image_size[1],
-               role='baseline' if name == args.baseline else 'measured')
+    row = dict(
+        config=label,
+        dtype=dtype,
+        batch=args.batch,
+        height=args.image_size[0],
+        width=args.image_size[1],
+        role='baseline' if name == args.baseline else 'measured',
+    )
     cfg = load_config(name)
     prepare_config(cfg, data_root, dtype, args, osp.join(args.out_dir, f'{label}_{dtype}'))
     cli.register_scope_modules(cfg)
@@ -134,10 +152,15 @@ def run_case(name, dtype, data_root, args, device, meter):
         runner = cli.build_runner(cfg)
         runner.register_hook(timer)
         runner.train()
-        timed = timer.seconds[args.warmup:]
+        timed = timer.seconds[args.warmup :]
         step = statistics.median(timed)
-        row.update(iters=len(timed), step_ms=step * 1e3, images_per_s=args.batch / step,
-                   peak_mem_mib=timer.peak_bytes / common.MIB, status='ok')
+        row.update(
+            iters=len(timed),
+            step_ms=step * 1e3,
+            images_per_s=args.batch / step,
+            peak_mem_mib=timer.peak_bytes / common.MIB,
+            status='ok',
+        )
     except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
         row['status'] = f'failed: {str(error).splitlines()[0][:120]}'
     finally:
@@ -145,19 +168,22 @@ def run_case(name, dtype, data_root, args, device, meter):
         gc.collect()
         if device.type == 'cuda':
             torch.cuda.empty_cache()
-    print(f"{label} {dtype} b{args.batch}: {common.format_value(row.get('images_per_s'))} img/s, "
-          f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}", flush=True)
+    print(
+        f"{label} {dtype} b{args.batch}: {common.format_value(row.get('images_per_s'))} img/s, "
+        f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+        flush=True,
+    )
     return row
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('configs', nargs='+', help='mmdet config files to measure')
-    parser.add_argument('--baseline', default=SWIN_T_CONFIG,
-                        help=f'config the ratios refer to (default: {SWIN_T_CONFIG})')
+    parser.add_argument(
+        '--baseline', default=SWIN_T_CONFIG, help=f'config the ratios refer to (default: {SWIN_T_CONFIG})'
+    )
     parser.add_argument('--image-size', default='800x1333', help='HEIGHTxWIDTH of the toy images')
-    parser.add_argument('--data-root', default=None,
-                        help='toy COCO dataset to use (default: made in the out dir)')
+    parser.add_argument('--data-root', default=None, help='toy COCO dataset to use (default: made in the out dir)')
     parser.add_argument('--batch', type=int, default=2, help='images per iteration')
     parser.add_argument('--dtypes', default='fp32', help='fp32, fp16, bf16 (the last two: AMP, GPU only)')
     parser.add_argument('--warmup', type=int, default=3)
@@ -170,8 +196,10 @@ def parse_args(argv=None):
     if args.batch < 1 or args.iters < 1 or args.warmup < 0 or args.workers < 0:
         raise SystemExit('--batch and --iters must be >= 1, --warmup and --workers >= 0')
     if set(args.dtypes) & set(AMP_DTYPES) and not torch.cuda.is_available():
-        raise SystemExit('--dtypes fp16/bf16 train with AMP, which needs a GPU (mmengine\'s '
-                         'AmpOptimWrapper); use --dtypes fp32 on this machine')
+        raise SystemExit(
+            '--dtypes fp16/bf16 train with AMP, which needs a GPU (mmengine\'s '
+            'AmpOptimWrapper); use --dtypes fp32 on this machine'
+        )
     return args
 
 
@@ -185,14 +213,22 @@ def main(argv=None):
     height, width = args.image_size
     data_root = args.data_root or toy.make_coco_instances(
         osp.join(args.out_dir, f'toy_coco_{height}x{width}'),
-        num_train=max(8, 2 * args.batch), num_val=1, image_size=(height, width))
-    rows = [run_case(name, dtype, data_root, args, device, meter)
-            for dtype in args.dtypes
-            for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]]
-    common.add_ratio_columns(rows, 'baseline', ('dtype', 'batch', 'height', 'width'),
-                             ('images_per_s', 'peak_mem_mib'), name_key='role')
-    print(f'\n{machine}; {device.type}; baseline {config_label(args.baseline)}; median of '
-          f'{args.iters} iterations after {args.warmup} warm-up\n')
+        num_train=max(8, 2 * args.batch),
+        num_val=1,
+        image_size=(height, width),
+    )
+    rows = [
+        run_case(name, dtype, data_root, args, device, meter)
+        for dtype in args.dtypes
+        for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]
+    ]
+    common.add_ratio_columns(
+        rows, 'baseline', ('dtype', 'batch', 'height', 'width'), ('images_per_s', 'peak_mem_mib'), name_key='role'
+    )
+    print(
+        f'\n{machine}; {device.type}; baseline {config_label(args.baseline)}; median of '
+        f'{args.iters} iterations after {args.warmup} warm-up\n'
+    )
     print(common.format_table(rows, COLUMNS))
     csv_path = osp.join(args.out_dir, 'train_throughput.csv')
     common.write_csv(rows, COLUMNS, csv_path)

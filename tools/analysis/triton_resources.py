@@ -20,6 +20,7 @@ Example::
 
     .venv/bin/python tools/analysis/triton_resources.py --models vil-s,vvt-s --dtypes bf16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,26 @@ import tempfile
 import _bench_common as common
 import torch
 
-MODELS = {'vil-s': ('ViL', 'small'), 'vil-ls-s': ('ViLLS', 'small'), 'pale-t': ('PaleTransformer', 'tiny'),
-          'vvt-s': ('VVT', 'small')}
+MODELS = {
+    'vil-s': ('ViL', 'small'),
+    'vil-ls-s': ('ViLLS', 'small'),
+    'pale-t': ('PaleTransformer', 'tiny'),
+    'vvt-s': ('VVT', 'small'),
+}
 DTYPES = ('fp32', 'bf16')
-COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'warps', 'stages', 'registers', 'spill_stores',
-           'spill_loads', 'shared_kib')
+COLUMNS = (
+    'model',
+    'dtype',
+    'kernel',
+    'head_dim',
+    'tile',
+    'warps',
+    'stages',
+    'registers',
+    'spill_stores',
+    'spill_loads',
+    'shared_kib',
+)
 
 
 def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
@@ -55,21 +71,30 @@ def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
 
     signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
     signature.update(dict.fromkeys(constexprs, 'constexpr'))
-    binary = triton_compile(ASTSource(kernel, signature, constexprs=constexprs),
-                            target=GPUTarget('cuda', capability, 32), options=settings)
+    binary = triton_compile(
+        ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget('cuda', capability, 32), options=settings
+    )
     ptx = binary.asm['ptx']
     target = re.search(r'^\.target (\S+)', ptx, re.M).group(1)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, 'kernel.ptx')
         with open(path, 'w') as file:
             file.write(ptx)
-        report = subprocess.run([get_ptxas(capability).path, '-v', f'--gpu-name={target}', path, '-o', os.devnull],
-                                capture_output=True, text=True, check=True).stderr
+        report = subprocess.run(
+            [get_ptxas(capability).path, '-v', f'--gpu-name={target}', path, '-o', os.devnull],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     spills = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', report)
-    return dict(registers=int(re.search(r'Used (\d+) registers', report).group(1)),
-                spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)),
-                shared_kib=round(binary.metadata.shared / 1024, 1), warps=binary.metadata.num_warps,
-                stages=binary.metadata.num_stages)
+    return dict(
+        registers=int(re.search(r'Used (\d+) registers', report).group(1)),
+        spill_stores=int(spills.group(1)),
+        spill_loads=int(spills.group(2)),
+        shared_kib=round(binary.metadata.shared / 1024, 1),
+        warps=binary.metadata.num_warps,
+        stages=binary.metadata.num_stages,
+    )
 
 
 def kernel_resources(name, dtype, size, capability=90):
@@ -98,8 +123,16 @@ def kernel_resources(name, dtype, size, capability=90):
             return
         seen.add(key)
         resources = compiled_kernel_resources(kernel, settings, args, constexprs, capability)
-        rows.append(dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, head_dim=constexprs['BLOCK_D'],
-                         tile=constexprs.get('BLOCK', constexprs.get('BLOCK_N')), **resources))
+        rows.append(
+            dict(
+                model=name,
+                dtype=dtype,
+                kernel=kernel.fn.__name__,
+                head_dim=constexprs['BLOCK_D'],
+                tile=constexprs.get('BLOCK', constexprs.get('BLOCK_N')),
+                **resources,
+            )
+        )
 
     class_name, arch = MODELS[name]
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').train()
@@ -143,10 +176,16 @@ def main(argv=None):
     args = parse_args(argv)
     if os.environ.get('TRITON_INTERPRET'):
         sys.exit('unset TRITON_INTERPRET: the kernels must be compilable, not interpreted')
-    rows = [row for name in args.models for dtype in args.dtypes
-            for row in kernel_resources(name, dtype, args.size, args.capability)]
-    print(f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
-          f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n')
+    rows = [
+        row
+        for name in args.models
+        for dtype in args.dtypes
+        for row in kernel_resources(name, dtype, args.size, args.capability)
+    ]
+    print(
+        f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
+        f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n'
+    )
     print(common.format_table(rows, COLUMNS))
     return rows
 

@@ -26,6 +26,7 @@ Example (on a GPU host, about 5 minutes for one backbone and dtype)::
 On the CPU, with ``TRITON_INTERPRET=1``, the kernels run in Triton's interpreter
 and host timers replace the events: that checks the plumbing only (tests).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,9 @@ import _bench_common as common
 import torch
 from triton_resources import DTYPES, MODELS, training_step
 
-COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'best_settings', 'best_ms',
-           'speedup')
+COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'best_settings', 'best_ms', 'speedup')
 CSV_COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'status')
-PACKAGE = 'package'   # the candidate that keeps the package's settings
+PACKAGE = 'package'  # the candidate that keeps the package's settings
 
 
 def settings_label(settings):
@@ -110,7 +110,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             launches.clear()
             training_step(model, image, dtype)
             common.synchronize(image.device)
-            if step:        # the first step compiles
+            if step:  # the first step compiles
                 totals = collections.Counter()
                 for key, elapsed in launches:
                     totals[key] += elapsed()
@@ -118,8 +118,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
                     per_step[key].append(total)
     finally:
         host.launch, host.BIAS_GRAD_COPIES = saved
-    return {key: (labels[key], None if key in failed else statistics.median(times))
-            for key, times in per_step.items()}
+    return {key: (labels[key], None if key in failed else statistics.median(times)) for key, times in per_step.items()}
 
 
 def tune(name, dtype, args, device):
@@ -133,16 +132,26 @@ def tune(name, dtype, args, device):
     rows = []
 
     def timed(candidate, copies=None):
-        for (kernel, head_dim, tile), (label, ms) in kernel_times(model, image, dtype, candidate, args.repeats,
-                                                                 copies).items():
-            rows.append(dict(model=name, dtype=dtype, kernel=kernel, head_dim=head_dim, tile=tile,
-                             settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
-                             time_ms=ms, status='ok' if ms is not None else 'does not compile'))
+        for (kernel, head_dim, tile), (label, ms) in kernel_times(
+            model, image, dtype, candidate, args.repeats, copies
+        ).items():
+            rows.append(
+                dict(
+                    model=name,
+                    dtype=dtype,
+                    kernel=kernel,
+                    head_dim=head_dim,
+                    tile=tile,
+                    settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
+                    time_ms=ms,
+                    status='ok' if ms is not None else 'does not compile',
+                )
+            )
 
     timed(None)
     for warps, stages in itertools.product(args.warps, args.stages):
         timed(dict(num_warps=warps, num_stages=stages))
-    if any('copies' in row['settings'] for row in rows):     # a kernel spreads bias-gradient atomics over copies
+    if any('copies' in row['settings'] for row in rows):  # a kernel spreads bias-gradient atomics over copies
         for copies in args.bias_grad_copies:
             timed(None, copies)
     return rows
@@ -158,9 +167,16 @@ def best_rows(rows):
         package = next(r for r in group if r['settings'].startswith(PACKAGE))
         timed = [r for r in group if r['time_ms'] is not None and not r['settings'].startswith(PACKAGE)]
         best = min(timed, key=lambda r: r['time_ms'], default=package)
-        table.append(dict(zip(COLUMNS[:5], key), settings=package['settings'], time_ms=package['time_ms'],
-                          best_settings=best['settings'], best_ms=best['time_ms'],
-                          speedup=package['time_ms'] / best['time_ms']))
+        table.append(
+            dict(
+                zip(COLUMNS[:5], key),
+                settings=package['settings'],
+                time_ms=package['time_ms'],
+                best_settings=best['settings'],
+                best_ms=best['time_ms'],
+                speedup=package['time_ms'] / best['time_ms'],
+            )
+        )
     return table
 
 
@@ -172,8 +188,11 @@ def parse_args(argv=None):
     parser.add_argument('--batch', type=int, default=2, help='images per step (default 2)')
     parser.add_argument('--warps', default='4,8,16', help='candidate warps per program (default 4,8,16)')
     parser.add_argument('--stages', default='1,2,3', help='candidate pipeline stages (default 1,2,3)')
-    parser.add_argument('--bias-grad-copies', default='1,8,32,128',
-                        help='candidate copies of a bias gradient for the atomics (default 1,8,32,128)')
+    parser.add_argument(
+        '--bias-grad-copies',
+        default='1,8,32,128',
+        help='candidate copies of a bias gradient for the atomics (default 1,8,32,128)',
+    )
     parser.add_argument('--repeats', type=int, default=3, help='timed steps per candidate (default 3)')
     parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
     parser.add_argument('--out-dir', default='work_dirs/triton_tuning', help='where the CSV goes')
@@ -198,8 +217,10 @@ def main(argv=None):
     rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
     common.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
     table = best_rows(rows)
-    print(f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
-          f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n')
+    print(
+        f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
+        f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n'
+    )
     print(common.format_table(table, COLUMNS))
     return table
 

@@ -3,6 +3,7 @@
 What is counted is written in ``tools/analysis/model_zoo.py``'s docstring and in the page
 it generates.
 """
+
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 TOOLS_DIR = str(Path(__file__).resolve().parents[1])
 if TOOLS_DIR not in sys.path:
-    sys.path.insert(0, TOOLS_DIR)   # _cli_common, shared with tools/train.py, lives there
+    sys.path.insert(0, TOOLS_DIR)  # _cli_common, shared with tools/train.py, lives there
 
 
 def build_model(config_path: str | Path, device: str = 'cpu'):
@@ -35,13 +36,19 @@ def count_parameters(model) -> int:
 
 def _dummy_data_samples(scope: str, height: int, width: int) -> list:
     """One data sample with the image metadata the tensor-mode forward reads."""
-    meta = dict(img_shape=(height, width), ori_shape=(height, width),
-                pad_shape=(height, width), batch_input_shape=(height, width),
-                scale_factor=(1.0, 1.0))
+    meta = dict(
+        img_shape=(height, width),
+        ori_shape=(height, width),
+        pad_shape=(height, width),
+        batch_input_shape=(height, width),
+        scale_factor=(1.0, 1.0),
+    )
     if scope == 'mmdet':
         from mmdet.structures import DetDataSample
+
         return [DetDataSample(metainfo=meta)]
     from mmseg.structures import SegDataSample
+
     return [SegDataSample(metainfo=meta)]
 
 
@@ -63,15 +70,17 @@ def _module_macs(counter, model) -> dict[str, int]:
     parts = {}
     for child, _ in model.named_children():
         prefix = f'{root}.{child}'
-        parts[child] = sum(v for k, v in counts.items()
-                           if (k == prefix or k.startswith(prefix + '.'))
-                           and outermost(k, prefix)) // 2
+        parts[child] = (
+            sum(v for k, v in counts.items() if (k == prefix or k.startswith(prefix + '.')) and outermost(k, prefix))
+            // 2
+        )
     return {k: v for k, v in parts.items() if v}
 
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     """FLOPs of one fused attention call, as torch counts its CUDA kernels."""
     from torch.utils.flop_counter import sdpa_flop_count
+
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
@@ -100,8 +109,7 @@ def count_macs(fn, *args, **kwargs) -> int:
     return counter.get_total_flops() // 2
 
 
-def count_flops(model, scope: str, height: int, width: int,
-                seed: int = 0) -> tuple[int, dict[str, int]]:
+def count_flops(model, scope: str, height: int, width: int, seed: int = 0) -> tuple[int, dict[str, int]]:
     """Multiply-adds of one ``mode='tensor'`` forward on a random ``height x width`` image.
 
     Returns:
@@ -121,6 +129,7 @@ def count_flops(model, scope: str, height: int, width: int,
 @dataclass
 class Measurement:
     """What the tool measured for one config."""
+
     params: int | None = None
     flops: int | None = None
     flops_input: tuple[int, int] | None = None
@@ -128,8 +137,7 @@ class Measurement:
     seconds: float = 0.0
 
 
-def measure(config_path: Path, skip_flops: bool,
-            input_size: tuple[int, int], device: str = 'cpu') -> Measurement:
+def measure(config_path: Path, skip_flops: bool, input_size: tuple[int, int], device: str = 'cpu') -> Measurement:
     """Parameters, and unless ``skip_flops`` FLOPs at ``input_size`` (H, W), of one config."""
     start = time.perf_counter()
     model, scope = build_model(config_path, device)
@@ -144,4 +152,5 @@ def measure(config_path: Path, skip_flops: bool,
 def model_key(config_path: Path) -> str:
     """Text identifying the model a config builds (1x and 3x + MS configs share one)."""
     from mmengine.config import Config
+
     return repr(Config.fromfile(str(config_path)).model.to_dict())

@@ -3,6 +3,7 @@
 Every number in :data:`PAPER` is the paper's (the row's ``source``), never ours;
 :func:`is_flagged` marks a measurement more than :data:`TOLERANCE` away from it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,7 @@ TASK_SCHEDULES = {
     'retinanet': ('1x', '3x_ms'),
     'upernet': ('160k_ade20k',),
 }
-TASK_TITLES = {'maskrcnn': 'Mask R-CNN (COCO)', 'retinanet': 'RetinaNet (COCO)',
-               'upernet': 'UperNet (ADE20K)'}
+TASK_TITLES = {'maskrcnn': 'Mask R-CNN (COCO)', 'retinanet': 'RetinaNet (COCO)', 'upernet': 'UperNet (ADE20K)'}
 SCHEDULE_TITLES = {'1x': '1x', '3x_ms': '3x + MS', '160k_ade20k': '160k'}
 # FLOPs input (H, W) where no paper number fixes it: mmdet's get_flops default
 # (1280x800) and the ADE20K training crop.
@@ -42,6 +42,7 @@ VVT_T5 = 'VVT paper, Table 5 (UperNet, Swin setting; FLOPs at 512x512, see the n
 @dataclass(frozen=True)
 class PaperRow:
     """Numbers a paper reports for one config; ``None`` where it reports none."""
+
     params_m: float | None
     gflops: float | None
     flops_input: tuple[int, int] | None  # (H, W) the paper's FLOPs are measured at

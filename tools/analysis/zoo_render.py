@@ -1,5 +1,6 @@
 """The ``docs/model_zoo.md`` page: its tables from measurements and paper rows, and the merge of a
 partial run into an existing page."""
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,7 @@ def read_page(text: str) -> tuple[str | None, dict[str, list[str]]]:
     return (found.group(1) if found else None), {k: [c.strip() for c in v] for k, v in rows.items()}
 
 
-def merge_row(stem: str, cells: list[str], measurements: dict,
-              previous: dict[str, list[str]]) -> list[str]:
+def merge_row(stem: str, cells: list[str], measurements: dict, previous: dict[str, list[str]]) -> list[str]:
     """A row's cells, keeping what this run did not recompute from the ``previous`` page.
 
     A config this run did not measure keeps its earlier row as it is; one measured
@@ -70,8 +70,7 @@ def merge_row(stem: str, cells: list[str], measurements: dict,
     return cells
 
 
-def table(task: str, rows: list, measurements: dict,
-          previous: dict[str, list[str]] | None = None) -> str:
+def table(task: str, rows: list, measurements: dict, previous: dict[str, list[str]] | None = None) -> str:
     """The markdown table of one task.
 
     Args:
@@ -81,11 +80,21 @@ def table(task: str, rows: list, measurements: dict,
         previous: Rows of the page being updated (:func:`read_page`); cells this
             run did not recompute are taken from there.
     """
-    metric = 'mIoU (SS)' if task == 'upernet' else ('AP' if task == 'retinanet'
-                                                     else 'AP box / mask')
-    header = ['config', 'backbone', 'schedule', 'params (M)', 'paper params (M)',
-              'FLOPs (G)', 'paper FLOPs (G)', 'FLOPs input (HxW)', 'FLOPs by part (G)',
-              f'paper {metric}', f'our {metric}', 'paper source']
+    metric = 'mIoU (SS)' if task == 'upernet' else ('AP' if task == 'retinanet' else 'AP box / mask')
+    header = [
+        'config',
+        'backbone',
+        'schedule',
+        'params (M)',
+        'paper params (M)',
+        'FLOPs (G)',
+        'paper FLOPs (G)',
+        'FLOPs input (HxW)',
+        'FLOPs by part (G)',
+        f'paper {metric}',
+        f'our {metric}',
+        'paper source',
+    ]
     lines = ['| ' + ' | '.join(header) + ' |', '|---' * len(header) + '|']
     for stem, _, backbone, size, schedule in rows:
         paper = PAPER.get(stem)
@@ -189,8 +198,7 @@ NOTES = '''## Notes on the flagged differences
 '''
 
 
-def render(tasks: list[str], measurements: dict, command: str,
-           previous_page: str | None = None) -> str:
+def render(tasks: list[str], measurements: dict, command: str, previous_page: str | None = None) -> str:
     """The whole ``docs/model_zoo.md`` text.
 
     Args:

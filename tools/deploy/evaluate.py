@@ -12,6 +12,7 @@ evaluator. ``--eager`` evaluates the same checkpoint in PyTorch too and exits wi
 status 1 if any metric differs (the evaluators report 3 decimals for COCO AP, 2 for mIoU).
 The checkpoint loads as in ``tools/test.py``: every tensor of the model from the file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Evaluate an exported model with its library's evaluator")
     parser.add_argument('config', help='the mmdet / mmseg config the graph was exported from')
     parser.add_argument('onnx', help="the .onnx file of tools/deploy/export.py (its .json beside it)")
-    parser.add_argument('--checkpoint', required=True,
-                        help='the weights that were exported (the post-processing heads read them too)')
-    parser.add_argument('--eager', action='store_true',
-                        help='evaluate the checkpoint in eager PyTorch as well; exit 1 if a metric differs')
+    parser.add_argument(
+        '--checkpoint', required=True, help='the weights that were exported (the post-processing heads read them too)'
+    )
+    parser.add_argument(
+        '--eager',
+        action='store_true',
+        help='evaluate the checkpoint in eager PyTorch as well; exit 1 if a metric differs',
+    )
     parser.add_argument('--threads', type=int, help="onnxruntime intra-op threads (default: onnxruntime's)")
     parser.add_argument('--out', help='JSON file for the metrics')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='config overrides, as given to tools/deploy/export.py')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction, help='config overrides, as given to tools/deploy/export.py'
+    )
     return parser.parse_args(argv)
 
 
@@ -57,7 +63,7 @@ def evaluate(cfg, tensor_mode, session, eager=False):
     from visattn_mm import deploy
 
     loader = Runner.build_dataloader(cfg.test_dataloader)
-    evaluators = {name: Evaluator(cfg.test_evaluator) for name in ('onnxruntime', 'eager')[:1 + eager]}
+    evaluators = {name: Evaluator(cfg.test_evaluator) for name in ('onnxruntime', 'eager')[: 1 + eager]}
     for evaluator in evaluators.values():
         evaluator.dataset_meta = loader.dataset.metainfo
     model, worst = tensor_mode.model, None
@@ -70,8 +76,9 @@ def evaluate(cfg, tensor_mode, session, eager=False):
                 error = deploy.max_relative_error(outputs, tensor_mode(images))
                 worst = error if worst is None else max(worst, error)
                 # The library's own predict, independent of TensorMode.predict.
-                evaluators['eager'].process(data_samples=model.predict(images, copy.deepcopy(samples)),
-                                            data_batch=batch)
+                evaluators['eager'].process(
+                    data_samples=model.predict(images, copy.deepcopy(samples)), data_batch=batch
+                )
             evaluators['onnxruntime'].process(data_samples=tensor_mode.predict(outputs, samples), data_batch=batch)
     metrics = {name: evaluator.evaluate(len(loader.dataset)) for name, evaluator in evaluators.items()}
     # mmseg's metrics are numpy scalars.
@@ -87,12 +94,16 @@ def main(argv=None) -> int:
     common.register_scope_modules(cfg)
     graph_info = Path(args.onnx).with_suffix('.json')
     if not graph_info.exists():
-        raise SystemExit(f'{graph_info} not found: export with tools/deploy/export.py config, which writes it '
-                         f'beside the .onnx file (it holds how the graph output groups)')
+        raise SystemExit(
+            f'{graph_info} not found: export with tools/deploy/export.py config, which writes it '
+            f'beside the .onnx file (it holds how the graph output groups)'
+        )
     groups = json.loads(graph_info.read_text()).get('output_groups')
     if not groups:
-        raise SystemExit(f'{graph_info} has no output_groups: {args.onnx} is not a whole model exported with '
-                         f'tools/deploy/export.py config')
+        raise SystemExit(
+            f'{graph_info} has no output_groups: {args.onnx} is not a whole model exported with '
+            f'tools/deploy/export.py config'
+        )
     with common.exit_on_checkpoint_error():
         tensor_mode = deploy.build_tensor_mode(cfg, args.checkpoint, groups)
     session = deploy.onnx_session(args.onnx, args.threads)
@@ -104,8 +115,11 @@ def main(argv=None) -> int:
     if not args.eager:
         return 0
     print(f'raw outputs, onnxruntime vs eager: max relative difference {worst:.2e}')
-    differing = {key: (value, metrics['eager'].get(key)) for key, value in metrics['onnxruntime'].items()
-                 if value != metrics['eager'].get(key)}
+    differing = {
+        key: (value, metrics['eager'].get(key))
+        for key, value in metrics['onnxruntime'].items()
+        if value != metrics['eager'].get(key)
+    }
     if differing:
         print(f'onnxruntime and eager differ in {len(differing)} metrics (onnxruntime, eager): {differing}')
         return 1

@@ -16,6 +16,7 @@ both with a dynamic batch, height and width in ``[--min-side, --max-side]``, the
 the ONNX file in onnxruntime (CPU) at each ``--check-size`` and prints its largest
 relative difference to eager PyTorch (exit status 1 above ``--tolerance``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,30 +33,51 @@ import _cli_common as common  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Export a visattn_mm model to .pt2 and ONNX')
-    parser.add_argument('kind', choices=('backbone', 'timm', 'config'),
-                        help='backbone: a registered backbone type; timm: a timm model name; '
-                             'config: an mmdet/mmseg config, exported in tensor mode')
-    parser.add_argument('target', help='backbone type (ViL, ViLLS, VVT, PaleTransformer), timm name, '
-                                       'or config file')
+    parser.add_argument(
+        'kind',
+        choices=('backbone', 'timm', 'config'),
+        help='backbone: a registered backbone type; timm: a timm model name; '
+        'config: an mmdet/mmseg config, exported in tensor mode',
+    )
+    parser.add_argument('target', help='backbone type (ViL, ViLLS, VVT, PaleTransformer), timm name, or config file')
     parser.add_argument('--arch', default='tiny', help='backbone arch (kind backbone). Default: tiny')
-    parser.add_argument('--checkpoint', help="weights to load (default: random init); kind config: the "
-                                             "model's own checkpoint, loaded exactly as tools/test.py does")
+    parser.add_argument(
+        '--checkpoint',
+        help="weights to load (default: random init); kind config: the "
+        "model's own checkpoint, loaded exactly as tools/test.py does",
+    )
     parser.add_argument('--out-dir', default='work_dirs/deploy')
     parser.add_argument('--name', help='file stem (default: from the target)')
-    parser.add_argument('--example-size', type=int, nargs=2, default=(480, 640), metavar=('H', 'W'),
-                        help='size traced with (inside the range, no stage map narrower than a '
-                             'window). Default: 480 640')
+    parser.add_argument(
+        '--example-size',
+        type=int,
+        nargs=2,
+        default=(480, 640),
+        metavar=('H', 'W'),
+        help='size traced with (inside the range, no stage map narrower than a window). Default: 480 640',
+    )
     parser.add_argument('--batch', type=int, default=2, help='batch traced with (not 1). Default: 2')
     parser.add_argument('--min-side', type=int, default=224)
     parser.add_argument('--max-side', type=int, default=2048)
     parser.add_argument('--static', action='store_true', help='export for --example-size only')
-    parser.add_argument('--check-size', type=int, nargs=2, action='append', metavar=('H', 'W'),
-                        help='onnxruntime vs eager at this size (repeatable). Default: the example size')
-    parser.add_argument('--tolerance', type=float, default=1e-4,
-                        help='largest relative difference accepted at the check sizes. Default: 1e-4')
+    parser.add_argument(
+        '--check-size',
+        type=int,
+        nargs=2,
+        action='append',
+        metavar=('H', 'W'),
+        help='onnxruntime vs eager at this size (repeatable). Default: the example size',
+    )
+    parser.add_argument(
+        '--tolerance',
+        type=float,
+        default=1e-4,
+        help='largest relative difference accepted at the check sizes. Default: 1e-4',
+    )
     parser.add_argument('--no-onnx', action='store_true', help='write only the .pt2 program')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='config overrides (kind config), as in tools/test.py')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction, help='config overrides (kind config), as in tools/test.py'
+    )
     return parser.parse_args(argv)
 
 
@@ -66,15 +88,18 @@ def build_model(args):
 
     if args.kind == 'config':
         from visattn_mm.deploy import build_tensor_mode
+
         cfg = common.load_config(args.target, args.cfg_options, 'none')
         common.register_scope_modules(cfg)
         return build_tensor_mode(cfg, args.checkpoint), args.name or Path(args.target).stem
     if args.kind == 'backbone':
         from mmdet.registry import MODELS
+
         model = MODELS.build(dict(type=args.target, arch=args.arch, attn_impl='fast'))
         name = f'{args.target}_{args.arch}'
     else:
         import timm
+
         model = timm.create_model(args.target, attn_impl='fast')
         name = args.target
     if args.checkpoint:

@@ -10,6 +10,7 @@ both are timed alternately, ``--repeats`` times after one warm-up call each; the
 of each and their ratio (onnxruntime / eager) are printed as a Markdown table and
 written to ``--out``. Both use every thread the process may use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,13 @@ def measure(family, args, workdir):
             eager.append(seconds(lambda: model(images)))
             runtime.append(seconds(lambda: deploy.run_onnx(session, images)))
     eager_s, runtime_s = statistics.median(eager), statistics.median(runtime)
-    return dict(backbone=f'{family} {args.arch}', eager_s=round(eager_s, 3), onnxruntime_s=round(runtime_s, 3),
-                ratio=round(runtime_s / eager_s, 2), max_relative_error=f'{error:.1e}')
+    return dict(
+        backbone=f'{family} {args.arch}',
+        eager_s=round(eager_s, 3),
+        onnxruntime_s=round(runtime_s, 3),
+        ratio=round(runtime_s / eager_s, 2),
+        max_relative_error=f'{error:.1e}',
+    )
 
 
 def main(argv=None) -> int:
@@ -78,16 +84,27 @@ def main(argv=None) -> int:
             try:
                 rows.append(measure(family, args, workdir))
             except Exception as error:  # noqa: BLE001 -- one family's failure is a row, not the end of the run
-                rows.append(dict(backbone=f'{family} {args.arch}', eager_s='', onnxruntime_s='', ratio='',
-                                 max_relative_error=f'export failed: {type(error).__name__}'))
+                rows.append(
+                    dict(
+                        backbone=f'{family} {args.arch}',
+                        eager_s='',
+                        onnxruntime_s='',
+                        ratio='',
+                        max_relative_error=f'export failed: {type(error).__name__}',
+                    )
+                )
             print(rows[-1], flush=True)
-    print(f'\n{args.size[0]}x{args.size[1]}, batch 1, CPU threads: torch {torch.get_num_threads()}, '
-          f'median of {args.repeats}\n')
+    print(
+        f'\n{args.size[0]}x{args.size[1]}, batch 1, CPU threads: torch {torch.get_num_threads()}, '
+        f'median of {args.repeats}\n'
+    )
     print('| backbone | eager PyTorch (s) | onnxruntime (s) | onnxruntime / eager | max rel. diff |')
     print('|---|---|---|---|---|')
     for row in rows:
-        print(f"| {row['backbone']} | {row['eager_s']} | {row['onnxruntime_s']} | {row['ratio']} | "
-              f"{row['max_relative_error']} |")
+        print(
+            f"| {row['backbone']} | {row['eager_s']} | {row['onnxruntime_s']} | {row['ratio']} | "
+            f"{row['max_relative_error']} |"
+        )
     if args.out:
         with open(args.out, 'w', newline='') as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

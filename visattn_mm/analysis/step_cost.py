@@ -41,6 +41,7 @@ Counting is exact for the program the step runs; time is not counted (kernel
 efficiency and host overhead are the device's: measure them on a GPU).
 ``docs/benchmarks.md`` holds the calibration against an H100's measured peaks.
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,32 +64,119 @@ from ..ops.impl import dispatch_as
 aten = torch.ops.aten
 AUTOCAST_DTYPES = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 MODES = ('fwd', 'fwd+bwd')
-ALLOCATION_ROUNDING = 512     # bytes; CUDA's caching allocator rounds every block up to this
+ALLOCATION_ROUNDING = 512  # bytes; CUDA's caching allocator rounds every block up to this
 
 # Op classes, by ATen op name (the overload packet's); everything else is 'elementwise'.
 OP_CLASSES = {
-    'layout': ('copy_', 'clone', 'cat', 'stack', 'constant_pad_nd', 'reflection_pad2d', 'replication_pad2d',
-               'index', '_unsafe_index', 'index_select', 'gather', 'scatter', 'scatter_', 'scatter_add',
-               'scatter_add_', 'scatter_reduce', 'scatter_reduce_', 'index_put', 'index_put_', '_index_put_impl_',
-               '_unsafe_index_put', 'index_add', 'index_add_', 'index_copy', 'index_copy_', 'index_reduce',
-               'index_reduce_', 'slice_backward', 'select_backward',
-               'narrow_copy', 'slice_scatter', 'select_scatter', 'as_strided_scatter', 'diagonal_backward',
-               'unfold_backward', 'roll', 'repeat', 'flip', 'expand_copy', 'permute_copy', 'im2col', 'col2im',
-               'masked_scatter', 'masked_scatter_', 'split_with_sizes_copy', 'unbind_copy', 'embedding',
-               'embedding_dense_backward', 'pixel_shuffle', 'pixel_unshuffle', 'channel_shuffle'),
+    'layout': (
+        'copy_',
+        'clone',
+        'cat',
+        'stack',
+        'constant_pad_nd',
+        'reflection_pad2d',
+        'replication_pad2d',
+        'index',
+        '_unsafe_index',
+        'index_select',
+        'gather',
+        'scatter',
+        'scatter_',
+        'scatter_add',
+        'scatter_add_',
+        'scatter_reduce',
+        'scatter_reduce_',
+        'index_put',
+        'index_put_',
+        '_index_put_impl_',
+        '_unsafe_index_put',
+        'index_add',
+        'index_add_',
+        'index_copy',
+        'index_copy_',
+        'index_reduce',
+        'index_reduce_',
+        'slice_backward',
+        'select_backward',
+        'narrow_copy',
+        'slice_scatter',
+        'select_scatter',
+        'as_strided_scatter',
+        'diagonal_backward',
+        'unfold_backward',
+        'roll',
+        'repeat',
+        'flip',
+        'expand_copy',
+        'permute_copy',
+        'im2col',
+        'col2im',
+        'masked_scatter',
+        'masked_scatter_',
+        'split_with_sizes_copy',
+        'unbind_copy',
+        'embedding',
+        'embedding_dense_backward',
+        'pixel_shuffle',
+        'pixel_unshuffle',
+        'channel_shuffle',
+    ),
     'matmul': ('mm', 'bmm', 'addmm', 'baddbmm', 'addbmm', 'convolution', '_convolution', 'convolution_backward'),
-    'attention': ('_scaled_dot_product_efficient_attention', '_scaled_dot_product_efficient_attention_backward',
-                  '_scaled_dot_product_flash_attention', '_scaled_dot_product_flash_attention_backward',
-                  '_scaled_dot_product_flash_attention_for_cpu',
-                  '_scaled_dot_product_flash_attention_for_cpu_backward'),
-    'norm': ('native_layer_norm', 'native_layer_norm_backward', 'native_group_norm', 'native_group_norm_backward',
-             'native_batch_norm', 'native_batch_norm_backward', '_native_batch_norm_legit',
-             '_native_batch_norm_legit_functional', '_native_batch_norm_legit_no_training', 'batch_norm_backward'),
+    'attention': (
+        '_scaled_dot_product_efficient_attention',
+        '_scaled_dot_product_efficient_attention_backward',
+        '_scaled_dot_product_flash_attention',
+        '_scaled_dot_product_flash_attention_backward',
+        '_scaled_dot_product_flash_attention_for_cpu',
+        '_scaled_dot_product_flash_attention_for_cpu_backward',
+    ),
+    'norm': (
+        'native_layer_norm',
+        'native_layer_norm_backward',
+        'native_group_norm',
+        'native_group_norm_backward',
+        'native_batch_norm',
+        'native_batch_norm_backward',
+        '_native_batch_norm_legit',
+        '_native_batch_norm_legit_functional',
+        '_native_batch_norm_legit_no_training',
+        'batch_norm_backward',
+    ),
     'softmax': ('_softmax', '_softmax_backward_data', '_log_softmax', '_log_softmax_backward_data'),
-    'reduction': ('sum', 'mean', 'amax', 'amin', 'max', 'min', 'var_mean', 'var', 'std', 'norm',
-                  'linalg_vector_norm', 'prod', 'cumsum', 'argmax', 'argmin', 'logsumexp'),
-    'fill': ('zeros', 'zero_', 'fill_', 'full', 'ones', 'new_zeros', 'new_ones', 'new_full', 'zeros_like',
-             'ones_like', 'full_like', 'scalar_tensor', 'arange', 'linspace'),
+    'reduction': (
+        'sum',
+        'mean',
+        'amax',
+        'amin',
+        'max',
+        'min',
+        'var_mean',
+        'var',
+        'std',
+        'norm',
+        'linalg_vector_norm',
+        'prod',
+        'cumsum',
+        'argmax',
+        'argmin',
+        'logsumexp',
+    ),
+    'fill': (
+        'zeros',
+        'zero_',
+        'fill_',
+        'full',
+        'ones',
+        'new_zeros',
+        'new_ones',
+        'new_full',
+        'zeros_like',
+        'ones_like',
+        'full_like',
+        'scalar_tensor',
+        'arange',
+        'linspace',
+    ),
 }
 _CLASS_OF = {name: kind for kind, names in OP_CLASSES.items() for name in names}
 # Ops that allocate without writing: no kernel.
@@ -96,18 +184,65 @@ _ALLOCATIONS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_
 
 # CUDA autocast's float32 policies beyond CPU autocast's (aten/src/ATen/autocast_mode.cpp): ops whose
 # 16-bit floating inputs are computed in float32, and reductions that get ``dtype=float32``.
-_FP32_INPUTS = (F.layer_norm, torch.layer_norm, F.group_norm, torch.group_norm, torch.exp, torch.Tensor.exp,
-                torch.log, torch.Tensor.log, torch.log1p, torch.Tensor.log1p, torch.expm1, torch.log2, torch.log10,
-                torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.rsqrt, torch.Tensor.rsqrt, torch.reciprocal,
-                torch.Tensor.reciprocal, torch.acos, torch.asin, torch.cosh, torch.sinh, torch.tan, torch.erfinv,
-                F.softplus, torch.cosine_similarity, F.cosine_similarity, torch.cdist, torch.dist, torch.logsumexp,
-                torch.Tensor.logsumexp, F.binary_cross_entropy_with_logits, F.l1_loss, F.mse_loss,
-                F.smooth_l1_loss, F.nll_loss, F.kl_div)
-_FP32_RESULT = (torch.sum, torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum, torch.prod, torch.Tensor.prod,
-                torch.cumprod, torch.Tensor.cumprod)
-_SOFTMAXES = {F.softmax: aten._softmax, torch.softmax: aten._softmax, torch.Tensor.softmax: aten._softmax,
-              F.log_softmax: aten._log_softmax, torch.log_softmax: aten._log_softmax,
-              torch.Tensor.log_softmax: aten._log_softmax}
+_FP32_INPUTS = (
+    F.layer_norm,
+    torch.layer_norm,
+    F.group_norm,
+    torch.group_norm,
+    torch.exp,
+    torch.Tensor.exp,
+    torch.log,
+    torch.Tensor.log,
+    torch.log1p,
+    torch.Tensor.log1p,
+    torch.expm1,
+    torch.log2,
+    torch.log10,
+    torch.pow,
+    torch.Tensor.pow,
+    torch.Tensor.__pow__,
+    torch.rsqrt,
+    torch.Tensor.rsqrt,
+    torch.reciprocal,
+    torch.Tensor.reciprocal,
+    torch.acos,
+    torch.asin,
+    torch.cosh,
+    torch.sinh,
+    torch.tan,
+    torch.erfinv,
+    F.softplus,
+    torch.cosine_similarity,
+    F.cosine_similarity,
+    torch.cdist,
+    torch.dist,
+    torch.logsumexp,
+    torch.Tensor.logsumexp,
+    F.binary_cross_entropy_with_logits,
+    F.l1_loss,
+    F.mse_loss,
+    F.smooth_l1_loss,
+    F.nll_loss,
+    F.kl_div,
+)
+_FP32_RESULT = (
+    torch.sum,
+    torch.Tensor.sum,
+    torch.cumsum,
+    torch.Tensor.cumsum,
+    torch.prod,
+    torch.Tensor.prod,
+    torch.cumprod,
+    torch.Tensor.cumprod,
+)
+_SOFTMAXES = {
+    F.softmax: aten._softmax,
+    torch.softmax: aten._softmax,
+    torch.Tensor.softmax: aten._softmax,
+    F.log_softmax: aten._log_softmax,
+    torch.log_softmax: aten._log_softmax,
+    torch.Tensor.log_softmax: aten._log_softmax,
+}
 # Ops CUDA autocast runs in 16 bits that CPU autocast leaves alone.
 _LOW_PRECISION = (torch.einsum, torch.mv, torch.Tensor.mv, torch.addmv, torch.addr, torch.chain_matmul)
 _HALVES = (torch.float16, torch.bfloat16)
@@ -117,6 +252,7 @@ _TENSOR_BACKWARD = torch.Tensor.backward
 @dataclasses.dataclass
 class OpCost:
     """What the calls of one op (or op class) cost: see the module docstring."""
+
     op_class: str = ''
     count: int = 0
     launched: int = 0
@@ -142,6 +278,7 @@ class StepCost:
         peak_bytes (int): Peak of live storages created during the step.
         ops (dict[str, OpCost]): Per ATen op name (``namespace::name`` for custom ops).
     """
+
     peak_bytes: int
     ops: dict
 
@@ -163,9 +300,15 @@ class StepCost:
     def summary(self):
         """Flat figures of the step (bytes, FLOPs, launched ops) for tables and tests."""
         total, layout = self.total(), self.by_class().get('layout', OpCost())
-        return dict(peak_bytes=self.peak_bytes, launched=total.launched, flops=total.flops,
-                    bytes_moved=total.bytes_moved, bytes_saved=total.bytes_saved,
-                    layout_bytes=layout.bytes_moved, layout_launched=layout.launched)
+        return dict(
+            peak_bytes=self.peak_bytes,
+            launched=total.launched,
+            flops=total.flops,
+            bytes_moved=total.bytes_moved,
+            bytes_saved=total.bytes_saved,
+            layout_bytes=layout.bytes_moved,
+            layout_launched=layout.launched,
+        )
 
 
 def _op_name(func):
@@ -206,13 +349,13 @@ class _Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = collections.defaultdict(OpCost)
-        self.live = {}              # storage key -> rounded bytes, for storages created while recording
+        self.live = {}  # storage key -> rounded bytes, for storages created while recording
         self.live_bytes = 0
         self.peak_bytes = 0
         self.saved = set()
         self.last_op = None
-        self.last_outputs = set()   # storage keys the last op created
-        self.pending_saved = 0      # saved before the op that saves them runs (autograd saves inputs first)
+        self.last_outputs = set()  # storage keys the last op created
+        self.pending_saved = 0  # saved before the op that saves them runs (autograd saves inputs first)
 
     def _release(self, key):
         self.live_bytes -= self.live.pop(key, 0)
@@ -273,8 +416,12 @@ class _Recorder(TorchDispatchMode):
 
 
 def _cast_halves(values, dtype):
-    return [v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype in _HALVES + (torch.float32, ) and
-            v.is_floating_point() else v for v in values]
+    return [
+        v.to(dtype)
+        if isinstance(v, torch.Tensor) and v.dtype in _HALVES + (torch.float32,) and v.is_floating_point()
+        else v
+        for v in values
+    ]
 
 
 class CudaDispatchEmulation(TorchFunctionMode):
@@ -290,7 +437,7 @@ class CudaDispatchEmulation(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             return self._sdpa(*args, **kwargs)
         if func is _TENSOR_BACKWARD:
-            with self:     # backward's recomputations (checkpoints) run under the same emulation
+            with self:  # backward's recomputations (checkpoints) run under the same emulation
                 return _run_backward(*args, **kwargs)
         if not autocasting:
             return func(*args, **kwargs)
@@ -318,8 +465,9 @@ class CudaDispatchEmulation(TorchFunctionMode):
         with torch.autocast('cpu', enabled=False):
             needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             if attn_mask is None and query.dtype in _HALVES:
-                return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, False, False,
-                                                                scale=scale)[0]
+                return aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, False, False, scale=scale
+                )[0]
             if attn_mask is not None:
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, -math.inf)
@@ -328,16 +476,23 @@ class CudaDispatchEmulation(TorchFunctionMode):
                 if not aligned:
                     attn_mask = F.pad(attn_mask, (0, (-last) % 8))[..., :last]
                 attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-            return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, needs_grad, dropout_p,
-                                                                False, scale=scale)[0]
+            return aten._scaled_dot_product_efficient_attention(
+                query, key, value, attn_mask, needs_grad, dropout_p, False, scale=scale
+            )[0]
 
 
 def _run_backward(tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     # The engine itself, so that the torch-function mode stays on for what backward runs in Python.
     gradient = torch.ones_like(tensor) if gradient is None else gradient
     torch.autograd.Variable._execution_engine.run_backward(
-        (tensor, ), (gradient, ), bool(retain_graph or create_graph), create_graph, tuple(inputs or ()),
-        allow_unreachable=True, accumulate_grad=True)
+        (tensor,),
+        (gradient,),
+        bool(retain_graph or create_graph),
+        create_graph,
+        tuple(inputs or ()),
+        allow_unreachable=True,
+        accumulate_grad=True,
+    )
 
 
 def output_loss(outputs):
@@ -358,8 +513,7 @@ def _to_fake(module, fake_mode):
                 sub._buffers[name] = fake_mode.from_tensor(buffer)
 
 
-def trace_step(model, input_shape, dtype='bf16', mode='fwd+bwd', device_type='cuda', forward=None,
-               loss=output_loss):
+def trace_step(model, input_shape, dtype='bf16', mode='fwd+bwd', device_type='cuda', forward=None, loss=output_loss):
     """Counts one step of ``model`` on a fake input of ``input_shape`` (see the module docstring).
 
     The model's parameters and buffers are replaced by fake tensors: use a model built for this.
@@ -390,8 +544,11 @@ def trace_step(model, input_shape, dtype='bf16', mode='fwd+bwd', device_type='cu
         images = torch.empty(input_shape)
 
     def step(recorder=None):
-        hooks = (torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t) if recorder
-                 else contextlib.nullcontext())
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
+            if recorder
+            else contextlib.nullcontext()
+        )
         grad = torch.enable_grad() if mode == 'fwd+bwd' else torch.no_grad()
         with grad, hooks:
             with torch.autocast('cpu', dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -408,10 +565,10 @@ def trace_step(model, input_shape, dtype='bf16', mode='fwd+bwd', device_type='cu
             if device_type == 'cuda':
                 emulation.enter_context(dispatch_as('cuda'))
                 emulation.enter_context(CudaDispatchEmulation(autocast_dtype))
-            step()                                   # warm-up: cached constants exist before the step
+            step()  # warm-up: cached constants exist before the step
             recorder = _Recorder()
             with recorder:
                 step(recorder)
     finally:
-        clear_device_caches()                        # the caches hold fake tensors now
+        clear_device_caches()  # the caches hold fake tensors now
     return StepCost(peak_bytes=recorder.peak_bytes, ops=dict(recorder.ops))

@@ -5,6 +5,7 @@ official, timm training), ``state_dict`` (mmengine/mmdet/mmseg, timm), ``module`
 or a bare state_dict. Keys may carry ``module.`` (DataParallel) and, in full
 detector/segmentor checkpoints, ``backbone.``.
 """
+
 import os
 import pickle
 import warnings
@@ -31,7 +32,8 @@ MISSING_FILE_HELP = (
     '(e.g. `python tools/convert_ckpt.py vil_small_official.pth checkpoints/vil_small.pth --config CONFIG`) '
     'or by training a timm classifier (tools/timm_train.py, e.g. --model vil_small) and pointing '
     'init_cfg.checkpoint at its checkpoint; or train from scratch with '
-    '`--cfg-options model.backbone.init_cfg=None`.')
+    '`--cfg-options model.backbone.init_cfg=None`.'
+)
 
 
 def _reason(err):
@@ -44,13 +46,15 @@ def _reason(err):
     return (lines[0] if lines else type(err).__name__)[:200]
 
 
-REREAD_HELP = ('Re-download or re-convert it (tools/convert_ckpt.py), or point to another .pth file '
-               'written by torch.save.')
+REREAD_HELP = (
+    'Re-download or re-convert it (tools/convert_ckpt.py), or point to another .pth file written by torch.save.'
+)
 
 
 def _not_a_checkpoint(path, err, detected):
-    return CheckpointError(f'{path}: not a readable torch checkpoint: {detected} ({type(err).__name__}: '
-                           f'{_reason(err)}). {REREAD_HELP}')
+    return CheckpointError(
+        f'{path}: not a readable torch checkpoint: {detected} ({type(err).__name__}: {_reason(err)}). {REREAD_HELP}'
+    )
 
 
 def read_checkpoint(path, map_location='cpu'):
@@ -68,21 +72,26 @@ def read_checkpoint(path, map_location='cpu'):
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointNotFoundError(f'checkpoint file not found: {path!r} (working directory '
-                                      f'{os.getcwd()!r}). ' + MISSING_FILE_HELP)
+        raise CheckpointNotFoundError(
+            f'checkpoint file not found: {path!r} (working directory {os.getcwd()!r}). ' + MISSING_FILE_HELP
+        )
     if os.path.getsize(path) == 0:
-        raise CheckpointError(f'{path}: the file is empty (0 bytes; an interrupted download, copy or '
-                              f'save leaves such files). {REREAD_HELP}')
+        raise CheckpointError(
+            f'{path}: the file is empty (0 bytes; an interrupted download, copy or '
+            f'save leaves such files). {REREAD_HELP}'
+        )
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         message = str(err)
-        if 'global' not in message.lower():   # e.g. "Unsupported operand": not a pickle of objects
+        if 'global' not in message.lower():  # e.g. "Unsupported operand": not a pickle of objects
             raise _not_a_checkpoint(path, err, 'its bytes are not a torch pickle') from err
         warnings.warn(
             f'{path}: not loadable with weights_only=True ({_reason(err)}); unpickling it fully '
             'because it is a local file you pointed to. Convert it once with tools/convert_ckpt.py '
-            'to get a weights-only file.', stacklevel=2)
+            'to get a weights-only file.',
+            stacklevel=2,
+        )
     except Exception as err:  # zip/pickle framing errors: truncated or not a checkpoint at all
         raise _not_a_checkpoint(path, err, 'the file may be truncated or of another format') from err
     try:
@@ -92,8 +101,11 @@ def read_checkpoint(path, map_location='cpu'):
 
 
 def _is_state_dict(obj):
-    return isinstance(obj, dict) and bool(obj) and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    return (
+        isinstance(obj, dict)
+        and bool(obj)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def find_state_dict(checkpoint):
@@ -114,9 +126,11 @@ def find_state_dict(checkpoint):
                 break
     if container is None:
         found = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise ValueError(f'no state_dict of tensors found in the checkpoint (looked for a bare '
-                         f'state_dict and containers {CONTAINER_KEYS}; found {found})')
-    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}, container
+        raise ValueError(
+            f'no state_dict of tensors found in the checkpoint (looked for a bare '
+            f'state_dict and containers {CONTAINER_KEYS}; found {found})'
+        )
+    return {k[len('module.') :] if k.startswith('module.') else k: v for k, v in state_dict.items()}, container
 
 
 def unwrap_state_dict(checkpoint):
@@ -131,6 +145,6 @@ def unwrap_state_dict(checkpoint):
     """
     state_dict, container = find_state_dict(checkpoint)
     if any(k.startswith('backbone.') for k in state_dict):
-        state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        state_dict = {k[len('backbone.') :]: v for k, v in state_dict.items() if k.startswith('backbone.')}
         container += '+backbone.'
     return state_dict, container

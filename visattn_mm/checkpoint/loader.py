@@ -10,6 +10,7 @@ that matched too little. Whole-model loads (:mod:`.policy`) share the reading
 (:func:`read_pretrained`), the matching (:func:`match_state_dict`), the loading
 (:func:`load_matched`) and the report.
 """
+
 from dataclasses import dataclass, field
 
 import torch
@@ -28,15 +29,15 @@ class LoadReport:
     source: str
     container: str = ''
     layout: str = ''
-    loaded: list = field(default_factory=list)        # keys loaded unchanged
-    converted: dict = field(default_factory=dict)     # new key -> how it was made
-    renamed: dict = field(default_factory=dict)       # new key -> old key (an older layout, values unchanged)
-    resized: dict = field(default_factory=dict)       # key -> (old shape, new shape)
-    dropped: dict = field(default_factory=dict)       # checkpoint key -> why it was not used
-    mismatched: dict = field(default_factory=dict)    # key -> (checkpoint shape, model shape)
-    fresh: dict = field(default_factory=dict)         # model tensors such checkpoints never have -> why
-    missing: list = field(default_factory=list)       # model tensors the checkpoint did not set
-    unexpected: list = field(default_factory=list)    # checkpoint tensors the model has no place for
+    loaded: list = field(default_factory=list)  # keys loaded unchanged
+    converted: dict = field(default_factory=dict)  # new key -> how it was made
+    renamed: dict = field(default_factory=dict)  # new key -> old key (an older layout, values unchanged)
+    resized: dict = field(default_factory=dict)  # key -> (old shape, new shape)
+    dropped: dict = field(default_factory=dict)  # checkpoint key -> why it was not used
+    mismatched: dict = field(default_factory=dict)  # key -> (checkpoint shape, model shape)
+    fresh: dict = field(default_factory=dict)  # model tensors such checkpoints never have -> why
+    missing: list = field(default_factory=list)  # model tensors the checkpoint did not set
+    unexpected: list = field(default_factory=list)  # checkpoint tensors the model has no place for
     num_model_params: int = 0
     num_loaded_params: int = 0
 
@@ -61,17 +62,29 @@ class LoadReport:
             f'  parameter tensors loaded: {self.num_loaded_params}/{self.num_model_params} '
             f'({100 * self.loaded_fraction:.1f}%)',
             f'  loaded as-is: {len(self.loaded)}',
-            f'  converted: {len(self.converted)}' + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})'
-                                                   if self.converted else ''),
-            *([f'  renamed from an older layout: {len(self.renamed)} '
-               f'({keys(f"{k} <- {v}" for k, v in self.renamed.items())})'] if self.renamed else []),
-            f'  resized: {len(self.resized)}' + (
+            f'  converted: {len(self.converted)}'
+            + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})' if self.converted else ''),
+            *(
+                [
+                    f'  renamed from an older layout: {len(self.renamed)} '
+                    f'({keys(f"{k} <- {v}" for k, v in self.renamed.items())})'
+                ]
+                if self.renamed
+                else []
+            ),
+            f'  resized: {len(self.resized)}'
+            + (
                 f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
-                if self.resized else ''),
+                if self.resized
+                else ''
+            ),
             f'  dropped: {len(self.dropped)}' + (f' [{by_reason(self.dropped)}]' if self.dropped else ''),
-            f'  shape mismatch (not loaded): {len(self.mismatched)}' + (
+            f'  shape mismatch (not loaded): {len(self.mismatched)}'
+            + (
                 f' ({keys(f"{k} ckpt {tuple(a)} vs model {tuple(b)}" for k, (a, b) in self.mismatched.items())})'
-                if self.mismatched else ''),
+                if self.mismatched
+                else ''
+            ),
             f'  initialised fresh: {len(self.fresh)}' + (f' [{by_reason(self.fresh)}]' if self.fresh else ''),
             f'  missing: {len(self.missing)}' + (f' ({keys(self.missing)})' if self.missing else ''),
             f'  unexpected: {len(self.unexpected)}' + (f' ({keys(self.unexpected)})' if self.unexpected else ''),
@@ -79,12 +92,15 @@ class LoadReport:
         return '\n'.join(lines)
 
 
-INIT_CFG_ADVICE = ('is it a checkpoint of another model or size? Pass allow_partial=True '
-                   '(init_cfg=dict(..., allow_partial=True)) to load it anyway.')
+INIT_CFG_ADVICE = (
+    'is it a checkpoint of another model or size? Pass allow_partial=True '
+    '(init_cfg=dict(..., allow_partial=True)) to load it anyway.'
+)
 
 
-def load_pretrained(model, checkpoint, allow_partial=False, logger=None, map_location='cpu',
-                    source=None, advice=INIT_CFG_ADVICE):
+def load_pretrained(
+    model, checkpoint, allow_partial=False, logger=None, map_location='cpu', source=None, advice=INIT_CFG_ADVICE
+):
     """Load ``checkpoint`` (a path or an already-read object) into ``model``.
 
     Args:
@@ -140,16 +156,17 @@ def read_pretrained(model, checkpoint, map_location='cpu', source=None):
     try:
         state_dict, container = unwrap_state_dict(checkpoint)
     except ValueError as err:
-        raise CheckpointError(f'{source}: {err}. Is it a model checkpoint? Point to a file holding '
-                              'a state_dict (tools/convert_ckpt.py writes one).') from None
+        raise CheckpointError(
+            f'{source}: {err}. Is it a model checkpoint? Point to a file holding '
+            'a state_dict (tools/convert_ckpt.py writes one).'
+        ) from None
     report = LoadReport(source=str(source), container=container, layout='ours')
     if isinstance(model, CheckpointProtocol):
         state_dict = model.checkpoint_filter(state_dict, set(model.state_dict()), report)
     return state_dict, report
 
 
-def load_state_dict_with_report(model, state_dict, report, allow_partial=False, advice=INIT_CFG_ADVICE,
-                                logger=None):
+def load_state_dict_with_report(model, state_dict, report, allow_partial=False, advice=INIT_CFG_ADVICE, logger=None):
     """Load the tensors of ``state_dict`` that fit ``model``, filling in ``report``; or refuse.
 
     Args:
@@ -173,8 +190,8 @@ def load_state_dict_with_report(model, state_dict, report, allow_partial=False, 
         raise CheckpointError(
             f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
             f'parameter tensors of {type(model).__name__} match {report.source} (need '
-            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n'
-            + report.summary())
+            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n' + report.summary()
+        )
     return load_matched(model, usable, report, logger)
 
 
@@ -230,13 +247,14 @@ def load_matched(model, usable, report, logger=None):
 
 def check_finite(state_dict, source, max_keys=5):
     """Raise a CheckpointError naming ``source`` and the tensors that hold NaN or inf values."""
-    bad = [key for key, value in state_dict.items()
-           if value.is_floating_point() and not torch.isfinite(value).all()]
+    bad = [key for key, value in state_dict.items() if value.is_floating_point() and not torch.isfinite(value).all()]
     if bad:
         shown = ', '.join(bad[:max_keys]) + (f', ... (+{len(bad) - max_keys})' if len(bad) > max_keys else '')
-        raise CheckpointError(f'refusing to load {source}: {len(bad)} tensor(s) hold NaN or inf values ({shown}). '
-                         'The run that wrote it probably diverged; use an earlier checkpoint of that run '
-                         'or retrain. Nothing was loaded.')
+        raise CheckpointError(
+            f'refusing to load {source}: {len(bad)} tensor(s) hold NaN or inf values ({shown}). '
+            'The run that wrote it probably diverged; use an earlier checkpoint of that run '
+            'or retrain. Nothing was loaded.'
+        )
 
 
 def _load_all_or_nothing(model, state_dict):

@@ -16,6 +16,7 @@ Two rules, by purpose:
   resuming has no such option. Resuming also needs the training state mmengine restores
   (``meta`` with the epoch and iteration, ``message_hub``).
 """
+
 from .formats import CheckpointError, find_state_dict
 from .loader import (
     MIN_LOADED_FRACTION,
@@ -31,11 +32,15 @@ PURPOSES = ('load_from', 'test', 'resume')
 
 #: How a config asks for a partial load; the tools that have a flag for it say theirs instead.
 PARTIAL_LOAD_OPTION = 'set load_from_allow_partial=True in the config (--cfg-options load_from_allow_partial=True)'
-INIT_FROM_IMAGENET = ("model.backbone.init_cfg=dict(type='Pretrained', checkpoint=FILE) or "
-                      'load_from=FILE (which loads classification checkpoints into the backbone)')
-LOAD_FROM_ADVICE = ('is it a checkpoint of another model (another backbone, size or detector)? '
-                    'Use a checkpoint of this config\'s model; to start from ImageNet weights use '
-                    f'{INIT_FROM_IMAGENET}. To load a partial match on purpose, {PARTIAL_LOAD_OPTION}.')
+INIT_FROM_IMAGENET = (
+    "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=FILE) or "
+    'load_from=FILE (which loads classification checkpoints into the backbone)'
+)
+LOAD_FROM_ADVICE = (
+    'is it a checkpoint of another model (another backbone, size or detector)? '
+    'Use a checkpoint of this config\'s model; to start from ImageNet weights use '
+    f'{INIT_FROM_IMAGENET}. To load a partial match on purpose, {PARTIAL_LOAD_OPTION}.'
+)
 REFUSED_ACTION = {'test': 'evaluate', 'resume': 'resume from'}
 #: The keys of a checkpoint that mmengine's ``Runner.resume`` reads unconditionally.
 RESUME_STATE = ('meta', 'message_hub')
@@ -46,8 +51,9 @@ CLASSIFIER_PARTS = ('head', 'neck')
 MAX_LISTED = 4
 
 
-def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=False, logger=None,
-                          partial_option=PARTIAL_LOAD_OPTION):
+def load_model_checkpoint(
+    model, checkpoint, source, purpose, allow_partial=False, logger=None, partial_option=PARTIAL_LOAD_OPTION
+):
     """Load a checkpoint given to the whole model, or refuse it with the reason and the fix.
 
     Args:
@@ -83,8 +89,14 @@ def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=Fals
     parts = parts_besides_backbone(model)
     if purpose == 'load_from':
         if parts and not set(top_level_names(state_dict)) & set(parts):
-            return load_pretrained(model.backbone, checkpoint, allow_partial, logger, source=source,
-                                   advice=_backbone_load_from_advice(source, model, state_dict))
+            return load_pretrained(
+                model.backbone,
+                checkpoint,
+                allow_partial,
+                logger,
+                source=source,
+                advice=_backbone_load_from_advice(source, model, state_dict),
+            )
         report = LoadReport(source=str(source), container=container, layout='whole model')
         return load_state_dict_with_report(model, state_dict, report, allow_partial, LOAD_FROM_ADVICE, logger)
     report = LoadReport(source=str(source), container=container, layout='whole model')
@@ -99,7 +111,8 @@ def load_model_checkpoint(model, checkpoint, source, purpose, allow_partial=Fals
     if report.missing:
         (logger or _current_logger()).warning(
             f'evaluating {source} with {len(report.missing)} tensors of {type(model).__name__} not from it '
-            f'(load_from_allow_partial): {_grouped(report.missing)}')
+            f'(load_from_allow_partial): {_grouped(report.missing)}'
+        )
     return report
 
 
@@ -110,8 +123,7 @@ def parts_besides_backbone(model):
     """
     if not hasattr(model, 'backbone'):
         return []
-    return [name for name, child in model.named_children()
-            if name != 'backbone' and len(child.state_dict())]
+    return [name for name, child in model.named_children() if name != 'backbone' and len(child.state_dict())]
 
 
 def top_level_names(state_dict):
@@ -121,6 +133,7 @@ def top_level_names(state_dict):
 
 def _current_logger():
     from mmengine.logging import MMLogger
+
     return MMLogger.get_current_instance()
 
 
@@ -131,21 +144,29 @@ def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_opt
     """The message refusing to evaluate or resume from a checkpoint that does not set every tensor."""
     source, action = report.source, REFUSED_ACTION[purpose]
     not_in_file = [key for key in report.missing if key not in report.mismatched]
-    lines = [f'refusing to {action} {source}: {len(report.missing)} of {len(model.state_dict())} tensors of '
-             f'{type(model).__name__} would not come from it ({len(not_in_file)} not in it, '
-             f'{len(report.mismatched)} of another shape); {"evaluating" if purpose == "test" else "resuming"} '
-             'needs every tensor from the checkpoint.']
+    lines = [
+        f'refusing to {action} {source}: {len(report.missing)} of {len(model.state_dict())} tensors of '
+        f'{type(model).__name__} would not come from it ({len(not_in_file)} not in it, '
+        f'{len(report.mismatched)} of another shape); {"evaluating" if purpose == "test" else "resuming"} '
+        'needs every tensor from the checkpoint.'
+    ]
     holds, fix = _what_it_holds(model, checkpoint, state_dict, report, purpose)
     lines.append(f'It holds {holds}. {fix}')
     if not_in_file:
         lines.append(f'  not in it: {_grouped(not_in_file)}')
     if report.mismatched:
-        lines.append('  of another shape: ' + '; '.join(
-            _shape_note(model, key, *shapes) for key, shapes in list(report.mismatched.items())[:MAX_LISTED])
-            + (f'; ... (+{len(report.mismatched) - MAX_LISTED})' if len(report.mismatched) > MAX_LISTED else ''))
+        lines.append(
+            '  of another shape: '
+            + '; '.join(
+                _shape_note(model, key, *shapes) for key, shapes in list(report.mismatched.items())[:MAX_LISTED]
+            )
+            + (f'; ... (+{len(report.mismatched) - MAX_LISTED})' if len(report.mismatched) > MAX_LISTED else '')
+        )
     if purpose == 'test':
-        lines.append('To evaluate a partial match on purpose (tensors not from the checkpoint keep their '
-                     f'initial, random values), {partial_option}.')
+        lines.append(
+            'To evaluate a partial match on purpose (tensors not from the checkpoint keep their '
+            f'initial, random values), {partial_option}.'
+        )
     else:
         lines.append('--resume has no partial option: it continues the run that wrote the checkpoint.')
     lines.append('Nothing was loaded.')
@@ -158,28 +179,40 @@ def _what_it_holds(model, checkpoint, state_dict, report, purpose):
     parts = parts_besides_backbone(model)
     names = top_level_names(state_dict)
     file_parts = [name for name in names if name != 'backbone']
-    whole_model = bool(set(names) & set(parts)) or ('backbone' in names
-                                                    and bool(set(file_parts) - set(CLASSIFIER_PARTS)))
+    whole_model = bool(set(names) & set(parts)) or (
+        'backbone' in names and bool(set(file_parts) - set(CLASSIFIER_PARTS))
+    )
     backbone = type(getattr(model, 'backbone', model)).__name__
     if parts and not whole_model:
         fits, matched = _fits_backbone(model.backbone, checkpoint, source)
         if fits:
-            holds = (f'backbone-only weights (ImageNet classification weights of this {backbone}, '
-                     f'{len(state_dict)} tensors: {_first(state_dict)}) and none for {", ".join(parts)}')
+            holds = (
+                f'backbone-only weights (ImageNet classification weights of this {backbone}, '
+                f'{len(state_dict)} tensors: {_first(state_dict)}) and none for {", ".join(parts)}'
+            )
             return holds, BACKBONE_ONLY_FIX[purpose].format(parts=', '.join(parts), source=source)
-        holds = (f'backbone-only weights of another backbone or size ({len(state_dict)} tensors: '
-                 f'{_first(state_dict)}; {matched} of this config\'s {backbone}), and none for {", ".join(parts)}')
+        holds = (
+            f'backbone-only weights of another backbone or size ({len(state_dict)} tensors: '
+            f'{_first(state_dict)}; {matched} of this config\'s {backbone}), and none for {", ".join(parts)}'
+        )
         return holds, OTHER_BACKBONE_FIX[purpose]
     backbone_off = [key for key in report.missing if key.startswith('backbone.')]
-    backbone_note = (f'its backbone fits this config\'s {backbone}' if not backbone_off else
-                     f'{len(backbone_off)} tensors of this config\'s {backbone} are not in it or of another shape')
+    backbone_note = (
+        f'its backbone fits this config\'s {backbone}'
+        if not backbone_off
+        else f'{len(backbone_off)} tensors of this config\'s {backbone} are not in it or of another shape'
+    )
     if parts and set(file_parts) != set(parts):
-        holds = (f'another detector or segmentor: its parts are {", ".join(file_parts) or "none"}, this '
-                 f'config\'s {", ".join(parts)}; {backbone_note}')
+        holds = (
+            f'another detector or segmentor: its parts are {", ".join(file_parts) or "none"}, this '
+            f'config\'s {", ".join(parts)}; {backbone_note}'
+        )
         fix = OTHER_MODEL_FIX[purpose]
         if not backbone_off:
-            fix += (' To train this config from its matching tensors: tools/train.py CONFIG --cfg-options '
-                    f'load_from={source}.')
+            fix += (
+                ' To train this config from its matching tensors: tools/train.py CONFIG --cfg-options '
+                f'load_from={source}.'
+            )
         return holds, fix
     if backbone_off:
         return f'this kind of model with another backbone or size: {backbone_note}', OTHER_SIZE_FIX[purpose]
@@ -188,41 +221,49 @@ def _what_it_holds(model, checkpoint, state_dict, report, purpose):
         counts = {theirs for theirs, _, _ in classes.values()}
         ours = next(iter(classes.values()))[1]
         options = ' '.join(f'model.{head}.num_classes={theirs}' for head, (theirs, _, _) in classes.items())
-        holds = (f'this model trained for {" or ".join(map(str, sorted(counts)))} classes, this config has {ours}')
+        holds = f'this model trained for {" or ".join(map(str, sorted(counts)))} classes, this config has {ours}'
         return holds, CLASSES_FIX[purpose].format(options=options, ours=ours)
     return 'this model, but not all of it (another version of the config?)', SAME_MODEL_FIX[purpose]
 
 
 BACKBONE_ONLY_FIX = {
-    'test': ('These weights are for training, not evaluating: evaluating them would run a randomly '
-             'initialised {parts} (mAP or mIoU near 0). Train this config from them (tools/train.py CONFIG '
-             "--cfg-options load_from={source}, or model.backbone.init_cfg=dict(type='Pretrained', "
-             'checkpoint={source})) and evaluate the checkpoint tools/train.py writes.'),
-    'resume': ('--resume continues a run from a checkpoint tools/train.py wrote (weights of the whole model, '
-               'optimizer, progress); start a new run from these weights instead: tools/train.py CONFIG '
-               '--cfg-options load_from={source}.'),
+    'test': (
+        'These weights are for training, not evaluating: evaluating them would run a randomly '
+        'initialised {parts} (mAP or mIoU near 0). Train this config from them (tools/train.py CONFIG '
+        "--cfg-options load_from={source}, or model.backbone.init_cfg=dict(type='Pretrained', "
+        'checkpoint={source})) and evaluate the checkpoint tools/train.py writes.'
+    ),
+    'resume': (
+        '--resume continues a run from a checkpoint tools/train.py wrote (weights of the whole model, '
+        'optimizer, progress); start a new run from these weights instead: tools/train.py CONFIG '
+        '--cfg-options load_from={source}.'
+    ),
 }
 OTHER_BACKBONE_FIX = {
-    purpose: (f'Neither init_cfg nor load_from can use it for this config either. {what} needs the checkpoint '
-              'tools/train.py wrote for this config; for ImageNet weights of this backbone, `python '
-              'tools/convert_ckpt.py SRC DST --config CONFIG` checks a file and converts it '
-              '(docs/checkpoints.md).')
+    purpose: (
+        f'Neither init_cfg nor load_from can use it for this config either. {what} needs the checkpoint '
+        'tools/train.py wrote for this config; for ImageNet weights of this backbone, `python '
+        'tools/convert_ckpt.py SRC DST --config CONFIG` checks a file and converts it '
+        '(docs/checkpoints.md).'
+    )
     for purpose, what in (('test', 'Evaluating'), ('resume', '--resume'))
 }
 OTHER_MODEL_FIX = {
     'test': 'Evaluate it with the config it was trained with; this config needs a checkpoint tools/train.py '
-            'wrote for it.',
+    'wrote for it.',
     'resume': '--resume continues a run of this config from a checkpoint tools/train.py wrote for it; resume '
-              'this file with the config it was trained with.',
+    'this file with the config it was trained with.',
 }
 OTHER_SIZE_FIX = {
     'test': 'Evaluate it with the config of its backbone and size, or evaluate a checkpoint tools/train.py '
-            'wrote for this config.',
+    'wrote for this config.',
     'resume': 'Resume it with the config of its backbone and size.',
 }
 CLASSES_FIX = {
-    'test': ('Evaluate it with a config of its classes (--cfg-options {options}, and the test dataset\'s '
-             'classes to match), or evaluate a checkpoint trained on this config\'s {ours} classes.'),
+    'test': (
+        'Evaluate it with a config of its classes (--cfg-options {options}, and the test dataset\'s '
+        'classes to match), or evaluate a checkpoint trained on this config\'s {ours} classes.'
+    ),
     'resume': 'Resume it with a config of its classes (--cfg-options {options}, and the dataset\'s classes).',
 }
 SAME_MODEL_FIX = {
@@ -238,8 +279,10 @@ def _fits_backbone(backbone, checkpoint, source):
         match_state_dict(backbone, state_dict, report)
     except (CheckpointError, ValueError) as err:
         return False, f'not loadable into it: {err}'
-    return (report.loaded_fraction >= MIN_LOADED_FRACTION,
-            f'{report.num_loaded_params} of {report.num_model_params} parameter tensors match')
+    return (
+        report.loaded_fraction >= MIN_LOADED_FRACTION,
+        f'{report.num_loaded_params} of {report.num_model_params} parameter tensors match',
+    )
 
 
 def _class_counts(model, report):
@@ -312,15 +355,15 @@ def _check_resume_state(checkpoint, source, num_tensors):
     if not absent:
         return
     also = [repr(key) for key in OPTIONAL_RESUME_STATE if key not in checkpoint]
-    progress = ("no training progress ('meta')" if "'meta'" in absent
-                else 'not the training state --resume restores')
+    progress = "no training progress ('meta')" if "'meta'" in absent else 'not the training state --resume restores'
     raise CheckpointError(
         f'refusing to resume from {source}: it holds the weights of this model (all {num_tensors} tensors '
         f'match) but {progress}: {", ".join(absent + also)} missing. Published or converted files keep '
         "only the weights (mmdet's publish_model.py keeps 'meta' and 'state_dict'). --resume needs a "
         'checkpoint tools/train.py wrote while training (work_dir/iter_N.pth or epoch_N.pth). To train on '
         f'from these weights, start a new run: tools/train.py CONFIG --cfg-options load_from={source} '
-        '(the schedule starts again at iteration 0). Nothing was loaded.')
+        '(the schedule starts again at iteration 0). Nothing was loaded.'
+    )
 
 
 def _check_no_renames(report, source):
@@ -336,7 +379,8 @@ def _check_no_renames(report, source):
             f'refusing to resume from {source}: it was saved with an older layout of the backbone\'s module '
             f'names ({len(report.renamed)} tensors renamed, e.g. {old} -> {new}); its optimizer state follows '
             f'that layout\'s parameter order. Start a new run from its weights instead: tools/train.py CONFIG '
-            f'--cfg-options load_from={source}. Nothing was loaded.')
+            f'--cfg-options load_from={source}. Nothing was loaded.'
+        )
 
 
 def _backbone_load_from_advice(source, model, state_dict):
@@ -345,12 +389,16 @@ def _backbone_load_from_advice(source, model, state_dict):
     names = top_level_names(state_dict)
     others = [name for name in names if name != 'backbone']
     if 'backbone' in names and set(others) - set(CLASSIFIER_PARTS):
-        holds = (f'another detector or segmentor (its parts: {", ".join(others)}; this config\'s: '
-                 f'{", ".join(parts_besides_backbone(model))}), whose backbone weights load into the backbone')
+        holds = (
+            f'another detector or segmentor (its parts: {", ".join(others)}; this config\'s: '
+            f'{", ".join(parts_besides_backbone(model))}), whose backbone weights load into the backbone'
+        )
     else:
         holds = 'backbone-only (e.g. ImageNet classification) weights, which load into the backbone'
-    return (f'load_from={source!r} holds {holds} as init_cfg loads them: is it a checkpoint of another '
-            f'backbone or size (e.g. a ResNet-50 ImageNet checkpoint in a {backbone} config)? Use '
-            f"this backbone's ImageNet checkpoint (`python tools/convert_ckpt.py SRC DST --config "
-            f'CONFIG` checks one and writes it converted). To load a partial match on purpose, '
-            f'{PARTIAL_LOAD_OPTION}.')
+    return (
+        f'load_from={source!r} holds {holds} as init_cfg loads them: is it a checkpoint of another '
+        f'backbone or size (e.g. a ResNet-50 ImageNet checkpoint in a {backbone} config)? Use '
+        f"this backbone's ImageNet checkpoint (`python tools/convert_ckpt.py SRC DST --config "
+        f'CONFIG` checks one and writes it converted). To load a partial match on purpose, '
+        f'{PARTIAL_LOAD_OPTION}.'
+    )

@@ -60,7 +60,7 @@ class CheckpointProtocol:
         """
         own = None
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            local = key[len(prefix):]
+            local = key[len(prefix) :]
             if local.rsplit('.', 1)[-1] in self.derived_tensors:
                 del state_dict[key]
                 if report is not None:

@@ -1,4 +1,5 @@
 """Training-loop pieces (mmengine hooks, the Runner with the checkpoint policy)."""
+
 from .random_shift_hook import RandomShiftHook
 from .rng_state_hook import RngStateHook
 from .runner import CheckpointPolicyRunner

@@ -10,6 +10,7 @@ Needs mmdet and mmcv's compiled ops; ``visattn_mm.registry`` registers the class
 where they import, so a config names it as
 ``tta_model = dict(type='InstanceAwareDetTTAModel', tta_cfg=...)``.
 """
+
 import torch
 from mmcv.ops import batched_nms
 from mmdet.models import DetTTAModel
@@ -37,9 +38,9 @@ class InstanceAwareDetTTAModel(DetTTAModel):
         labels = torch.cat([p.labels for p in preds])
         masks = torch.cat([unflip_masks(p.masks, m['flip'], m['flip_direction']) for p, m in zip(preds, metas)])
         dets, keep = batched_nms(boxes, scores, labels, self.tta_cfg['nms'])
-        keep = keep[:self.tta_cfg['max_per_img']]
+        keep = keep[: self.tta_cfg['max_per_img']]
         merged = data_samples[0]
         merged.pred_instances = InstanceData(
-            bboxes=dets[:len(keep), :-1], scores=dets[:len(keep), -1],
-            labels=labels[keep], masks=masks[keep])
+            bboxes=dets[: len(keep), :-1], scores=dets[: len(keep), -1], labels=labels[keep], masks=masks[keep]
+        )
         return merged

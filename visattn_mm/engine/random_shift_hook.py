@@ -1,4 +1,5 @@
 """Random-shift training for ViL (paper appendix D), as an mmengine hook."""
+
 from mmengine.runner import EpochBasedTrainLoop
 
 from ..models.vil import set_random_shift
@@ -55,13 +56,16 @@ class RandomShiftHook(RngStateHook):
             return
         count = set_random_shift(runner.model, wanted)
         if count == 0:
-            runner.logger.warning('RandomShiftHook: the model has no ViL sliding-chunk attention; '
-                                  'the hook does nothing')
+            runner.logger.warning(
+                'RandomShiftHook: the model has no ViL sliding-chunk attention; the hook does nothing'
+            )
         else:
             unit = 'epoch' if self._measure_by_epoch(runner) else 'iter'
-            runner.logger.info(f'RandomShiftHook: random shift {"on" if wanted else "off (mode 0)"} '
-                               f'in {count} attention layers at {unit} {progress} '
-                               f'(switch at {unit} {self.switch_point(runner)})')
+            runner.logger.info(
+                f'RandomShiftHook: random shift {"on" if wanted else "off (mode 0)"} '
+                f'in {count} attention layers at {unit} {progress} '
+                f'(switch at {unit} {self.switch_point(runner)})'
+            )
         self.random_shift_on = wanted
 
     def before_train(self, runner):

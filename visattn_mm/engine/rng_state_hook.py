@@ -20,6 +20,7 @@ random numbers too (a new data-loader iterator takes a seed from torch's
 generator), which a resumed run would not replay. The hook therefore makes
 validation neutral: the states from before it are put back after it.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,7 +46,8 @@ def capture_rng_state() -> dict:
         torch=torch.get_rng_state(),
         cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         numpy=numpy_state,
-        python=random.getstate())
+        python=random.getstate(),
+    )
 
 
 def restore_rng_state(state: dict) -> None:
@@ -61,13 +63,13 @@ def restore_rng_state(state: dict) -> None:
         raise ValueError(
             f'RngStateHook: the checkpoint holds the RNG states of {len(cuda_states)} CUDA '
             f'devices but this process sees {visible}; resume with the same devices for an '
-            'exact continuation, or remove the hook to resume without the saved RNG states.')
+            'exact continuation, or remove the hook to resume without the saved RNG states.'
+        )
     torch.set_rng_state(state['torch'])
     if cuda_states:
         torch.cuda.set_rng_state_all(cuda_states)
     numpy_state = dict(state['numpy'])
-    numpy_state['state'] = dict(numpy_state['state'],
-                                key=np.asarray(numpy_state['state']['key'], dtype=np.uint32))
+    numpy_state['state'] = dict(numpy_state['state'], key=np.asarray(numpy_state['state']['key'], dtype=np.uint32))
     np.random.set_state(numpy_state)
     # pickle turns the inner tuple into a list; random.setstate wants a tuple.
     version, internal, gauss = state['python']
@@ -146,18 +148,20 @@ class RngStateHook(Hook):
         """This rank's states of the checkpoint a resume started from; None if there was none."""
         loaded, self._loaded = self._loaded, None
         if loaded is None or (runner.iter == 0 and runner.epoch == 0):
-            return None     # no checkpoint, or `load_from`: a new run keeps the fresh seed
+            return None  # no checkpoint, or `load_from`: a new run keeps the fresh seed
         states = loaded['states']
         if states is None:
             runner.logger.warning(
                 'RngStateHook: the checkpoint has no RNG states (saved without this hook); '
-                'random draws after the resume start from the seed')
+                'random draws after the resume start from the seed'
+            )
             return None
         if len(states) != get_world_size():
             raise ValueError(
                 f'RngStateHook: the checkpoint holds the RNG states of {len(states)} '
                 f'processes but this run has {get_world_size()}; resume with as many '
-                'processes for an exact continuation, or remove the hook.')
+                'processes for an exact continuation, or remove the hook.'
+            )
         return states[get_rank()]
 
     def before_train_epoch(self, runner):

@@ -1,4 +1,5 @@
 """mmengine's Runner with visattn_mm's checkpoint policy on every load."""
+
 from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import CheckpointLoader, Runner
 
@@ -24,7 +25,7 @@ class CheckpointPolicyRunner(Runner):
     ``load_from`` load, and evaluation use, a partial match.
     """
 
-    _load_purpose = 'test'   # val()/test(); train() and resume() say otherwise
+    _load_purpose = 'test'  # val()/test(); train() and resume() say otherwise
     #: How a partial evaluation is asked for, in refusals; a tool with its own flag names it instead.
     partial_load_option = PARTIAL_LOAD_OPTION
 
@@ -64,11 +65,17 @@ class CheckpointPolicyRunner(Runner):
             checkpoint = read_checkpoint(filename, map_location)
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
         model = self.model
-        while is_model_wrapper(model) or isinstance(model, BaseTTAModel):   # as mmengine unwraps them
+        while is_model_wrapper(model) or isinstance(model, BaseTTAModel):  # as mmengine unwraps them
             model = model.module
-        load_model_checkpoint(model, checkpoint, filename, self._load_purpose,
-                              allow_partial=self.cfg.get('load_from_allow_partial', False),
-                              logger=self.logger, partial_option=self.partial_load_option)
+        load_model_checkpoint(
+            model,
+            checkpoint,
+            filename,
+            self._load_purpose,
+            allow_partial=self.cfg.get('load_from_allow_partial', False),
+            logger=self.logger,
+            partial_option=self.partial_load_option,
+        )
         self._has_loaded = True
         self.logger.info(f'Load checkpoint from {filename}')
         return checkpoint

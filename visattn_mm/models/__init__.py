@@ -1,9 +1,18 @@
 """Backbone skeletons (nn.Modules); attention math lives in visattn_mm.ops."""
+
 from .classifier import BACKBONES, Classifier
 from .pale import PaleTransformer
 from .vil import ViL, ViLLS, set_random_shift
 from .vil_attention import SlidingChunkAttention
 from .vvt import VVT
 
-__all__ = ['BACKBONES', 'ViL', 'ViLLS', 'VVT', 'PaleTransformer', 'Classifier', 'SlidingChunkAttention',
-           'set_random_shift']
+__all__ = [
+    'BACKBONES',
+    'ViL',
+    'ViLLS',
+    'VVT',
+    'PaleTransformer',
+    'Classifier',
+    'SlidingChunkAttention',
+    'set_random_shift',
+]

@@ -21,6 +21,7 @@ numbered layout of the official VVT code (``patch_embed{n}``, ``block{n}``, ``no
 1-based), which VVT and Pale used before, is renamed on every load path
 (:func:`rename_numbered_stage_keys`).
 """
+
 import re
 import warnings
 
@@ -46,7 +47,8 @@ CPU_FP16_WARNING = (
     '(the CPU kernels for float16 are slow; a Pale-T training step at 224x224 took 2.7x the '
     'fp32 time, and at 800x1216 13x the bf16 time, on a 2-core CPU). Use bf16 autocast on '
     "the CPU (torch.autocast('cpu', dtype=torch.bfloat16); timm's train.py: --amp-dtype "
-    'bfloat16) or no autocast (drop --amp).')
+    'bfloat16) or no autocast (drop --amp).'
+)
 _warned_cpu_fp16 = False
 
 
@@ -56,8 +58,12 @@ def warn_once_on_cpu_fp16_autocast(x):
     Reads only the autocast state and the device of ``x`` (no host-device sync).
     """
     global _warned_cpu_fp16
-    if (not _warned_cpu_fp16 and x.device.type == 'cpu' and torch.is_autocast_enabled('cpu')
-            and torch.get_autocast_dtype('cpu') == torch.float16):
+    if (
+        not _warned_cpu_fp16
+        and x.device.type == 'cpu'
+        and torch.is_autocast_enabled('cpu')
+        and torch.get_autocast_dtype('cpu') == torch.float16
+    ):
         _warned_cpu_fp16 = True
         warnings.warn(CPU_FP16_WARNING, stacklevel=2)
 
@@ -125,8 +131,10 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         if pretrained is not None:
             if init_cfg is not None:
                 raise ValueError(f'{name}: set init_cfg or pretrained, not both')
-            warnings.warn(f'{name}: `pretrained` is deprecated; use init_cfg=dict(type="Pretrained", '
-                          'checkpoint=...)', DeprecationWarning)
+            warnings.warn(
+                f'{name}: `pretrained` is deprecated; use init_cfg=dict(type="Pretrained", checkpoint=...)',
+                DeprecationWarning,
+            )
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
         self._register_load_state_dict_pre_hook(self._adapt_loaded_state_dict)
@@ -153,8 +161,18 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             check_mlp_ratio(ratio, f'mlp_ratios[{i}]', name, spec['embed_dims'][i])
         return spec
 
-    def init_stages(self, in_channels, depths, embed_dims, out_indices, frozen_stages, drop_path_rate, norm_eval,
-                    with_cp, strides=None):
+    def init_stages(
+        self,
+        in_channels,
+        depths,
+        embed_dims,
+        out_indices,
+        frozen_stages,
+        drop_path_rate,
+        norm_eval,
+        with_cp,
+        strides=None,
+    ):
         """Validate and store the standard surface; return the stochastic depth of every block.
 
         Args:
@@ -174,16 +192,15 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         """
         num_stages = len(depths)
         check_int(in_channels, 'in_channels', type(self).__name__)
-        self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages,
-                                            drop_path_rate)
+        self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages, drop_path_rate)
         # Stages after the last output would receive no gradient: they are not built.
         self.num_stages = max(self.out_indices) + 1
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
-        self.embed_dims = tuple(embed_dims[:self.num_stages])
-        strides = strides or [4 * 2 ** i for i in range(num_stages)]
-        self.strides = tuple(strides[:self.num_stages])
+        self.embed_dims = tuple(embed_dims[: self.num_stages])
+        strides = strides or [4 * 2**i for i in range(num_stages)]
+        self.strides = tuple(strides[: self.num_stages])
         self.stages = nn.ModuleList()
         return linear_drop_path_rates(drop_path_rate, depths)
 
@@ -243,8 +260,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         return tokens_to_map(tokens if norm is None else norm(tokens), hw)
 
     def forward(self, x):
-        return tuple(self.output_map(i, tokens, hw) for i, tokens, hw in self.iter_stages(x)
-                     if i in self.out_indices)
+        return tuple(self.output_map(i, tokens, hw) for i, tokens, hw in self.iter_stages(x) if i in self.out_indices)
 
     def truncate(self, num_stages, keep_output_norms=True):
         """Delete the stages after the first ``num_stages`` (and, optionally, all output norms).
@@ -289,9 +305,11 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         entries = [entry for entry in entries if entry]
         for entry in entries:
             if not isinstance(entry, dict) or 'type' not in entry:
-                raise TypeError(f'{type(self).__name__}: init_cfg must be a dict or a list of dicts, '
-                                f"each with a type, e.g. dict(type='Pretrained', checkpoint=PATH); "
-                                f'got {entry!r}')
+                raise TypeError(
+                    f'{type(self).__name__}: init_cfg must be a dict or a list of dicts, '
+                    f"each with a type, e.g. dict(type='Pretrained', checkpoint=PATH); "
+                    f'got {entry!r}'
+                )
         pretrained = [entry for entry in entries if entry['type'] in ('Pretrained', PretrainedInit)]
         if not pretrained:
             super().init_weights()
@@ -332,7 +350,7 @@ def tokens_to_map(tokens, hw):
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, *hw).contiguous()
 
 
-_STAGE_KEY = re.compile(r'(?:stages\.|norm)(\d+)\.')   # stages.{i}.*, norm{i}.*
+_STAGE_KEY = re.compile(r'(?:stages\.|norm)(\d+)\.')  # stages.{i}.*, norm{i}.*
 _NUMBERED_KEY = re.compile(r'(patch_embed|block|norm)(\d+)\.')
 
 
@@ -353,10 +371,12 @@ def rename_numbered_stage_keys(state_dict, layout, prefix='', report=None):
         prefix (str): The backbone's prefix in ``state_dict`` (e.g. ``'backbone.'``).
         report (LoadReport, optional): Each rename is noted in ``report.renamed``.
     """
-    if not layout or not any(key.startswith(prefix) and (match := _NUMBERED_KEY.match(key, len(prefix)))
-                             and match.group(1) == 'patch_embed' for key in state_dict):
+    if not layout or not any(
+        key.startswith(prefix) and (match := _NUMBERED_KEY.match(key, len(prefix))) and match.group(1) == 'patch_embed'
+        for key in state_dict
+    ):
         return
-    renamed = {}   # set after all pops: Pale's norm{n} -> norm{n-1} would overwrite a key not yet renamed
+    renamed = {}  # set after all pops: Pale's norm{n} -> norm{n-1} would overwrite a key not yet renamed
     for key in list(state_dict):
         new = renamed_numbered_key(key, layout, prefix)
         if new is not None:
@@ -375,7 +395,7 @@ def renamed_numbered_key(key, layout, prefix=''):
     match = _NUMBERED_KEY.match(key, len(prefix)) if key.startswith(prefix) else None
     if match is None or match.group(1) not in layout:
         return None
-    return prefix + layout[match.group(1)].format(i=int(match.group(2)) - 1) + '.' + key[match.end():]
+    return prefix + layout[match.group(1)].format(i=int(match.group(2)) - 1) + '.' + key[match.end() :]
 
 
 def drop_head_and_unbuilt_stages(state_dict, target_keys, report, other_reason=None):

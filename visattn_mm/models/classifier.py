@@ -15,6 +15,7 @@ decay), ``no_weight_decay`` and ``set_grad_checkpointing``; so the names registe
 :mod:`visattn_mm.timm_models` train with timm's own ``train.py``. ``load_state_dict``
 also takes official release checkpoints (see there).
 """
+
 import inspect
 
 import torch
@@ -37,10 +38,12 @@ GLOBAL_POOLS = ('avg', '')
 # a stage or output norm its last block, as timm's Swin does); the head, unmatched, comes last.
 STEM_GROUP = r'^backbone\.stages\.0\.patch_embed'
 STAGE_GROUPS = r'^backbone\.(?:stages\.|norm)(\d+)'
-BLOCK_GROUPS = [(r'^backbone\.stages\.(\d+)\.patch_embed', (0,)),
-                (r'^backbone\.stages\.(\d+)\.blocks\.(\d+)', None),
-                (r'^backbone\.stages\.(\d+)\.norm', (99999,)),
-                (r'^backbone\.norm(\d+)', (99999,))]
+BLOCK_GROUPS = [
+    (r'^backbone\.stages\.(\d+)\.patch_embed', (0,)),
+    (r'^backbone\.stages\.(\d+)\.blocks\.(\d+)', None),
+    (r'^backbone\.stages\.(\d+)\.norm', (99999,)),
+    (r'^backbone\.norm(\d+)', (99999,)),
+]
 
 
 def stage_indices(num_stages, indices):
@@ -92,8 +95,9 @@ class Classifier(CheckpointProtocol, nn.Module):
     # Parameter names containing these skip weight decay in timm's optimizer factory.
     NO_WEIGHT_DECAY_KEYWORDS = ('relative_position', 'cls_token', 'pos_embed')
 
-    def __init__(self, backbone_type='ViL', num_classes=1000, in_chans=None, global_pool='avg',
-                 img_size=None, **backbone_kwargs):
+    def __init__(
+        self, backbone_type='ViL', num_classes=1000, in_chans=None, global_pool='avg', img_size=None, **backbone_kwargs
+    ):
         super().__init__()
         if in_chans is not None:
             backbone_kwargs['in_channels'] = in_chans
@@ -109,7 +113,8 @@ class Classifier(CheckpointProtocol, nn.Module):
         self.num_features = self.head_hidden_size = self.backbone.embed_dims[-1]
         self.feature_info = [
             dict(num_chs=dim, reduction=stride, module=f'backbone.stages.{i}')
-            for i, (dim, stride) in enumerate(zip(self.backbone.embed_dims, self.backbone.strides))]
+            for i, (dim, stride) in enumerate(zip(self.backbone.embed_dims, self.backbone.strides))
+        ]
         self.global_pool = 'avg'
         self.reset_classifier(num_classes, global_pool)
 
@@ -136,8 +141,9 @@ class Classifier(CheckpointProtocol, nn.Module):
         """
         if global_pool is not None:
             if global_pool not in GLOBAL_POOLS:
-                raise ValueError(f'Classifier: global_pool={global_pool!r}; allowed: {GLOBAL_POOLS} '
-                                 "('' keeps the map: no pooling)")
+                raise ValueError(
+                    f'Classifier: global_pool={global_pool!r}; allowed: {GLOBAL_POOLS} (\'\' keeps the map: no pooling)'
+                )
             self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
@@ -146,8 +152,9 @@ class Classifier(CheckpointProtocol, nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self):
         """Full names of position tables and global tokens (timm's optimizer factory skips decay)."""
-        return {name for name, _ in self.named_parameters()
-                if any(word in name for word in self.NO_WEIGHT_DECAY_KEYWORDS)}
+        return {
+            name for name, _ in self.named_parameters() if any(word in name for word in self.NO_WEIGHT_DECAY_KEYWORDS)
+        }
 
     @torch.jit.ignore
     def group_matcher(self, coarse=False):
@@ -160,8 +167,9 @@ class Classifier(CheckpointProtocol, nn.Module):
         # The backbone's stage loop is the one place that checkpoints blocks.
         self.backbone.with_cp = enable
 
-    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
-                              intermediates_only=False):
+    def forward_intermediates(
+        self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW', intermediates_only=False
+    ):
         """The stage maps timm's ``features_only`` models return, and the final features.
 
         Args:
@@ -240,7 +248,7 @@ class Classifier(CheckpointProtocol, nn.Module):
         Returns:
             NamedTuple: ``missing_keys`` and ``unexpected_keys``.
         """
-        if is_classifier_layout(state_dict):   # the usual case: the dict itself, with its _metadata
+        if is_classifier_layout(state_dict):  # the usual case: the dict itself, with its _metadata
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         try:
             tensors, _ = find_state_dict(state_dict)
@@ -251,9 +259,10 @@ class Classifier(CheckpointProtocol, nn.Module):
         report = load_pretrained(self, state_dict, allow_partial=not strict)
         problems = report.missing + report.unexpected + list(report.mismatched)
         if strict and problems:
-            raise RuntimeError(f'Classifier.load_state_dict (strict): {len(problems)} tensor(s) did not load: '
-                               f'{problems[:8]}. Pass strict=False to keep the partial load.\n'
-                               + report.summary())
+            raise RuntimeError(
+                f'Classifier.load_state_dict (strict): {len(problems)} tensor(s) did not load: '
+                f'{problems[:8]}. Pass strict=False to keep the partial load.\n' + report.summary()
+            )
         return _IncompatibleKeys(report.missing, report.unexpected)
 
     def checkpoint_filter(self, state_dict, target_keys, report):
@@ -267,7 +276,8 @@ class Classifier(CheckpointProtocol, nn.Module):
         prefix = 'backbone.'
         backbone_report = LoadReport(source=report.source)
         converted = self.backbone.checkpoint_filter(
-            body, {k[len(prefix):] for k in target_keys if k.startswith(prefix)}, backbone_report)
+            body, {k[len(prefix) :] for k in target_keys if k.startswith(prefix)}, backbone_report
+        )
         report.layout = backbone_report.layout
         report.dropped.update(backbone_report.dropped)
         report.converted.update({prefix + k: v for k, v in backbone_report.converted.items()})

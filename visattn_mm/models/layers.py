@@ -1,4 +1,5 @@
 """Small building blocks shared by the backbone skeletons."""
+
 import math
 
 import torch
@@ -68,8 +69,10 @@ def check_attn_impl(attn_impl, name):
         ValueError: If ``attn_impl`` is not one of ``ATTENTION_IMPLS``.
     """
     if attn_impl not in ATTENTION_IMPLS:
-        raise ValueError(f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
-                         "(see visattn_mm.ops.impl; 'auto' picks per device)")
+        raise ValueError(
+            f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
+            "(see visattn_mm.ops.impl; 'auto' picks per device)"
+        )
     print_log(f'{name}: {describe_impl(attn_impl)}', logger='current')
     return attn_impl
 
@@ -88,11 +91,17 @@ def check_mlp_ratio(ratio, arg, name, dim):
     large enough for at least one unit (0 or a negative ratio would build an
     MLP without hidden units, silently).
     """
-    if (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
-            or not 0 < ratio < math.inf or int(dim * ratio) < 1):
-        raise ValueError(f'{name}: {arg}={ratio!r} must be a number > 0 giving the {dim}-channel '
-                         f'MLP at least one hidden unit (hidden width int({dim} x ratio)); '
-                         f'the papers use 4 or 8')
+    if (
+        isinstance(ratio, bool)
+        or not isinstance(ratio, (int, float))
+        or not 0 < ratio < math.inf
+        or int(dim * ratio) < 1
+    ):
+        raise ValueError(
+            f'{name}: {arg}={ratio!r} must be a number > 0 giving the {dim}-channel '
+            f'MLP at least one hidden unit (hidden width int({dim} x ratio)); '
+            f'the papers use 4 or 8'
+        )
     return ratio
 
 
@@ -106,20 +115,20 @@ def check_arch(arch, arch_zoo, required_keys, name):
     if isinstance(arch, str):
         key = arch.lower()
         if key not in arch_zoo:
-            raise ValueError(f'{name}: unknown arch {arch!r}; choose one of {sorted(arch_zoo)} '
-                             f'or pass a dict with keys {sorted(required_keys)}')
+            raise ValueError(
+                f'{name}: unknown arch {arch!r}; choose one of {sorted(arch_zoo)} '
+                f'or pass a dict with keys {sorted(required_keys)}'
+            )
         return dict(arch_zoo[key])
     if not isinstance(arch, dict):
         raise ValueError(f'{name}: arch must be a preset name or a dict, got {type(arch).__name__}')
     missing = set(required_keys) - set(arch)
     if missing:
-        raise ValueError(f'{name}: custom arch dict is missing {sorted(missing)} '
-                         f'(needs {sorted(required_keys)})')
+        raise ValueError(f'{name}: custom arch dict is missing {sorted(missing)} (needs {sorted(required_keys)})')
     for key, minimum in (('depths', 0), ('embed_dims', 1), ('num_heads', 1)):
         values = arch.get(key, ())
         if not isinstance(values, (list, tuple)):
-            raise ValueError(f'{name}: arch[{key!r}] must be a list or tuple with one entry per stage, '
-                             f'got {values!r}')
+            raise ValueError(f'{name}: arch[{key!r}] must be a list or tuple with one entry per stage, got {values!r}')
         for i, value in enumerate(values):
             check_int(value, f'arch[{key!r}][{i}]', name, minimum)
     return dict(arch)
@@ -149,19 +158,19 @@ def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rat
     """
     allowed = tuple(range(num_stages))
     if not isinstance(out_indices, (list, tuple)):
-        raise ValueError(f'{name}: out_indices={out_indices!r} must be a list or tuple of stage '
-                         f'indices from {allowed}')
+        raise ValueError(f'{name}: out_indices={out_indices!r} must be a list or tuple of stage indices from {allowed}')
     out_indices = tuple(out_indices)
-    if (not out_indices or len(set(out_indices)) != len(out_indices)
-            or any(not _is_int(i) or not 0 <= i < num_stages for i in out_indices)):
-        raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of {allowed} '
-                         f'without repeats')
+    if (
+        not out_indices
+        or len(set(out_indices)) != len(out_indices)
+        or any(not _is_int(i) or not 0 <= i < num_stages for i in out_indices)
+    ):
+        raise ValueError(f'{name}: out_indices={out_indices} must be a non-empty subset of {allowed} without repeats')
     limit = max(out_indices) + 1
     if not _is_int(frozen_stages) or not -1 <= frozen_stages <= limit:
         built = '' if limit == num_stages else f' ({limit} stages are built for out_indices={out_indices})'
         raise ValueError(f'{name}: frozen_stages={frozen_stages!r} must be an int in [-1, {limit}]{built}')
-    if (isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float))
-            or not 0 <= drop_path_rate < 1):
+    if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float)) or not 0 <= drop_path_rate < 1:
         raise ValueError(f'{name}: drop_path_rate={drop_path_rate!r} must be a number in [0, 1)')
     return out_indices
 

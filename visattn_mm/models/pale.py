@@ -31,6 +31,7 @@ the heads (channels) attends within row groups, the second half within column
 groups (:mod:`visattn_mm.ops.pale`); the halves are concatenated and projected by
 ``proj`` (Linear). LayerNorm eps 1e-5 throughout (PyTorch default, as CvT/CSWin).
 """
+
 import torch.nn as nn
 from timm.layers import DropPath
 
@@ -38,14 +39,17 @@ from ..ops.pale import pale_attention
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
-ARCH_ZOO = with_aliases({
-    'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
-    'small': dict(depths=(2, 2, 16, 2), embed_dims=(96, 192, 384, 768), num_heads=(2, 4, 8, 16)),
-    'base': dict(depths=(2, 2, 16, 2), embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32)),
-}, dict(t='tiny', s='small', b='base'))
+ARCH_ZOO = with_aliases(
+    {
+        'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
+        'small': dict(depths=(2, 2, 16, 2), embed_dims=(96, 192, 384, 768), num_heads=(2, 4, 8, 16)),
+        'base': dict(depths=(2, 2, 16, 2), embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32)),
+    },
+    dict(t='tiny', s='small', b='base'),
+)
 
-DEFAULT_PALE_SIZE = 7   # per stage, for arch dicts without ``pale_sizes`` (paper: 7 everywhere)
-DEFAULT_MLP_RATIO = 4   # per stage, for arch dicts without ``mlp_ratios``
+DEFAULT_PALE_SIZE = 7  # per stage, for arch dicts without ``pale_sizes`` (paper: 7 everywhere)
+DEFAULT_MLP_RATIO = 4  # per stage, for arch dicts without ``mlp_ratios``
 LN_EPS = 1e-5
 
 
@@ -83,8 +87,7 @@ class PaleAttention(nn.Module):
         attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
-    def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0,
-                 attn_impl='auto'):
+    def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0, attn_impl='auto'):
         super().__init__()
         self.num_heads = num_heads
         self.pale_size = pale_size
@@ -101,10 +104,16 @@ class PaleAttention(nn.Module):
         """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
         b, n, c = x.shape
         x = x.transpose(1, 2).reshape(b, c, *hw)
-        q, k, v = (conv(x).reshape(b, self.num_heads, -1, n).transpose(-1, -2)
-                   for conv in (self.q, self.k, self.v))
-        out = pale_attention(q * self.scale, k, v, *hw, self.pale_size,
-                             dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl)
+        q, k, v = (conv(x).reshape(b, self.num_heads, -1, n).transpose(-1, -2) for conv in (self.q, self.k, self.v))
+        out = pale_attention(
+            q * self.scale,
+            k,
+            v,
+            *hw,
+            self.pale_size,
+            dropout_p=self.attn_drop if self.training else 0.0,
+            impl=self.attn_impl,
+        )
         out = out.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
@@ -124,8 +133,18 @@ class PaleBlock(nn.Module):
         attn_impl (str): Attention implementation, see :class:`PaleAttention`.
     """
 
-    def __init__(self, dim, num_heads, pale_size, mlp_ratio, qkv_bias=True, drop=0.0, attn_drop=0.0,
-                 drop_path=0.0, attn_impl='auto'):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        pale_size,
+        mlp_ratio,
+        qkv_bias=True,
+        drop=0.0,
+        attn_drop=0.0,
+        drop_path=0.0,
+        attn_impl='auto',
+    ):
         super().__init__()
         self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
@@ -159,9 +178,15 @@ def pale_checkpoint_filter(state_dict, target_keys, report):
     if 'stages.0.patch_embed.proj.weight' in state_dict and 'stages.0.blocks.0.attn.q.dw.weight' in state_dict:
         report.layout = 'pale'
     out = drop_head_and_unbuilt_stages(
-        state_dict, target_keys, report,
-        other_reason=lambda key: ('output norm not built (stage not in out_indices)'
-                                  if key.startswith('norm') and key not in target_keys else None))
+        state_dict,
+        target_keys,
+        report,
+        other_reason=lambda key: (
+            'output norm not built (stage not in out_indices)'
+            if key.startswith('norm') and key not in target_keys
+            else None
+        ),
+    )
     if report.layout == 'pale':
         for key in sorted(target_keys):
             if key.startswith('norm') and key not in state_dict:
@@ -208,13 +233,26 @@ class PaleTransformer(DenseBackbone):
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(pale_sizes=DEFAULT_PALE_SIZE, mlp_ratios=DEFAULT_MLP_RATIO)
     attention_ops = (('pale', False),)
-    crop_pct = 0.875   # the paper resizes to 256 and crops 224
+    crop_pct = 0.875  # the paper resizes to 256 and crops 224
     numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(pale_checkpoint_filter)
 
-    def __init__(self, arch='tiny', in_channels=3, qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0,
-                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                 with_cp=False, attn_impl='auto', pretrained=None, init_cfg=None):
+    def __init__(
+        self,
+        arch='tiny',
+        in_channels=3,
+        qkv_bias=True,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_eval=False,
+        with_cp=False,
+        attn_impl='auto',
+        pretrained=None,
+        init_cfg=None,
+    ):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
         check_attn_impl(attn_impl, 'PaleTransformer')
         spec = self.resolve_arch(arch)
@@ -223,23 +261,37 @@ class PaleTransformer(DenseBackbone):
         for i, (h, s) in enumerate(zip(heads, pale_sizes)):
             check_int(s, f'pale_sizes[{i}]', 'PaleTransformer')
             if h % 2:
-                raise ValueError(f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
-                                 f'attend within row groups, half within column groups)')
-        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
-                                      norm_eval, with_cp)
-        self.pale_sizes = tuple(pale_sizes[:self.num_stages])
+                raise ValueError(
+                    f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
+                    f'attend within row groups, half within column groups)'
+                )
+        drop_paths = self.init_stages(
+            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp
+        )
+        self.pale_sizes = tuple(pale_sizes[: self.num_stages])
 
         in_dim = in_channels
         for i in range(self.num_stages):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
-            blocks = [PaleBlock(dims[i], heads[i], pale_sizes[i], mlp_ratios[i], qkv_bias, drop_rate,
-                                attn_drop_rate, drop_paths[sum(depths[:i]) + j], attn_impl)
-                      for j in range(depths[i])]
+            blocks = [
+                PaleBlock(
+                    dims[i],
+                    heads[i],
+                    pale_sizes[i],
+                    mlp_ratios[i],
+                    qkv_bias,
+                    drop_rate,
+                    attn_drop_rate,
+                    drop_paths[sum(depths[:i]) + j],
+                    attn_impl,
+                )
+                for j in range(depths[i])
+            ]
             self.stages.append(Stage(OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS), blocks))
             in_dim = dims[i]
         self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
 
-        self.apply(init_transformer_weights)   # convs and BatchNorms keep PyTorch's defaults
+        self.apply(init_transformer_weights)  # convs and BatchNorms keep PyTorch's defaults
         self._freeze_stages()
 
     def check_input(self, x):
@@ -254,4 +306,5 @@ class PaleTransformer(DenseBackbone):
             raise ValueError(
                 f'PaleTransformer in training mode needs more than 1 value per channel at stride {stride} '
                 f'for its BatchNorms; a batch of {x.shape[0]} image(s) of {tuple(x.shape[2:])} gives 1. Use '
-                f'a batch of 2 or more, an image larger than {stride} pixels on one side, or norm_eval=True.')
+                f'a batch of 2 or more, an image larger than {stride} pixels on one side, or norm_eval=True.'
+            )

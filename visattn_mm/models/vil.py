@@ -13,6 +13,7 @@ classification models run stages 3-4 at 224x224, or Transformer-LS
 long-short attention, which makes the skeleton ViL-LS (:class:`ViLLS`; see
 ``attn_types``).
 """
+
 import math
 import re
 
@@ -34,12 +35,15 @@ from .layers import (
 )
 from .vil_attention import FullAttention, LongShortAttention, SlidingChunkAttention, with_contiguous_grad
 
-ARCH_ZOO = with_aliases({
-    'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
-    'small': dict(depths=(1, 2, 8, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
-    'medium': dict(depths=(1, 4, 16, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
-    'base': dict(depths=(1, 8, 24, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
-}, dict(t='tiny', s='small', m='medium', b='base'))
+ARCH_ZOO = with_aliases(
+    {
+        'tiny': dict(depths=(1, 1, 9, 1), embed_dims=(48, 96, 192, 384), num_heads=(1, 3, 3, 6)),
+        'small': dict(depths=(1, 2, 8, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+        'medium': dict(depths=(1, 4, 16, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+        'base': dict(depths=(1, 8, 24, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
+    },
+    dict(t='tiny', s='small', m='medium', b='base'),
+)
 
 # ViL-LS (Transformer-LS paper Table 5: Medium and Base; Tiny and Small are the ViL
 # depths with long-short attention). Same depths, dims and heads as ViL.
@@ -53,6 +57,7 @@ LN_EPS = 1e-6  # every LayerNorm of the official ViL code
 
 
 # Official checkpoints -> ours (timm style: plain functions the backbones declare).
+
 
 def adapt_position_tensor(name, value, target_shape):
     """Fit a checkpoint's position table or global-token tensor to another size.
@@ -105,9 +110,8 @@ def vil_checkpoint_filter(state_dict, target_keys, report):
     """
     if 'layer1.0.proj.weight' in state_dict:
         state_dict = _convert_official_vil(state_dict, target_keys, report)
-    out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report),
-                          target_keys, report)
-    for key in sorted(target_keys):   # a set: sorted, so that the report reads the same in every run
+    out = _split_full_qkv(drop_head_and_unbuilt_stages(state_dict, target_keys, report), target_keys, report)
+    for key in sorted(target_keys):  # a set: sorted, so that the report reads the same in every run
         if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key not in out:
             report.fresh[key] = 'output norm; classification checkpoints have only the final one'
     return out
@@ -143,7 +147,7 @@ def _convert_official_vil(state_dict, target_keys, report):
             report.dropped[key] = 'classification head'
             continue
         if key.startswith('norm.'):
-            new = f'norm{stages[-1] - 1}.{key[len("norm."):]}'
+            new = f'norm{stages[-1] - 1}.{key[len("norm.") :]}'
             if new in target_keys:
                 out[new] = value
                 report.converted[new] = key
@@ -299,16 +303,36 @@ class ViL(DenseBackbone):
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(patch_sizes=PATCH_SIZES, num_global_tokens=NUM_GLOBAL_TOKENS)
     attention_ops = (('sliding_chunk', True),)
-    crop_pct = 0.875   # DeiT's evaluation crop
+    crop_pct = 0.875  # DeiT's evaluation crop
     checkpoint_filter = staticmethod(vil_checkpoint_filter)
     derived_tensors = ('relative_position_index',)
 
-    def __init__(self, arch='small', in_channels=3, window_size=7, num_global_tokens=None,
-                 attn_types='sliding_chunk', dp_rank=8, masking_mode=0, shift_mode=0,
-                 random_shift=False, use_rpb=True, pretrain_img_size=224, qkv_bias=True,
-                 mlp_ratio=4.0, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.1,
-                 out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False, with_cp=False,
-                 attn_impl='auto', pretrained=None, init_cfg=None):
+    def __init__(
+        self,
+        arch='small',
+        in_channels=3,
+        window_size=7,
+        num_global_tokens=None,
+        attn_types='sliding_chunk',
+        dp_rank=8,
+        masking_mode=0,
+        shift_mode=0,
+        random_shift=False,
+        use_rpb=True,
+        pretrain_img_size=224,
+        qkv_bias=True,
+        mlp_ratio=4.0,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_eval=False,
+        with_cp=False,
+        attn_impl='auto',
+        pretrained=None,
+        init_cfg=None,
+    ):
         name = type(self).__name__
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
         check_attn_impl(attn_impl, name)
@@ -317,7 +341,7 @@ class ViL(DenseBackbone):
         num_stages = len(depths)
         if num_global_tokens is None:
             num_global_tokens = spec['num_global_tokens']
-        elif not isinstance(num_global_tokens, (list, tuple)):   # e.g. -1: say that, not just the length
+        elif not isinstance(num_global_tokens, (list, tuple)):  # e.g. -1: say that, not just the length
             check_int(num_global_tokens, 'num_global_tokens', name, minimum=0)
         check_stage_lengths(name, num_stages, num_global_tokens=num_global_tokens)
         windows = self._per_stage(window_size, num_stages, 'window_size')
@@ -340,9 +364,10 @@ class ViL(DenseBackbone):
             check_modes(masking_mode, 1 if random_shift else shift_mode)
         except ValueError as err:
             raise ValueError(f'{name}: {err}') from None
-        strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
-        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
-                                      norm_eval, with_cp, strides=strides)
+        strides = [math.prod(patch_sizes[: i + 1]) for i in range(num_stages)]
+        drop_paths = self.init_stages(
+            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp, strides=strides
+        )
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 
@@ -352,21 +377,39 @@ class ViL(DenseBackbone):
             table_size = (math.ceil(img_h / stride), math.ceil(img_w / stride))
             blocks = []
             for j in range(depths[i]):
-                common = dict(num_global=num_global_tokens[i], qkv_bias=qkv_bias, use_rpb=use_rpb,
-                              attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                common = dict(
+                    num_global=num_global_tokens[i],
+                    qkv_bias=qkv_bias,
+                    use_rpb=use_rpb,
+                    attn_drop=attn_drop_rate,
+                    proj_drop=drop_rate,
+                )
                 if attn_types[i] == 'full':
                     attn = FullAttention(dims[i], heads[i], rpb_size=table_size, **common)
                 elif attn_types[i] == 'long_short':
-                    attn = LongShortAttention(dims[i], heads[i], window=windows[i],
-                                              dp_rank=dp_ranks[i], attn_impl=attn_impl, **common)
+                    attn = LongShortAttention(
+                        dims[i], heads[i], window=windows[i], dp_rank=dp_ranks[i], attn_impl=attn_impl, **common
+                    )
                 else:
-                    attn = SlidingChunkAttention(dims[i], heads[i], window=windows[i],
-                                                 masking_mode=masking_mode, shift_mode=shift_mode,
-                                                 random_shift=random_shift, attn_impl=attn_impl, **common)
-                blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate,
-                                       drop_paths[sum(depths[:i]) + j]))
-            embed = ViLPatchEmbed(in_dim, dims[i], patch_sizes[i], num_global_tokens[i],
-                                  ape_size=None if use_rpb else table_size, drop=drop_rate)
+                    attn = SlidingChunkAttention(
+                        dims[i],
+                        heads[i],
+                        window=windows[i],
+                        masking_mode=masking_mode,
+                        shift_mode=shift_mode,
+                        random_shift=random_shift,
+                        attn_impl=attn_impl,
+                        **common,
+                    )
+                blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate, drop_paths[sum(depths[:i]) + j]))
+            embed = ViLPatchEmbed(
+                in_dim,
+                dims[i],
+                patch_sizes[i],
+                num_global_tokens[i],
+                ape_size=None if use_rpb else table_size,
+                drop=drop_rate,
+            )
             self.stages.append(Stage(embed, blocks))
             in_dim = dims[i]
         self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
@@ -387,15 +430,19 @@ class ViL(DenseBackbone):
         module = self.get_submodule(module_name)
         if isinstance(module, LongShortAttention) and name == 'local_relative_position_bias_table':
             if value.shape[1:] != target_shape[1:]:
-                return None   # another head count: an ordinary mismatch
+                return None  # another head count: an ordinary mismatch
             rows = value.shape[0]
             fits = [w for w in range(1, 65) if long_short_rpb_table_size(w) == rows]
-            hint = (f'the checkpoint was trained with window_size={fits[0]}: build the model with it'
-                    if fits else 'no window size gives that many rows')
+            hint = (
+                f'the checkpoint was trained with window_size={fits[0]}: build the model with it'
+                if fits
+                else 'no window size gives that many rows'
+            )
             raise ValueError(
                 f'{key}: the checkpoint\'s long-short window RPB table has {rows} rows, this model\'s '
                 f'{target_shape[0]} (window_size={module.window}). These tables index offsets with aliasing and '
-                f'cannot be resized; {hint}.')
+                f'cannot be resized; {hint}.'
+            )
         return adapt_position_tensor(name, value, target_shape)
 
     @classmethod
@@ -414,7 +461,7 @@ class ViL(DenseBackbone):
 
     def finish_stage(self, i, tokens):
         """Drop the stage's global tokens (the next stage prepends fresh ones)."""
-        return tokens[:, self.num_global_tokens[i]:]
+        return tokens[:, self.num_global_tokens[i] :]
 
 
 class ViLLS(ViL):

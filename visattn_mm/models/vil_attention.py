@@ -4,6 +4,7 @@ Each is a module holding the projections and bias tables (official key names) an
 calling a pure function of :mod:`visattn_mm.ops` for the attention itself. All take
 ``(B, G + H*W, C)`` tokens with the ``G`` global tokens first and the map size ``(H, W)``.
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -53,8 +54,9 @@ def with_contiguous_grad(tensor):
 def _global_token_bias(g2l_bias, g2g_bias, num_local):
     """(heads, G, G + N) bias of the global queries: g2g, then g2l[0] for every local key."""
     heads, num_global = g2g_bias.shape[:2]
-    return torch.cat([with_contiguous_grad(g2g_bias), g2l_bias[0][..., None].expand(heads, num_global, num_local)],
-                     dim=-1)
+    return torch.cat(
+        [with_contiguous_grad(g2g_bias), g2l_bias[0][..., None].expand(heads, num_global, num_local)], dim=-1
+    )
 
 
 def _merge_heads(glob, local, shape):
@@ -118,15 +120,27 @@ class SlidingChunkAttention(RelativePositionBias):
         attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
     """
 
-    def __init__(self, dim, num_heads, window=7, num_global=1, qkv_bias=True, use_rpb=True,
-                 masking_mode=0, shift_mode=0, random_shift=False, attn_drop=0.0, proj_drop=0.0,
-                 attn_impl='auto'):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        window=7,
+        num_global=1,
+        qkv_bias=True,
+        use_rpb=True,
+        masking_mode=0,
+        shift_mode=0,
+        random_shift=False,
+        attn_drop=0.0,
+        proj_drop=0.0,
+        attn_impl='auto',
+    ):
         super().__init__()
         check_modes(masking_mode, shift_mode)
         check_modes(masking_mode, 1 if random_shift else shift_mode)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.window = window
         self.num_global = num_global
         self.masking_mode = masking_mode
@@ -138,8 +152,7 @@ class SlidingChunkAttention(RelativePositionBias):
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self._init_bias_tables(use_rpb, sliding_chunk_rpb_index(window), (4 * window - 1) ** 2, num_heads,
-                               num_global)
+        self._init_bias_tables(use_rpb, sliding_chunk_rpb_index(window), (4 * window - 1) ** 2, num_heads, num_global)
 
     def resolve_shift_mode(self):
         """The neighbour set for this forward pass (drawn here when random shift is on).
@@ -161,18 +174,31 @@ class SlidingChunkAttention(RelativePositionBias):
         k, v = self.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
         local_bias = l2g_bias = global_bias = None
         if self.use_rpb:
-            w2 = self.window ** 2
+            w2 = self.window**2
             local_bias = self.local_relative_position_bias_table[self.relative_position_index]
             local_bias = local_bias.reshape(w2, 9 * w2, heads).permute(2, 0, 1)
             if g:
                 l2g_bias = self.g2l_relative_position_bias[1]
-                global_bias = _global_token_bias(self.g2l_relative_position_bias,
-                                                 self.g2g_relative_position_bias, n - g)
+                global_bias = _global_token_bias(
+                    self.g2l_relative_position_bias, self.g2g_relative_position_bias, n - g
+                )
         dropout_p = self.attn_drop if self.training else 0.0
         # The global tokens lead q, k, v: the fused path gathers from the whole tensors.
         out = sliding_chunk_attention(
-            q, k, v, h, w, self.window, local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=self.masking_mode,
-            shift_mode=shift_mode, dropout_p=dropout_p, impl=self.attn_impl, leading_global=g)
+            q,
+            k,
+            v,
+            h,
+            w,
+            self.window,
+            local_bias=local_bias,
+            l2g_bias=l2g_bias,
+            masking_mode=self.masking_mode,
+            shift_mode=shift_mode,
+            dropout_p=dropout_p,
+            impl=self.attn_impl,
+            leading_global=g,
+        )
         glob = dense_attention(q[:, :, :g], k, v, bias=global_bias, dropout_p=dropout_p) if g else None
         return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))
 
@@ -197,8 +223,9 @@ class FullAttention(RelativePositionBias):
         proj_drop (float): Dropout after ``proj``.
     """
 
-    def __init__(self, dim, num_heads, rpb_size, num_global=1, qkv_bias=True, use_rpb=True,
-                 attn_drop=0.0, proj_drop=0.0):
+    def __init__(
+        self, dim, num_heads, rpb_size, num_global=1, qkv_bias=True, use_rpb=True, attn_drop=0.0, proj_drop=0.0
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
@@ -209,8 +236,9 @@ class FullAttention(RelativePositionBias):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         rh, rw = self.rpb_size
-        self._init_bias_tables(use_rpb, full_attention_rpb_index(rh, rw), (2 * rh - 1) * (2 * rw - 1), num_heads,
-                               num_global)
+        self._init_bias_tables(
+            use_rpb, full_attention_rpb_index(rh, rw), (2 * rh - 1) * (2 * rw - 1), num_heads, num_global
+        )
 
     def _local_bias(self, hw):
         """``(heads, h*w, h*w)`` local bias of an ``hw`` map: the table as built for
@@ -219,8 +247,9 @@ class FullAttention(RelativePositionBias):
             table, index = self.local_relative_position_bias_table, self.relative_position_index
         else:
             rh, rw = self.rpb_size
-            table = resize_rpb_grid(self.local_relative_position_bias_table, (2 * rh - 1, 2 * rw - 1),
-                                    (2 * hw[0] - 1, 2 * hw[1] - 1))
+            table = resize_rpb_grid(
+                self.local_relative_position_bias_table, (2 * rh - 1, 2 * rw - 1), (2 * hw[0] - 1, 2 * hw[1] - 1)
+            )
             index = cached_full_attention_rpb_index(*hw, table.device)
         return table[index].permute(2, 0, 1)
 
@@ -230,17 +259,19 @@ class FullAttention(RelativePositionBias):
         g, heads = self.num_global, self.num_heads
         bias = None
         if self.use_rpb:
-            bias = self._local_bias(tuple(hw))                 # (heads, N_loc, N_loc)
+            bias = self._local_bias(tuple(hw))  # (heads, N_loc, N_loc)
             if g:
                 num_local = n - g
                 l2g = self.g2l_relative_position_bias[1][:, None, :].expand(heads, num_local, g)
-                bias = torch.cat([
-                    _global_token_bias(self.g2l_relative_position_bias,
-                                       self.g2g_relative_position_bias, num_local),
-                    torch.cat([l2g, bias], dim=-1)], dim=1)
+                bias = torch.cat(
+                    [
+                        _global_token_bias(self.g2l_relative_position_bias, self.g2g_relative_position_bias, num_local),
+                        torch.cat([l2g, bias], dim=-1),
+                    ],
+                    dim=1,
+                )
         q, k, v = self.qkv(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
-        out = dense_attention(q * self.scale, k, v, bias=bias,
-                              dropout_p=self.attn_drop if self.training else 0.0)
+        out = dense_attention(q * self.scale, k, v, bias=bias, dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
@@ -278,8 +309,19 @@ class LongShortAttention(RelativePositionBias):
         attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
     """
 
-    def __init__(self, dim, num_heads, window=7, dp_rank=8, num_global=1, qkv_bias=True,
-                 use_rpb=True, attn_drop=0.0, proj_drop=0.0, attn_impl='auto'):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        window=7,
+        dp_rank=8,
+        num_global=1,
+        qkv_bias=True,
+        use_rpb=True,
+        attn_drop=0.0,
+        proj_drop=0.0,
+        attn_impl='auto',
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
@@ -341,7 +383,7 @@ class LongShortAttention(RelativePositionBias):
             # Cast once for both products of x below (autocast would cast it once per product).
             x = x.to(torch.get_autocast_dtype(device))
         qkv = self.qkv(x)
-        kv = self._dual_ln_full(qkv[..., c:].unflatten(-1, (2, c)))              # (B, n, 2, C)
+        kv = self._dual_ln_full(qkv[..., c:].unflatten(-1, (2, c)))  # (B, n, 2, C)
         q = (qkv[..., :c] * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
         k, v = (kv[:, :, i].reshape(b, n, heads, -1).transpose(1, 2) for i in range(2))
         # The projection's logits of every token, global ones dropped after the product (a
@@ -350,13 +392,24 @@ class LongShortAttention(RelativePositionBias):
         local_bias = None
         if self.use_rpb:
             local_bias = self.local_relative_position_bias_table[self.relative_position_index]
-            local_bias = local_bias.permute(2, 0, 1)          # (heads, w*w, (w+2p)^2)
+            local_bias = local_bias.permute(2, 0, 1)  # (heads, w*w, (w+2p)^2)
         k_bar, v_bar = self._project(weights, kv[:, g:])
         out = long_short_attention(
-            q, k, v, *hw, self.window, k_bar=k_bar, v_bar=v_bar, local_bias=local_bias,
-            dropout_p=self.attn_drop if self.training else 0.0, impl=self.attn_impl, leading_global=g)
+            q,
+            k,
+            v,
+            *hw,
+            self.window,
+            k_bar=k_bar,
+            v_bar=v_bar,
+            local_bias=local_bias,
+            dropout_p=self.attn_drop if self.training else 0.0,
+            impl=self.attn_impl,
+            leading_global=g,
+        )
         glob = None
         if g:
-            glob = dense_attention(q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2),
-                                   torch.cat([v[:, :, :g], out], dim=2))
+            glob = dense_attention(
+                q[:, :, :g], torch.cat([k[:, :, :g], out], dim=2), torch.cat([v[:, :, :g], out], dim=2)
+            )
         return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))

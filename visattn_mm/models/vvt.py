@@ -11,6 +11,7 @@ The official code names these ``patch_embed{n}``, ``block{n}.{j}`` and ``norm{n}
 (1-based); its checkpoints load with those keys renamed (``numbered_layout``) and
 their classification ``head`` dropped.
 """
+
 import math
 
 import torch
@@ -22,20 +23,27 @@ from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attent
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
-ARCH_ZOO = with_aliases({
-    'tiny': dict(depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
-                 mlp_ratios=(8, 8, 4, 4)),
-    'small': dict(depths=(3, 3, 9, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
-                  mlp_ratios=(8, 8, 4, 4)),
-    'medium': dict(depths=(3, 3, 27, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
-                   mlp_ratios=(8, 8, 4, 4)),
-    'large': dict(depths=(4, 4, 36, 4), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8),
-                  mlp_ratios=(4, 4, 4, 4)),
-}, dict(t='tiny', s='small', m='medium', l='large'))
+ARCH_ZOO = with_aliases(
+    {
+        'tiny': dict(
+            depths=(2, 2, 2, 2), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)
+        ),
+        'small': dict(
+            depths=(3, 3, 9, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)
+        ),
+        'medium': dict(
+            depths=(3, 3, 27, 3), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)
+        ),
+        'large': dict(
+            depths=(4, 4, 36, 4), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(4, 4, 4, 4)
+        ),
+    },
+    dict(t='tiny', s='small', m='medium', l='large'),
+)
 
 DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
-EMBED_LN_EPS = 1e-5    # patch-embedding LayerNorm (official: nn.LayerNorm default)
-LN_EPS = 1e-6          # every other LayerNorm of the official code
+EMBED_LN_EPS = 1e-5  # patch-embedding LayerNorm (official: nn.LayerNorm default)
+LN_EPS = 1e-6  # every other LayerNorm of the official code
 
 
 def autocast_dtype(x):
@@ -80,8 +88,7 @@ class VicinityAttention(nn.Module):
             bf16 inputs (tensor cores, coarser gradients); False: fp32. Default: False.
     """
 
-    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto',
-                 bf16_products=False):
+    def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto', bf16_products=False):
         super().__init__()
         self.num_heads = num_heads
         self.attn_impl = attn_impl
@@ -92,8 +99,12 @@ class VicinityAttention(nn.Module):
         self.v_proj = nn.Linear(dim, reduced)
         self.out_proj = nn.Linear(reduced, dim)
         # Official key names se_fc.0 / se_fc.2 (ReLU and Sigmoid carry no weights).
-        self.se_fc = nn.Sequential(nn.Linear(dim, dim // se_ratio, bias=False), nn.ReLU(),
-                                   nn.Linear(dim // se_ratio, dim, bias=False), nn.Sigmoid())
+        self.se_fc = nn.Sequential(
+            nn.Linear(dim, dim // se_ratio, bias=False),
+            nn.ReLU(),
+            nn.Linear(dim // se_ratio, dim, bias=False),
+            nn.Sigmoid(),
+        )
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw):
@@ -103,8 +114,10 @@ class VicinityAttention(nn.Module):
         # One cast for the three projections: autocast would cast (and keep for backward)
         # a copy of x per projection.
         x = x.to(autocast_dtype(x))
-        q, k, v = (proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl, bf16_products=self.bf16_products)
         out = lean_signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
         return self.proj_drop(preserve_features(out, gate))
@@ -151,8 +164,18 @@ class _DepthwiseConvGelu(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             grad = torch.ops.aten.gelu_backward(grad, _DepthwiseConvGelu._tokens(x, weight, bias))
             return torch.ops.aten.convolution_backward(
-                grad.transpose(1, 2).reshape(x.shape), x, weight, [weight.shape[0]], [1, 1], [1, 1], [1, 1], False,
-                [0, 0], x.shape[1], list(ctx.needs_input_grad))
+                grad.transpose(1, 2).reshape(x.shape),
+                x,
+                weight,
+                [weight.shape[0]],
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                False,
+                [0, 0],
+                x.shape[1],
+                list(ctx.needs_input_grad),
+            )
 
 
 class ConvMlp(nn.Module):
@@ -173,27 +196,45 @@ class ConvMlp(nn.Module):
     def forward(self, x, hw):
         x = self.fc1(x)
         conv = self.dwconv.dwconv
-        lean = (torch.is_grad_enabled() and type(self.act) is nn.GELU and self.act.approximate == 'none'
-                and conv.bias is not None)
+        lean = (
+            torch.is_grad_enabled()
+            and type(self.act) is nn.GELU
+            and self.act.approximate == 'none'
+            and conv.bias is not None
+        )
         if not lean:
             x = self.drop(self.act(self.dwconv(x, hw)))
             return self.drop(self.fc2(x))
         b, n, c = x.shape
         dtype = autocast_dtype(x)
-        x = self.drop(_DepthwiseConvGelu.apply(x.transpose(1, 2).reshape(b, c, *hw).to(dtype),
-                                               conv.weight.to(dtype), conv.bias.to(dtype)))
+        x = self.drop(
+            _DepthwiseConvGelu.apply(
+                x.transpose(1, 2).reshape(b, c, *hw).to(dtype), conv.weight.to(dtype), conv.bias.to(dtype)
+            )
+        )
         return self.drop(self.fc2(x))
 
 
 class VVTBlock(nn.Module):
     """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6."""
 
-    def __init__(self, dim, num_heads, mlp_ratio, fr_ratio=2, se_ratio=1, drop=0.0, drop_path=0.0,
-                 attn_impl='auto', bf16_products=False):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        mlp_ratio,
+        fr_ratio=2,
+        se_ratio=1,
+        drop=0.0,
+        drop_path=0.0,
+        attn_impl='auto',
+        bf16_products=False,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.attn = VicinityAttention(dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl,
-                                      bf16_products=bf16_products)
+        self.attn = VicinityAttention(
+            dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl, bf16_products=bf16_products
+        )
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -266,13 +307,27 @@ class VVT(DenseBackbone):
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(mlp_ratios=DEFAULT_MLP_RATIO)
     attention_ops = (('vicinity', None),)
-    crop_pct = 0.9   # PVT's evaluation crop
+    crop_pct = 0.9  # PVT's evaluation crop
     numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(vvt_checkpoint_filter)
 
-    def __init__(self, arch='small', in_channels=3, fr_ratio=2, se_ratio=1, drop_rate=0.0,
-                 drop_path_rate=0.1, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                 with_cp=False, attn_impl='auto', bf16_products=False, pretrained=None, init_cfg=None):
+    def __init__(
+        self,
+        arch='small',
+        in_channels=3,
+        fr_ratio=2,
+        se_ratio=1,
+        drop_rate=0.0,
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_eval=False,
+        with_cp=False,
+        attn_impl='auto',
+        bf16_products=False,
+        pretrained=None,
+        init_cfg=None,
+    ):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
         check_attn_impl(attn_impl, 'VVT')
         if not isinstance(bf16_products, bool):
@@ -283,19 +338,33 @@ class VVT(DenseBackbone):
         check_int(se_ratio, 'se_ratio', 'VVT')
         for i, (d, h) in enumerate(zip(dims, heads)):
             if d % (h * fr_ratio):
-                raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
-                                 f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)')
+                raise ValueError(
+                    f'VVT: embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h} '
+                    f'x fr_ratio={fr_ratio} (each head needs whole reduced channels)'
+                )
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        drop_paths = self.init_stages(in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate,
-                                      norm_eval, with_cp)
+        drop_paths = self.init_stages(
+            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp
+        )
 
         in_dim = in_channels
         for i in range(self.num_stages):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
-            blocks = [VVTBlock(dims[i], heads[i], mlp_ratios[i], fr_ratio, se_ratio, drop_rate,
-                               drop_paths[sum(depths[:i]) + j], attn_impl, bf16_products)
-                      for j in range(depths[i])]
+            blocks = [
+                VVTBlock(
+                    dims[i],
+                    heads[i],
+                    mlp_ratios[i],
+                    fr_ratio,
+                    se_ratio,
+                    drop_rate,
+                    drop_paths[sum(depths[:i]) + j],
+                    attn_impl,
+                    bf16_products,
+                )
+                for j in range(depths[i])
+            ]
             embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
             self.stages.append(Stage(embed, blocks, nn.LayerNorm(dims[i], eps=LN_EPS)))
             in_dim = dims[i]

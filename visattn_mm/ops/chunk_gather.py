@@ -7,6 +7,7 @@ one row gather (:class:`ChunkGather`) from the heads-last tokens. This module ho
 the gather, its functional form for torch.export, the constant rows it appends, and
 the query-side indices both ops share (the key indices are each op's own).
 """
+
 import torch
 
 from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache
@@ -26,8 +27,8 @@ def chunk_query_index(height, width, window, first, device):
     w = window
     rows, cols = chunk_grid(height, width, w)
     inner = torch.arange(w)
-    y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]      # (R, 1, w, 1)
-    x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]      # (1, C, 1, w)
+    y = (torch.arange(rows) * w)[:, None, None, None] + inner[:, None]  # (R, 1, w, 1)
+    x = (torch.arange(cols) * w)[None, :, None, None] + inner[None, :]  # (1, C, 1, w)
     index = torch.where((y < height) & (x < width), y * width + x, height * width)
     return (first + index).reshape(-1).to(device)
 
@@ -77,7 +78,7 @@ def gather_rows(index, features, extra_row, *tokens):
     b, heads, _, d = tokens[0].shape
     gathered = []
     for p in range(outputs):
-        rows = torch.cat([t.transpose(1, 2) for t in tokens[p * per_output:(p + 1) * per_output]], dim=1)
+        rows = torch.cat([t.transpose(1, 2) for t in tokens[p * per_output : (p + 1) * per_output]], dim=1)
         if extra:
             rows = torch.cat([rows, features[p].expand(b, rows.shape[1], heads, extra)], dim=-1)
         rows = torch.cat([rows, extra_row[p].expand(b, 1, heads, d + extra)], dim=1)
@@ -117,8 +118,8 @@ class ChunkGather(torch.autograd.Function):
         source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
         for p in range(outputs):
             start = 0
-            for t, n in zip(tokens[p * per_output:(p + 1) * per_output], counts):
-                source[:, start:start + n, p, :, :d].copy_(t.transpose(1, 2))
+            for t, n in zip(tokens[p * per_output : (p + 1) * per_output], counts):
+                source[:, start : start + n, p, :, :d].copy_(t.transpose(1, 2))
                 start += n
         if extra:
             source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
@@ -129,7 +130,7 @@ class ChunkGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        index, = ctx.saved_tensors
+        (index,) = ctx.saved_tensors
         counts, outputs = ctx.counts, ctx.outputs
         reference = next(g for g in grads if g is not None)
         b, _, heads, _ = reference.shape
@@ -142,6 +143,6 @@ class ChunkGather(torch.autograd.Function):
         for p in range(outputs):
             start = 0
             for n in counts:
-                token_grads.append(grad[:, start:start + n, p].transpose(1, 2))
+                token_grads.append(grad[:, start : start + n, p].transpose(1, 2))
                 start += n
         return (None, None, None, *token_grads)

@@ -1,4 +1,5 @@
 """Numerics and chunk layout shared by the attention ops."""
+
 import functools
 
 import torch
@@ -17,6 +18,7 @@ def device_cache(build):
     the first call came from under :func:`torch.inference_mode`. The results are
     shared: do not modify them. :func:`clear_device_caches` empties every such cache.
     """
+
     @functools.lru_cache(maxsize=64)
     def cached(*args, **kwargs):
         with torch.inference_mode(False):
@@ -114,7 +116,7 @@ def fused_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
         v = F.pad(v, (0, extra))
     if mask is not None:
         # A mask with fewer dims than q makes PyTorch (2.12, CPU) skip the fused kernel.
-        mask = mask.reshape((1, ) * (q.dim() - mask.dim()) + tuple(mask.shape))
+        mask = mask.reshape((1,) * (q.dim() - mask.dim()) + tuple(mask.shape))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)[..., :head_dim]
     if torch.compiler.is_exporting():
         # The traced kernel's output is heads-last in memory, its decomposition (for ONNX) is

@@ -32,6 +32,7 @@ NATTEN's global setting steers only its automatic choice): :func:`set_attention_
 the :func:`attention_impl` context manager, or the ``VISATTN_ATTENTION_IMPL``
 environment variable read at import.
 """
+
 import contextlib
 import os
 
@@ -55,18 +56,16 @@ FUSED_DEVICES = ('cpu', 'cuda')
 # One line per choice, for the log line a backbone writes at build (describe_impl).
 IMPL_SUMMARIES = dict(
     auto="per device: the fused softmax kernels ('fast') on CPU and CUDA, the explicit softmax on the CPU "
-         'when a bias needs its gradient; vicinity attention in torch ops',
+    'when a bias needs its gradient; vicinity attention in torch ops',
     fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention in torch ops',
     math='the explicit softmax (the reference); vicinity attention in torch ops',
-    triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' "
-           'elsewhere',
+    triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' elsewhere",
 )
 
 
 def _checked(name):
     if name not in ATTENTION_IMPLS:
-        raise ValueError(f'unknown attention implementation {name!r}; '
-                         f'allowed values are {ATTENTION_IMPLS}')
+        raise ValueError(f'unknown attention implementation {name!r}; allowed values are {ATTENTION_IMPLS}')
     return name
 
 
@@ -143,7 +142,7 @@ def triton_interpreted():
 def triton_device_types():
     """Device types whose tensors the Triton kernels take: CUDA, and the CPU under Triton's
     interpreter (:func:`triton_interpreted`; tests)."""
-    return ('cuda', 'cpu') if triton_interpreted() else ('cuda', )
+    return ('cuda', 'cpu') if triton_interpreted() else ('cuda',)
 
 
 @contextlib.contextmanager

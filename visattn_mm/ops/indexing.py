@@ -14,6 +14,7 @@ take these from here and never from a torch op module:
 
 The relative-position-bias index formulas live in :mod:`visattn_mm.ops.rel_pos`.
 """
+
 import math
 
 import torch
@@ -49,8 +50,10 @@ def check_modes(masking_mode, shift_mode):
         raise ValueError(f'masking_mode must be one of {MASKING_MODES}, got {masking_mode!r}')
     neighbour_blocks(shift_mode)
     if masking_mode == 1 and shift_mode != 0:
-        raise ValueError('masking_mode=1 (exact window) needs all 8 neighbour chunks; it cannot be '
-                         f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.')
+        raise ValueError(
+            'masking_mode=1 (exact window) needs all 8 neighbour chunks; it cannot be '
+            f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.'
+        )
 
 
 def segment_pad(window):

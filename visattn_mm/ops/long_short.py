@@ -29,6 +29,7 @@ smaller than the ``2(p + w) - 1`` possible column offsets, so different offsets
 share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
 :mod:`visattn_mm.ops.rel_pos` (:func:`~visattn_mm.ops.rel_pos.long_short_rpb_index`).
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -57,11 +58,11 @@ def window_key_mask(height, width, window, device):
     w, p = window, segment_pad(window)
     rows, cols = chunk_grid(height, width, w)
     span = torch.arange(-p, w + p)
-    ys = torch.arange(rows)[:, None] * w + span          # (R, K) image rows of each patch
-    xs = torch.arange(cols)[:, None] * w + span          # (C, K)
+    ys = torch.arange(rows)[:, None] * w + span  # (R, K) image rows of each patch
+    xs = torch.arange(cols)[:, None] * w + span  # (C, K)
     out_y = (ys < 0) | (ys >= height)
     out_x = (xs < 0) | (xs >= width)
-    hidden = out_y[:, None, :, None] | out_x[None, :, None, :]       # (R, C, K, K)
+    hidden = out_y[:, None, :, None] | out_x[None, :, None, :]  # (R, C, K, K)
     return hidden.reshape(rows * cols, -1).to(device)
 
 
@@ -78,7 +79,7 @@ def segment_patches(x, height, width, window):
         Tensor: ``(B, heads, R*C, (w + 2p)**2, d)``.
     """
     b, heads, _, d = x.shape
-    patches = _segment_patch_view(x, height, width, window)      # (B, h, R, C, d, K, K)
+    patches = _segment_patch_view(x, height, width, window)  # (B, h, R, C, d, K, K)
     return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(b, heads, -1, patches.shape[-1] ** 2, d)
 
 
@@ -108,14 +109,27 @@ def dynamic_projection(logits, num_heads):
     """
     b, n, channels = logits.shape
     if channels % num_heads:
-        raise ValueError(f'dynamic projection has {channels} channels, not a multiple of '
-                         f'num_heads={num_heads}')
+        raise ValueError(f'dynamic projection has {channels} channels, not a multiple of num_heads={num_heads}')
     return softmax_fp32(logits.transpose(1, 2).reshape(b, num_heads, channels // num_heads, n))
 
 
-def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
-                         global_k=None, global_v=None, local_bias=None, dropout_p=0.0,
-                         impl='auto', leading_global=0):
+def long_short_attention(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    k_bar=None,
+    v_bar=None,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    dropout_p=0.0,
+    impl='auto',
+    leading_global=0,
+):
     """Local queries attend to ``[projected keys | their segment's patch | global keys]``.
 
     Args:
@@ -144,22 +158,37 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
     """
     if leading_global:
         if global_k is not None or global_v is not None:
-            raise ValueError('leading_global: the global keys and values are the leading tokens; '
-                             'global_k and global_v must be None')
+            raise ValueError(
+                'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
+            )
         fused = use_fast_path(q, local_bias, impl=impl)
         if fused and chosen_path(q.device.type, impl=impl, op='long_short') != 'triton':
-            return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias,
-                                               dropout_p, leading_global)
+            return _fused_long_short_attention(
+                q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias, dropout_p, leading_global
+            )
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='long_short') == 'triton':
         from .triton.long_short import triton_long_short_attention
-        return triton_long_short_attention(q, k, v, height, width, window, k_bar=k_bar, v_bar=v_bar,
-                                           global_k=global_k, global_v=global_v, local_bias=local_bias,
-                                           dropout_p=dropout_p)
+
+        return triton_long_short_attention(
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            k_bar=k_bar,
+            v_bar=v_bar,
+            global_k=global_k,
+            global_v=global_v,
+            local_bias=local_bias,
+            dropout_p=dropout_p,
+        )
     if use_fast_path(q, local_bias, impl=impl):
-        return _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v,
-                                           local_bias, dropout_p)
+        return _fused_long_short_attention(
+            q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias, dropout_p
+        )
     w = window
     q_seg = to_chunks(q, height, width, w)
     b, heads, rows, cols, _, d = q_seg.shape
@@ -167,7 +196,7 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
     k_win = segment_patches(k, height, width, w)
     v_win = segment_patches(v, height, width, w)
 
-    logits = q_seg @ k_win.transpose(-1, -2)             # (B, h, R*C, w*w, K*K)
+    logits = q_seg @ k_win.transpose(-1, -2)  # (B, h, R*C, w*w, K*K)
     if local_bias is not None:
         logits = logits + local_bias[:, None]
     logits = logits.masked_fill(window_key_mask(height, width, w, q.device)[:, None, :], float('-inf'))
@@ -183,16 +212,17 @@ def long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=No
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p, training=True)
     num_win = k_win.shape[3]
-    out = attn[..., num_bar:num_bar + num_win] @ v_win
+    out = attn[..., num_bar : num_bar + num_win] @ v_win
     if num_bar:
         out = out + attn[..., :num_bar] @ v_bar.unsqueeze(2)
     if num_global:
-        out = out + attn[..., num_bar + num_win:] @ global_v.unsqueeze(2)
+        out = out + attn[..., num_bar + num_win :] @ global_v.unsqueeze(2)
     return from_chunks(out.reshape(b, heads, rows, cols, w * w, d), height, width, w)
 
 
-def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias,
-                                dropout_p, leading_global=0):
+def _fused_long_short_attention(
+    q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias, dropout_p, leading_global=0
+):
     """:func:`long_short_attention` through :func:`fused_attention`.
 
     Segments become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
@@ -219,7 +249,7 @@ def _fused_long_short_attention(q, k, v, height, width, window, k_bar, v_bar, gl
     kv_index = segment_key_index(height, width, w, num_bar, num_global, q.device)
 
     def attend(*tensors):
-        q_seg, = ChunkGather.apply(q_index, *q_rows, tensors[0])
+        (q_seg,) = ChunkGather.apply(q_index, *q_rows, tensors[0])
         k_win, v_win = ChunkGather.apply(kv_index, *kv_rows, *tensors[1:])
 
         def heads_first(t):
@@ -253,11 +283,12 @@ def segment_key_index(height, width, window, num_bar, num_global, device):
     w, p = window, segment_pad(window)
     rows, cols = chunk_grid(height, width, w)
     span = torch.arange(-p, w + p)
-    ys = (torch.arange(rows)[:, None] * w + span)[:, None, :, None]        # (R, 1, K, 1)
-    xs = (torch.arange(cols)[:, None] * w + span)[None, :, None, :]        # (1, C, 1, K)
+    ys = (torch.arange(rows)[:, None] * w + span)[:, None, :, None]  # (R, 1, K, 1)
+    xs = (torch.arange(cols)[:, None] * w + span)[None, :, None, :]  # (1, C, 1, K)
     first = num_bar + num_global
-    patch = torch.where((ys >= 0) & (ys < height) & (xs >= 0) & (xs < width), first + ys * width + xs,
-                        first + height * width).reshape(rows * cols, -1)
+    patch = torch.where(
+        (ys >= 0) & (ys < height) & (xs >= 0) & (xs < width), first + ys * width + xs, first + height * width
+    ).reshape(rows * cols, -1)
     bar = torch.arange(num_bar).expand(rows * cols, num_bar)
     glob = torch.arange(num_bar, first).expand(rows * cols, num_global)
     return torch.cat([bar, patch, glob], dim=1).reshape(-1).to(device)

@@ -37,6 +37,7 @@ one attention call without a key mask. From the projections' channels-last outpu
 most four attention calls, a concatenation and a scatter per layer, where padding,
 regrouping and transposing took about 30 copies and a boolean mask.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -58,7 +59,7 @@ def padded_key_mask(side, length, pale_size, device):
     size, stride, padded = interlace_stride(side, pale_size)
     if not is_symbolic(side) and padded == side:
         return None
-    line = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]    # (stride, s)
+    line = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]  # (stride, s)
     hidden = (line >= side)[:, :, None].expand(stride, size, length)
     return hidden.reshape(stride, 1, size * length).to(device)
 
@@ -93,8 +94,11 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
 
     attend = fused_attention if use_fast_path(q, impl=impl) else dense_attention
     # Groups as (B*h, stride, s*W, d): the (stride, 1, s*W) key mask broadcasts.
-    out = attend(*(group(t).flatten(0, 1) for t in (q, k, v)),
-                 hidden=padded_key_mask(height, width, pale_size, q.device), dropout_p=dropout_p)
+    out = attend(
+        *(group(t).flatten(0, 1) for t in (q, k, v)),
+        hidden=padded_key_mask(height, width, pale_size, q.device),
+        dropout_p=dropout_p,
+    )
     d = v.shape[-1]
     out = out.reshape(b, heads, stride, size, width, d).transpose(2, 3).reshape(b, heads, padded * width, d)
     if is_symbolic(n):
@@ -115,8 +119,9 @@ def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0
     def transpose(t, h, w):
         return t.reshape(b, heads, h, w, -1).transpose(2, 3).reshape(b, heads, n, -1)
 
-    out = interlaced_row_attention(*(transpose(t, height, width) for t in (q, k, v)),
-                                   width, height, pale_size, dropout_p, impl)
+    out = interlaced_row_attention(
+        *(transpose(t, height, width) for t in (q, k, v)), width, height, pale_size, dropout_p, impl
+    )
     return transpose(out, width, height)
 
 
@@ -140,6 +145,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     """
     if chosen_path(q.device.type, impl=impl, op='pale') == 'triton':
         from .triton.pale import triton_pale_attention
+
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
@@ -181,20 +187,23 @@ def pale_gather_index(batch, height, width, pale_size, device):
     n = height * width
     images = torch.arange(batch)[:, None] * (2 * n)
     pieces, blocks = [], []
-    for half, (side, other, s, line_start, line_step) in enumerate((
+    for half, (side, other, s, line_start, line_step) in enumerate(
+        (
             (height, width, pale_size[0], lambda line: line * width, 1),
-            (width, height, pale_size[1], lambda line: line, width))):
+            (width, height, pale_size[1], lambda line: line, width),
+        )
+    ):
         _, stride, _ = interlace_stride(side, s)
         # Group g holds ceil((side - g) / stride) lines: ``size`` for the first ``full`` groups, one less
         # for the others (``size`` can be below s_eff, e.g. 5 lines per group for side 10, s 7, stride 2).
         size = -(-side // stride)
         full = side - (size - 1) * stride
-        lines = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]    # (stride, size)
+        lines = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]  # (stride, size)
         along = torch.arange(other) * line_step
-        for groups, count in ((lines[:full], size), (lines[full:, :size - 1], size - 1)):
+        for groups, count in ((lines[:full], size), (lines[full:, : size - 1], size - 1)):
             if groups.numel() == 0:
                 continue
-            tokens = line_start(groups)[..., None] + along                              # (groups, lines, other)
+            tokens = line_start(groups)[..., None] + along  # (groups, lines, other)
             pieces.append((images + 2 * tokens.reshape(1, -1) + half).reshape(-1))
             blocks.append((groups.shape[0], count * other))
     index = torch.cat(pieces)
@@ -252,10 +261,14 @@ def gathered_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
             t = t.contiguous()
         # Each block as (B * groups, heads / 2, tokens, d): a view of the gathered tensor.
         rows = RowPermutation.apply(t.transpose(1, 2).reshape(b * n * 2, half, t.shape[-1]), index, inverse)
-        return [part.view(-1, length, half, t.shape[-1]).transpose(1, 2)
-                for part, (_, length) in zip(rows.split(sizes), blocks)]
+        return [
+            part.view(-1, length, half, t.shape[-1]).transpose(1, 2)
+            for part, (_, length) in zip(rows.split(sizes), blocks)
+        ]
 
-    outs = [fused_attention(*group, dropout_p=dropout_p).transpose(1, 2).reshape(-1, half, v.shape[-1])
-            for group in zip(gather(q), gather(k), gather(v))]
+    outs = [
+        fused_attention(*group, dropout_p=dropout_p).transpose(1, 2).reshape(-1, half, v.shape[-1])
+        for group in zip(gather(q), gather(k), gather(v))
+    ]
     out = RowPermutation.apply(torch.cat(outs), inverse, index)
     return out.view(b, n, heads, v.shape[-1]).transpose(1, 2)

@@ -4,6 +4,7 @@ These build the full ``N x N`` logit matrix with an explicit bias and mask.
 They are exact and simple, and quadratic in memory: use them for tests and for
 small maps only.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -13,8 +14,11 @@ from .rel_pos import long_short_rpb_row, sliding_chunk_rpb_row
 from .vicinity import signed_clamp
 
 __all__ = [
-    'sliding_chunk_visibility', 'sliding_chunk_attention_dense', 'vicinity_attention_dense',
-    'long_short_attention_dense', 'pale_attention_dense'
+    'sliding_chunk_visibility',
+    'sliding_chunk_attention_dense',
+    'vicinity_attention_dense',
+    'long_short_attention_dense',
+    'pale_attention_dense',
 ]
 
 
@@ -44,7 +48,7 @@ def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0
     if masking_mode == -1 and (rows < 3 or cols < 3):
         raise ValueError('the dense reference of cyclic mode needs at least 3 chunks per axis')
     ys, xs = _pixel_coordinates(height, width)
-    chunk_dy = ys[None] // w - ys[:, None] // w           # key chunk - query chunk
+    chunk_dy = ys[None] // w - ys[:, None] // w  # key chunk - query chunk
     chunk_dx = xs[None] // w - xs[:, None] // w
     allowed = [NEIGHBOUR_OFFSETS[b] for b in neighbour_blocks(shift_mode)]
     visible = torch.zeros(len(ys), len(ys), dtype=torch.bool)
@@ -64,8 +68,21 @@ def sliding_chunk_visibility(height, width, window, masking_mode=0, shift_mode=0
     return visible, torch.stack([rel_y, rel_x], dim=-1)
 
 
-def sliding_chunk_attention_dense(q, k, v, height, width, window, *, global_k=None, global_v=None, table=None,
-                                  l2g_bias=None, masking_mode=0, shift_mode=0):
+def sliding_chunk_attention_dense(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    global_k=None,
+    global_v=None,
+    table=None,
+    l2g_bias=None,
+    masking_mode=0,
+    shift_mode=0,
+):
     """ViL sliding-chunk attention of the local queries, written densely from its definition.
 
     One softmax per query over ``[the G global keys | the H*W pixels]``, the pixels
@@ -92,8 +109,7 @@ def sliding_chunk_attention_dense(q, k, v, height, width, window, *, global_k=No
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    visible, rel = (t.to(q.device) for t in
-                    sliding_chunk_visibility(height, width, window, masking_mode, shift_mode))
+    visible, rel = (t.to(q.device) for t in sliding_chunk_visibility(height, width, window, masking_mode, shift_mode))
     heads, n = q.shape[1], height * width
     num_global = 0 if global_k is None else global_k.shape[2]
     bias = q.new_zeros(heads, n, n)
@@ -129,8 +145,8 @@ def vicinity_attention_dense(q, k, v, height, width, eps=EPS, clamp=True):
     cols = torch.arange(width).repeat(height).to(compute)
     a = torch.pi * rows / (2 * height)
     b = torch.pi * cols / (2 * width)
-    locality = torch.cos(a[:, None] - a[None]) + torch.cos(b[:, None] - b[None])   # (N, N)
-    weights = (q.relu() @ k.relu().transpose(-1, -2)) * locality                     # (..., N, N)
+    locality = torch.cos(a[:, None] - a[None]) + torch.cos(b[:, None] - b[None])  # (N, N)
+    weights = (q.relu() @ k.relu().transpose(-1, -2)) * locality  # (..., N, N)
     norm = 1.0 / (weights.sum(dim=-1, keepdim=True) + eps)
     numerator = weights @ v
     if clamp:
@@ -139,8 +155,9 @@ def vicinity_attention_dense(q, k, v, height, width, eps=EPS, clamp=True):
     return signed_clamp(out) if clamp else out
 
 
-def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_bar=None,
-                               global_k=None, global_v=None, table=None):
+def long_short_attention_dense(
+    q, k, v, height, width, window, *, k_bar=None, v_bar=None, global_k=None, global_v=None, table=None
+):
     """Long-short attention of the local queries, written densely from its definition.
 
     Query ``(qy, qx)`` belongs to segment ``(qy // w, qx // w)`` and sees the image
@@ -172,8 +189,7 @@ def long_short_attention_dense(q, k, v, height, width, window, *, k_bar=None, v_
     heads, n = q.shape[1], height * width
     ys, xs = _pixel_coordinates(height, width)
     top, left = (ys // w * w)[:, None], (xs // w * w)[:, None]
-    visible = ((ys[None] >= top - p) & (ys[None] < top + w + p)
-               & (xs[None] >= left - p) & (xs[None] < left + w + p))
+    visible = (ys[None] >= top - p) & (ys[None] < top + w + p) & (xs[None] >= left - p) & (xs[None] < left + w + p)
     bias = torch.zeros(heads, n, n, dtype=q.dtype)
     if table is not None:
         index = long_short_rpb_row(ys[:, None] - ys[None], xs[:, None] - xs[None], w)

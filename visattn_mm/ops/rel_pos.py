@@ -6,6 +6,7 @@ functions return a LongTensor of row indices into a ``(num_entries, heads)`` tab
 that ``table[index]`` gives the bias of each (query, key) pair of a chunk (segment, map),
 in the key order the attention ops (and their Triton kernels) read the bias in.
 """
+
 import math
 
 import torch
@@ -119,9 +120,10 @@ def resize_rpb_table(table, num_rows):
             Transformer-LS' aliased window table) have no 2-D grid to resize.
     """
     old_side, new_side = math.isqrt(table.shape[0]), math.isqrt(num_rows)
-    if old_side ** 2 != table.shape[0] or new_side ** 2 != num_rows:
-        raise ValueError(f'RPB tables can only be resized between square sizes (g*g rows); got '
-                         f'{table.shape[0]} -> {num_rows} rows')
+    if old_side**2 != table.shape[0] or new_side**2 != num_rows:
+        raise ValueError(
+            f'RPB tables can only be resized between square sizes (g*g rows); got {table.shape[0]} -> {num_rows} rows'
+        )
     return resize_rpb_grid(table, (old_side, old_side), (new_side, new_side))
 
 
@@ -154,6 +156,7 @@ def resize_1d_table(table, length):
     """Linearly resize a ``(1, n, C)`` position table to ``(1, length, C)`` (align_corners=False)."""
     if table.shape[1] == length:
         return table
-    resized = torch.nn.functional.interpolate(table.transpose(1, 2).float(), size=length,
-                                              mode='linear', align_corners=False)
+    resized = torch.nn.functional.interpolate(
+        table.transpose(1, 2).float(), size=length, mode='linear', align_corners=False
+    )
     return resized.transpose(1, 2).to(table.dtype)

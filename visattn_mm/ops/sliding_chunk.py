@@ -21,6 +21,7 @@ Masking modes (which keys outside the image are hidden):
 Shift modes: ``0`` all 8 neighbours; ``-1`` own chunk only; ``k`` in 1..8 own
 chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in order).
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -56,7 +57,7 @@ def neighbour_key_coords(height, width, window, shift_mode):
     dx = torch.tensor([NEIGHBOUR_OFFSETS[b][1] for b in blocks])
     r = torch.arange(rows)[:, None, None]
     c = torch.arange(cols)[None, :, None]
-    raw_r, raw_c = r + dy, c + dx                       # (R, C, nb), unwrapped
+    raw_r, raw_c = r + dy, c + dx  # (R, C, nb), unwrapped
     in_grid = (raw_r >= 0) & (raw_r < rows) & (raw_c >= 0) & (raw_c < cols)
     inner = torch.arange(w)
     key_y = (wrap_once(raw_r, rows) * w)[..., None, None] + inner[:, None]
@@ -102,7 +103,7 @@ def outside_exact_window(window, device):
     """
     w = window
     inner = torch.arange(w)
-    offsets = torch.tensor(NEIGHBOUR_OFFSETS)                    # (9, 2)
+    offsets = torch.tensor(NEIGHBOUR_OFFSETS)  # (9, 2)
     key_y = (offsets[:, 0, None, None] * w + inner[:, None]).expand(9, w, w).reshape(-1)
     key_x = (offsets[:, 1, None, None] * w + inner[None, :]).expand(9, w, w).reshape(-1)
     query_y, query_x = inner.repeat_interleave(w), inner.repeat(w)
@@ -129,8 +130,9 @@ def neighbour_chunk_views(chunks, blocks):
     rows, cols = chunks.shape[2:4]
     grid = torch.cat([chunks[:, :, -1:], chunks, chunks[:, :, :1]], dim=2)
     grid = torch.cat([grid[:, :, :, -1:], grid, grid[:, :, :, :1]], dim=3)
-    return [grid[:, :, 1 + dy:1 + dy + rows, 1 + dx:1 + dx + cols]
-            for dy, dx in (NEIGHBOUR_OFFSETS[b] for b in blocks)]
+    return [
+        grid[:, :, 1 + dy : 1 + dy + rows, 1 + dx : 1 + dx + cols] for dy, dx in (NEIGHBOUR_OFFSETS[b] for b in blocks)
+    ]
 
 
 def gather_neighbour_chunks(chunks, blocks):
@@ -147,9 +149,24 @@ def gather_neighbour_chunks(chunks, blocks):
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=4)
 
 
-def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
-                            local_bias=None, l2g_bias=None, masking_mode=0, shift_mode=0,
-                            dropout_p=0.0, impl='auto', leading_global=0):
+def sliding_chunk_attention(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    l2g_bias=None,
+    masking_mode=0,
+    shift_mode=0,
+    dropout_p=0.0,
+    impl='auto',
+    leading_global=0,
+):
     """Local tokens attend to their neighbour chunks and to the global tokens.
 
     Args:
@@ -179,22 +196,65 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     """
     if leading_global:
         if global_k is not None or global_v is not None:
-            raise ValueError('leading_global: the global keys and values are the leading tokens; '
-                             'global_k and global_v must be None')
-        if use_fast_path(q, local_bias, l2g_bias, impl=impl) and chosen_path(
-                q.device.type, impl=impl, op='sliding_chunk') != 'triton':
-            return _fused_sliding_chunk_attention(q, k, v, height, width, window, None, None, local_bias,
-                                                  l2g_bias, masking_mode, shift_mode, dropout_p, leading_global)
+            raise ValueError(
+                'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
+            )
+        if (
+            use_fast_path(q, local_bias, l2g_bias, impl=impl)
+            and chosen_path(q.device.type, impl=impl, op='sliding_chunk') != 'triton'
+        ):
+            return _fused_sliding_chunk_attention(
+                q,
+                k,
+                v,
+                height,
+                width,
+                window,
+                None,
+                None,
+                local_bias,
+                l2g_bias,
+                masking_mode,
+                shift_mode,
+                dropout_p,
+                leading_global,
+            )
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
     if chosen_path(q.device.type, impl=impl, op='sliding_chunk') == 'triton':
         from .triton.sliding_chunk import triton_sliding_chunk_attention
-        return triton_sliding_chunk_attention(q, k, v, height, width, window, global_k=global_k, global_v=global_v,
-                                              local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode,
-                                              shift_mode=shift_mode, dropout_p=dropout_p)
+
+        return triton_sliding_chunk_attention(
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            global_k=global_k,
+            global_v=global_v,
+            local_bias=local_bias,
+            l2g_bias=l2g_bias,
+            masking_mode=masking_mode,
+            shift_mode=shift_mode,
+            dropout_p=dropout_p,
+        )
     if use_fast_path(q, local_bias, l2g_bias, impl=impl):
-        return _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias,
-                                              l2g_bias, masking_mode, shift_mode, dropout_p)
+        return _fused_sliding_chunk_attention(
+            q,
+            k,
+            v,
+            height,
+            width,
+            window,
+            global_k,
+            global_v,
+            local_bias,
+            l2g_bias,
+            masking_mode,
+            shift_mode,
+            dropout_p,
+        )
     w = window
     hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
     blocks = neighbour_blocks(shift_mode)
@@ -207,7 +267,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
         return t.reshape(b, heads, rows * cols, len(blocks) * w * w, d)
 
     k_near, v_near = gather(k), gather(v)
-    logits = q_chunks @ k_near.transpose(-1, -2)        # (B, h, R*C, w*w, nb*w*w)
+    logits = q_chunks @ k_near.transpose(-1, -2)  # (B, h, R*C, w*w, nb*w*w)
     if local_bias is not None:
         if len(blocks) < 9:
             local_bias = local_bias.reshape(heads, w * w, 9, w * w)[:, :, list(blocks)]
@@ -216,7 +276,7 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
 
     num_global = 0 if global_k is None else global_k.shape[2]
     if num_global:
-        g_logits = q_chunks @ global_k.unsqueeze(2).transpose(-1, -2)   # (B, h, R*C, w*w, G)
+        g_logits = q_chunks @ global_k.unsqueeze(2).transpose(-1, -2)  # (B, h, R*C, w*w, G)
         if l2g_bias is not None:
             g_logits = g_logits + l2g_bias[:, None, None, :]
         logits = torch.cat([g_logits, logits], dim=-1)
@@ -231,8 +291,22 @@ def sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, gl
     return from_chunks(out, height, width, w)
 
 
-def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, global_v, local_bias, l2g_bias,
-                                   masking_mode, shift_mode, dropout_p, leading_global=0):
+def _fused_sliding_chunk_attention(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    global_k,
+    global_v,
+    local_bias,
+    l2g_bias,
+    masking_mode,
+    shift_mode,
+    dropout_p,
+    leading_global=0,
+):
     """:func:`sliding_chunk_attention` through :func:`fused_attention`.
 
     Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
@@ -275,12 +349,12 @@ def _fused_sliding_chunk_attention(q, k, v, height, width, window, global_k, glo
     q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
     # torch.export needs functional ops: there the gathers are plain concatenations + index_select.
     chunk_gather = gather_rows if torch.compiler.is_exporting() else ChunkGather.apply
-    q_chunks, = chunk_gather(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
+    (q_chunks,) = chunk_gather(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
     keys = (k,) if leading_global or not num_global else (global_k, k)
     values = (v,) if leading_global or not num_global else (global_v, v)
     k_near, v_near = chunk_gather(
-        neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows,
-        *keys, *values)
+        neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows, *keys, *values
+    )
 
     def heads_first(t):
         return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
@@ -315,5 +389,3 @@ def neighbour_key_index(height, width, window, masking_mode, shift_mode, num_glo
     local = torch.where(hidden, num_global + height * width, local.reshape(hidden.shape))
     glob = torch.arange(num_global).expand(rows * cols, num_global)
     return torch.cat([glob, local], dim=1).reshape(-1).to(device)
-
-

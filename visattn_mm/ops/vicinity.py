@@ -43,6 +43,7 @@ Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
 ``(B, heads, N, 4d)`` tensor at all, and the sums over the tokens spread over
 the whole GPU; on other devices it computes like 'auto'.
 """
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -81,7 +82,7 @@ class SignedClamp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        acted, = ctx.saved_tensors
+        (acted,) = ctx.saved_tensors
         return grad.masked_fill(acted, 0), None, None
 
 
@@ -102,8 +103,7 @@ def vicinity_features(x, weights):
     return (x[..., None, :] * weights[:, :, None]).flatten(-2)
 
 
-def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True, impl='auto',
-                       bf16_products=False):
+def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=True, impl='auto', bf16_products=False):
     """Linear vicinity attention of one map.
 
     Args:
@@ -137,6 +137,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
     if chosen_path(q.device.type, impl=impl, op='vicinity') == 'triton':
         from .triton.vicinity import triton_vicinity_attention
+
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
     operands = matmul_dtype(q.dtype, bf16_products)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -176,23 +177,35 @@ def _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=False):
     compute = torch.promote_types(q.dtype, torch.float32)
     clamped = (lambda t: _clamp_keeping_mask(t, clamp)) if keep else (lambda t: (lean_signed_clamp(t, clamp), None))
     weights = vicinity_weights(height, width, q.device, operands)
-    qf = vicinity_features(F.relu(q), weights)                                             # (B, h, N, 4d)
+    qf = vicinity_features(F.relu(q), weights)  # (B, h, N, 4d)
     kf = vicinity_features(F.relu(k), weights)
     # Contiguous: the products would copy a strided v anyway (in forward and in backward).
     values = v.to(operands, memory_format=torch.contiguous_format)
-    kv, kv_acted = clamped((kf.transpose(-1, -2) @ values).to(compute))                   # (B, h, 4d, d)
-    k_sum = kf.sum(dim=-2, dtype=compute)                                                  # (B, h, 4d)
+    kv, kv_acted = clamped((kf.transpose(-1, -2) @ values).to(compute))  # (B, h, 4d, d)
+    k_sum = kf.sum(dim=-2, dtype=compute)  # (B, h, 4d)
     reciprocal = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
     z, z_acted = clamped(reciprocal)
-    numerator, numerator_acted = clamped((qf @ kv.to(operands)).to(compute))              # (B, h, N, d)
+    numerator, numerator_acted = clamped((qf @ kv.to(operands)).to(compute))  # (B, h, N, d)
     if not keep:
         return lean_signed_clamp(numerator * z[..., None], clamp).to(q.dtype), None
     out = numerator * z[..., None]
     # Only where the last clamp acts is needed, not its values.
     out_acted = out.abs().clamp(CLAMP_MIN, CLAMP_MAX) != out.abs() if clamp else None
-    return None, dict(qf=qf, kf=kf, values=values, kv=kv, kv_acted=kv_acted, k_sum=k_sum, reciprocal=reciprocal,
-                      z=z, z_acted=z_acted, numerator=numerator, numerator_acted=numerator_acted,
-                      out_acted=out_acted, weights=weights)
+    return None, dict(
+        qf=qf,
+        kf=kf,
+        values=values,
+        kv=kv,
+        kv_acted=kv_acted,
+        k_sum=k_sum,
+        reciprocal=reciprocal,
+        z=z,
+        z_acted=z_acted,
+        numerator=numerator,
+        numerator_acted=numerator_acted,
+        out_acted=out_acted,
+        weights=weights,
+    )
 
 
 def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
@@ -229,16 +242,17 @@ class _VicinityAttention(torch.autograd.Function):
         operands = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(device_type=q.device.type, enabled=False):
             _, p = _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=True)
-            grad = _masked(grad, p['out_acted'])                                # through out = numerator * z
+            grad = _masked(grad, p['out_acted'])  # through out = numerator * z
             grad_z = _masked((grad * p['numerator']).sum(dim=-1), p['z_acted'])
             grad_numerator = _masked(grad * p['z'][..., None], p['numerator_acted'])
             # z = 1 / den: d den = -grad_z / den^2 = -grad_z * z^2 (z unclamped).
-            grad_den = grad_z * p['reciprocal'] * p['reciprocal']                 # negated below
+            grad_den = grad_z * p['reciprocal'] * p['reciprocal']  # negated below
             qf, kf = p['qf'], p['kf']
-            grad_qf = torch.addcmul(grad_numerator @ p['kv'].transpose(-1, -2), grad_den[..., None],
-                                    p['k_sum'][..., None, :], value=-1)
+            grad_qf = torch.addcmul(
+                grad_numerator @ p['kv'].transpose(-1, -2), grad_den[..., None], p['k_sum'][..., None, :], value=-1
+            )
             grad_kv = _masked(qf.transpose(-1, -2) @ grad_numerator, p['kv_acted'])
-            grad_k_sum = (grad_den[..., None, :] @ qf)                            # negated below
+            grad_k_sum = grad_den[..., None, :] @ qf  # negated below
             grad_kf = torch.sub(p['values'] @ grad_kv.transpose(-1, -2), grad_k_sum)
             grad_v = kf @ grad_kv
             grads = []

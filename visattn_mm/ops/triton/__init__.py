@@ -18,11 +18,14 @@ Triton's interpreter (:func:`~visattn_mm.ops.impl.triton_interpreted`), which
 ``TRITON_INTERPRET=1`` in the environment turns on before this package is imported
 (tests).
 """
+
 # Every module of the package imports triton: fail here, once, naming the fix.
 try:
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 except ImportError as error:
-    raise ImportError(f"attention impl 'triton' needs the triton package, which does not import here ({error}). "
-                      "Install the triton version that matches your PyTorch (`pip install triton`; Linux CUDA "
-                      "builds of PyTorch bring it), or choose impl 'fast' or 'math'.") from error
+    raise ImportError(
+        f"attention impl 'triton' needs the triton package, which does not import here ({error}). "
+        "Install the triton version that matches your PyTorch (`pip install triton`; Linux CUDA "
+        "builds of PyTorch bring it), or choose impl 'fast' or 'math'."
+    ) from error

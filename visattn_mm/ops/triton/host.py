@@ -9,6 +9,7 @@ The kernels run on CUDA tensors; :func:`check_device` lets CPU tensors through
 where Triton's interpreter runs them (:func:`~visattn_mm.ops.impl.triton_interpreted`,
 the one flag that also steers the ops' choice of path).
 """
+
 import collections
 import contextlib
 
@@ -70,8 +71,9 @@ def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
     @backward_op.register_fake
     def _(grad_out, *args):
         inputs, needs_grad = args[:num_tensor_inputs], args[-1]
-        empty = [like_heads_last(t) if i < 3 else t if t is None else t.new_empty(t.shape)
-                 for i, t in enumerate(inputs)]
+        empty = [
+            like_heads_last(t) if i < 3 else t if t is None else t.new_empty(t.shape) for i, t in enumerate(inputs)
+        ]
         return gradient_list(empty, inputs, needs_grad)
 
     def setup_context(ctx, inputs, output):
@@ -84,7 +86,7 @@ def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
         grads = backward_op(grad_out, *saved, *ctx.geometry, needs_grad)
         inputs = saved[:num_tensor_inputs]
         wanted = [gradient_wanted(i, inputs, needs_grad) for i in range(num_tensor_inputs)]
-        return (*(g if want else None for g, want in zip(grads, wanted)), *(None, ) * len(ctx.geometry))
+        return (*(g if want else None for g, want in zip(grads, wanted)), *(None,) * len(ctx.geometry))
 
     forward_op.register_autograd(differentiate, setup_context=setup_context)
     return forward_op
@@ -100,8 +102,7 @@ def gradient_list(grads, inputs, needs_grad):
     """The backward op's result: per tensor input its gradient where :func:`gradient_wanted` (for
     ``q, k, v`` stored as :func:`like_heads_last`, for the others contiguous), else an empty
     placeholder (a custom op returns no None)."""
-    return [grad if gradient_wanted(i, inputs, needs_grad) else inputs[0].new_empty(0)
-            for i, grad in enumerate(grads)]
+    return [grad if gradient_wanted(i, inputs, needs_grad) else inputs[0].new_empty(0) for i, grad in enumerate(grads)]
 
 
 def check_supported(q, tokens, dropout_p):
@@ -116,8 +117,10 @@ def check_supported(q, tokens, dropout_p):
         ValueError: For ``dropout_p > 0`` or another token count.
     """
     if dropout_p > 0:
-        raise ValueError(f"impl 'triton' does not support attention dropout (dropout_p={dropout_p}); "
-                         "use impl 'fast' or 'math' with dropout, or set the attention dropout to 0")
+        raise ValueError(
+            f"impl 'triton' does not support attention dropout (dropout_p={dropout_p}); "
+            "use impl 'fast' or 'math' with dropout, or set the attention dropout to 0"
+        )
     if q.shape[2] != tokens:
         raise ValueError(f'q has {q.shape[2]} tokens, not height * width = {tokens}')
 
@@ -130,9 +133,11 @@ def check_device(q):
         RuntimeError: For such tensors.
     """
     if impl.dispatch_device_type(q.device.type) != 'cuda' and not impl.triton_interpreted():
-        raise RuntimeError(f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use impl 'fast' or "
-                           "'math' there (TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are "
-                           'imported runs them on the CPU, slowly, for tests)')
+        raise RuntimeError(
+            f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use impl 'fast' or "
+            "'math' there (TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are "
+            'imported runs them on the CPU, slowly, for tests)'
+        )
 
 
 def shared_keys(keys, values, q, names):
@@ -154,8 +159,10 @@ def shared_keys(keys, values, q, names):
     batch, heads, _, head_dim = q.shape
     for name, tensor in zip(names, (keys, values)):
         if tensor.dim() != 4 or tuple(tensor.shape) != (batch, heads, keys.shape[2], head_dim):
-            raise ValueError(f'{name} has shape {tuple(tensor.shape)}, not (B, heads, M, d) = '
-                             f'({batch}, {heads}, {keys.shape[2]}, {head_dim}) like q')
+            raise ValueError(
+                f'{name} has shape {tuple(tensor.shape)}, not (B, heads, M, d) = '
+                f'({batch}, {heads}, {keys.shape[2]}, {head_dim}) like q'
+            )
     return keys.to(q.dtype), values.to(q.dtype)
 
 
@@ -188,9 +195,11 @@ def check_window(window):
         ValueError: For ``window`` 12 and more.
     """
     if tile(window * window) > MAX_CHUNK_TILE:
-        raise ValueError(f"impl 'triton' takes windows of at most {MAX_CHUNK_TILE} tokens ({MAX_CHUNK_TILE}-slot "
-                         f"tiles: window <= 11), got window={window}: its tiles would not fit the GPU's shared "
-                         "memory; use impl 'fast' or 'math' for this model")
+        raise ValueError(
+            f"impl 'triton' takes windows of at most {MAX_CHUNK_TILE} tokens ({MAX_CHUNK_TILE}-slot "
+            f"tiles: window <= 11), got window={window}: its tiles would not fit the GPU's shared "
+            "memory; use impl 'fast' or 'math' for this model"
+        )
 
 
 def forward_outputs(q):
@@ -213,8 +222,14 @@ def backward_buffers(q, k, v, grad_out, lse, local_bias, local_bias_grad, copies
     grad_local_bias = None
     if local_bias_grad:
         grad_local_bias = torch.zeros(copies, *local_bias.shape, dtype=lse.dtype, device=q.device)
-    return (grad_out.to(q.dtype), like_heads_last(q), like_heads_last(k), like_heads_last(v), torch.empty_like(lse),
-            grad_local_bias)
+    return (
+        grad_out.to(q.dtype),
+        like_heads_last(q),
+        like_heads_last(k),
+        like_heads_last(v),
+        torch.empty_like(lse),
+        grad_local_bias,
+    )
 
 
 def shared_key_parts(like, parts, keys, with_bias=False):
@@ -307,7 +322,7 @@ def tile(size):
 
 def strides(tensor, ndim):
     """The tensor's strides, or zeros for an absent tensor (its kernel branch is compiled out)."""
-    return tuple(tensor.stride()) if tensor is not None else (0, ) * ndim
+    return tuple(tensor.stride()) if tensor is not None else (0,) * ndim
 
 
 def like_heads_last(t):

@@ -15,6 +15,7 @@ dtype, the probabilities are rounded to it before ``@ v`` as in FlashAttention.
 fp32 products use TF32 only where ``torch.get_float32_matmul_precision()`` is not
 'highest' (as PyTorch's matmuls).
 """
+
 import triton
 import triton.language as tl
 
@@ -61,13 +62,27 @@ def program_chunk(heads, cols):
 @triton.jit
 def key_value_rows(k_base, v_base, tokens, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D: tl.constexpr):
     """Tiles of keys and values at ``tokens`` (see :func:`load_rows`)."""
-    return (load_rows(k_base, tokens, valid, k_sn, k_sd, head_dim, BLOCK_D),
-            load_rows(v_base, tokens, valid, v_sn, v_sd, head_dim, BLOCK_D))
+    return (
+        load_rows(k_base, tokens, valid, k_sn, k_sd, head_dim, BLOCK_D),
+        load_rows(v_base, tokens, valid, v_sn, v_sd, head_dim, BLOCK_D),
+    )
 
 
 @triton.jit
-def key_tile(queries, k_base, v_base, tokens, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
+def key_tile(
+    queries,
+    k_base,
+    v_base,
+    tokens,
+    valid,
+    k_sn,
+    k_sd,
+    v_sn,
+    v_sd,
+    head_dim,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Keys and values at ``tokens`` and their ``(queries, keys)`` tile of dot products."""
     keys, values = key_value_rows(k_base, v_base, tokens, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
     return keys, values, tl.dot(queries, tl.trans(keys), input_precision=DOT_PRECISION)
@@ -82,8 +97,11 @@ def accumulator(lse, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
 @triton.jit
 def softmax_start(lse, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online-softmax state before any key: row maxima, row sums and the output accumulator."""
-    return (tl.full([BLOCK], float('-inf'), lse.dtype.element_ty), tl.zeros([BLOCK], lse.dtype.element_ty),
-            accumulator(lse, BLOCK, BLOCK_D))
+    return (
+        tl.full([BLOCK], float('-inf'), lse.dtype.element_ty),
+        tl.zeros([BLOCK], lse.dtype.element_ty),
+        accumulator(lse, BLOCK, BLOCK_D),
+    )
 
 
 @triton.jit
@@ -100,8 +118,9 @@ def softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION: tl.conste
 
 
 @triton.jit
-def finish_forward(out_base, lse, tokens, query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc,
-                   BLOCK_D: tl.constexpr):
+def finish_forward(
+    out_base, lse, tokens, query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D: tl.constexpr
+):
     """Stores the normalised output rows of a query chunk and their log-sum-exp (``lse`` at the
     chunk's (batch, head) row); every real query sees its own token, the guard only keeps the
     padding slots finite."""
@@ -111,8 +130,23 @@ def finish_forward(out_base, lse, tokens, query_valid, o_sn, o_sd, head_dim, row
 
 
 @triton.jit
-def backward_rows(q_base, do_base, o_base, lse, delta, tokens, query_valid, q_sn, q_sd, do_sn, do_sd, o_sn, o_sd,
-                  head_dim, BLOCK_D: tl.constexpr):
+def backward_rows(
+    q_base,
+    do_base,
+    o_base,
+    lse,
+    delta,
+    tokens,
+    query_valid,
+    q_sn,
+    q_sd,
+    do_sn,
+    do_sd,
+    o_sn,
+    o_sd,
+    head_dim,
+    BLOCK_D: tl.constexpr,
+):
     """A query chunk's queries, output gradients, log-sum-exps and ``delta = rowsum(dO * O)``; stores
     ``delta`` (``lse`` and ``delta`` at the chunk's (batch, head) row) for the key-centric kernel."""
     queries = load_rows(q_base, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
@@ -135,8 +169,22 @@ def logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_
 
 
 @triton.jit
-def query_tile(keys, q_base, do_base, lse, delta, tokens, query_valid, q_sn, q_sd, do_sn, do_sd, head_dim,
-               BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def query_tile(
+    keys,
+    q_base,
+    do_base,
+    lse,
+    delta,
+    tokens,
+    query_valid,
+    q_sn,
+    q_sd,
+    do_sn,
+    do_sd,
+    head_dim,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """For a key-centric kernel: a query chunk's queries, output gradients, saved log-sum-exps and
     deltas (``lse`` and ``delta`` at the chunk's (batch, head) row), and the ``(keys, queries)`` tile of
     dot products (transposed, see :func:`key_grads_step`)."""
@@ -148,8 +196,18 @@ def query_tile(keys, q_base, do_base, lse, delta, tokens, query_valid, q_sn, q_s
 
 
 @triton.jit
-def key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid,
-                   DOT_PRECISION: tl.constexpr):
+def key_grads_step(
+    grad_keys,
+    grad_values,
+    scores,
+    values,
+    queries,
+    grad_rows,
+    row_lse,
+    row_delta,
+    query_valid,
+    DOT_PRECISION: tl.constexpr,
+):
     """Adds one query chunk's share to the gradients of a key chunk's keys and values.
 
     ``scores`` is the ``(keys, queries)`` tile of masked logits: transposed, so
@@ -164,16 +222,38 @@ def key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows, r
 
 
 @triton.jit
-def store_key_grads(dk_base, dv_base, key_tokens, key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys,
-                    grad_values, BLOCK_D: tl.constexpr):
+def store_key_grads(
+    dk_base,
+    dv_base,
+    key_tokens,
+    key_valid,
+    dk_sn,
+    dk_sd,
+    dv_sn,
+    dv_sd,
+    head_dim,
+    grad_keys,
+    grad_values,
+    BLOCK_D: tl.constexpr,
+):
     """Stores a key chunk's key and value gradients (see :func:`store_rows`)."""
     store_rows(dk_base, key_tokens, key_valid, dk_sn, dk_sd, head_dim, grad_keys, BLOCK_D)
     store_rows(dv_base, key_tokens, key_valid, dv_sn, dv_sd, head_dim, grad_values, BLOCK_D)
 
 
 @triton.jit
-def add_bias_grad(grad_bias, copies, heads, head, query_slots, columns, grad_scores, mask, QUERIES: tl.constexpr,
-                  COLUMNS: tl.constexpr):
+def add_bias_grad(
+    grad_bias,
+    copies,
+    heads,
+    head,
+    query_slots,
+    columns,
+    grad_scores,
+    mask,
+    QUERIES: tl.constexpr,
+    COLUMNS: tl.constexpr,
+):
     """Adds a ``(queries, keys)`` tile of logit gradients to a contiguous ``(copies, heads, QUERIES, COLUMNS)``
     bias gradient, summed over the copies afterwards (see
     :func:`~visattn_mm.ops.triton.host.bias_grad_copies`): atomics, since every chunk of every batch
@@ -185,39 +265,107 @@ def add_bias_grad(grad_bias, copies, heads, head, query_slots, columns, grad_sco
 
 
 @triton.jit
-def _shared_key_tile(queries, keys, values, k_sn, k_sd, v_sn, v_sd, bias, bias_stride, head_dim,
-                     NUM_KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KEYS: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):
+def _shared_key_tile(
+    queries,
+    keys,
+    values,
+    k_sn,
+    k_sd,
+    v_sn,
+    v_sd,
+    bias,
+    bias_stride,
+    head_dim,
+    NUM_KEYS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Slots, validity, keys, values and logits (plus the per-key bias; ``-inf`` in the padding
     slots) of ``NUM_KEYS`` shared keys (global or projected) for a query chunk."""
     slots = tl.arange(0, BLOCK_KEYS)
     valid = slots < NUM_KEYS
-    key_rows, value_rows, scores = key_tile(queries, keys, values, slots, valid, k_sn, k_sd, v_sn, v_sd, head_dim,
-                                            BLOCK_D, DOT_PRECISION)
+    key_rows, value_rows, scores = key_tile(
+        queries, keys, values, slots, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+    )
     if HAS_BIAS:
         scores += tl.load(bias + slots * bias_stride, mask=valid, other=0.0).to(scores.dtype)[None, :]
     return slots, valid, key_rows, value_rows, tl.where(valid[None, :], scores, float('-inf'))
 
 
 @triton.jit
-def shared_keys_forward(row_max, row_sum, acc, queries, keys, k_sn, k_sd, values, v_sn, v_sd, bias, bias_stride,
-                        head_dim, NUM_KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_KEYS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def shared_keys_forward(
+    row_max,
+    row_sum,
+    acc,
+    queries,
+    keys,
+    k_sn,
+    k_sd,
+    values,
+    v_sn,
+    v_sd,
+    bias,
+    bias_stride,
+    head_dim,
+    NUM_KEYS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Online-softmax step over the ``NUM_KEYS`` keys every query sees.
 
     ``keys``, ``values`` and ``bias`` point at the program's (batch, head) rows;
     ``bias`` (one logit per key) is read only where ``HAS_BIAS``.
     """
-    _, _, _, value_rows, scores = _shared_key_tile(queries, keys, values, k_sn, k_sd, v_sn, v_sd, bias, bias_stride,
-                                                   head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION)
+    _, _, _, value_rows, scores = _shared_key_tile(
+        queries,
+        keys,
+        values,
+        k_sn,
+        k_sd,
+        v_sn,
+        v_sd,
+        bias,
+        bias_stride,
+        head_dim,
+        NUM_KEYS,
+        HAS_BIAS,
+        BLOCK_D,
+        BLOCK_KEYS,
+        DOT_PRECISION,
+    )
     return softmax_step(row_max, row_sum, acc, scores, value_rows, DOT_PRECISION)
 
 
 @triton.jit
-def shared_keys_backward(queries, grad_rows, query_valid, row_lse, row_delta, keys, k_sn, k_sd, values, v_sn, v_sd,
-                         bias, bias_stride, grad_keys_part, grad_values_part, grad_bias_part, part, head_dim,
-                         NUM_KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_KEYS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def shared_keys_backward(
+    queries,
+    grad_rows,
+    query_valid,
+    row_lse,
+    row_delta,
+    keys,
+    k_sn,
+    k_sd,
+    values,
+    v_sn,
+    v_sd,
+    bias,
+    bias_stride,
+    grad_keys_part,
+    grad_values_part,
+    grad_bias_part,
+    part,
+    head_dim,
+    NUM_KEYS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Backward of :func:`shared_keys_forward` for one query chunk.
 
     Stores the chunk's partial gradients of the keys and values (rows ``part``
@@ -229,16 +377,36 @@ def shared_keys_backward(queries, grad_rows, query_valid, row_lse, row_delta, ke
         The chunk's share of the gradient of its queries.
     """
     slots, valid, key_rows, value_rows, scores = _shared_key_tile(
-        queries, keys, values, k_sn, k_sd, v_sn, v_sd, bias, bias_stride, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D,
-        BLOCK_KEYS, DOT_PRECISION)
+        queries,
+        keys,
+        values,
+        k_sn,
+        k_sd,
+        v_sn,
+        v_sd,
+        bias,
+        bias_stride,
+        head_dim,
+        NUM_KEYS,
+        HAS_BIAS,
+        BLOCK_D,
+        BLOCK_KEYS,
+        DOT_PRECISION,
+    )
     probs, grad_scores = logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, value_rows, DOT_PRECISION)
     dims = tl.arange(0, BLOCK_D)
     part_offsets = (part * NUM_KEYS + slots)[:, None] * head_dim + dims[None, :]
     part_mask = valid[:, None] & (dims < head_dim)[None, :]
-    tl.store(grad_keys_part + part_offsets, tl.dot(tl.trans(grad_scores.to(queries.dtype)), queries,
-                                                   input_precision=DOT_PRECISION), mask=part_mask)
-    tl.store(grad_values_part + part_offsets, tl.dot(tl.trans(probs.to(grad_rows.dtype)), grad_rows,
-                                                     input_precision=DOT_PRECISION), mask=part_mask)
+    tl.store(
+        grad_keys_part + part_offsets,
+        tl.dot(tl.trans(grad_scores.to(queries.dtype)), queries, input_precision=DOT_PRECISION),
+        mask=part_mask,
+    )
+    tl.store(
+        grad_values_part + part_offsets,
+        tl.dot(tl.trans(probs.to(grad_rows.dtype)), grad_rows, input_precision=DOT_PRECISION),
+        mask=part_mask,
+    )
     if HAS_BIAS:
         tl.store(grad_bias_part + part * NUM_KEYS + slots, tl.sum(grad_scores, 0), mask=valid)
     return tl.dot(grad_scores.to(key_rows.dtype), key_rows, input_precision=DOT_PRECISION)

@@ -34,6 +34,7 @@ keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles o
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
+
 from typing import Optional
 
 import torch
@@ -49,8 +50,17 @@ __all__ = ['triton_long_short_attention']
 
 
 @triton.jit
-def _window_logits(scores, query_slots, patch_slots, visible, bias_base, bias_stride_q, bias_stride_k,
-                   HAS_LOCAL_BIAS: tl.constexpr, WINDOW: tl.constexpr):
+def _window_logits(
+    scores,
+    query_slots,
+    patch_slots,
+    visible,
+    bias_base,
+    bias_stride_q,
+    bias_stride_k,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
     """Adds the window RPB to the dot products of a segment's queries and patch keys, and sets
     hidden logits to ``-inf``.
 
@@ -67,10 +77,30 @@ def _window_logits(scores, query_slots, patch_slots, visible, bias_base, bias_st
 
 
 @triton.jit
-def _patch_tile(queries, segment_row, segment_col, start, k_base, v_base, k_sn, k_sd, v_sn, v_sd, bias_base,
-                bias_sq, bias_sk, height, width, head_dim, WINDOW: tl.constexpr, PAD: tl.constexpr,
-                HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+def _patch_tile(
+    queries,
+    segment_row,
+    segment_col,
+    start,
+    k_base,
+    v_base,
+    k_sn,
+    k_sd,
+    v_sn,
+    v_sd,
+    bias_base,
+    bias_sq,
+    bias_sk,
+    height,
+    width,
+    head_dim,
+    WINDOW: tl.constexpr,
+    PAD: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries.
 
     Returns:
@@ -82,24 +112,86 @@ def _patch_tile(queries, segment_row, segment_col, start, k_base, v_base, k_sn, 
     y = segment_row * WINDOW - PAD + patch_slots // span
     x = segment_col * WINDOW - PAD + patch_slots % span
     key_valid = (patch_slots < span * span) & (y >= 0) & (y < height) & (x >= 0) & (x < width)
-    keys, values, scores = kp.key_tile(queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd,
-                                       head_dim, BLOCK_D, DOT_PRECISION)
-    scores = _window_logits(scores, tl.arange(0, BLOCK)[:, None], patch_slots[None, :], key_valid[None, :],
-                            bias_base, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
+    keys, values, scores = kp.key_tile(
+        queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+    )
+    scores = _window_logits(
+        scores,
+        tl.arange(0, BLOCK)[:, None],
+        patch_slots[None, :],
+        key_valid[None, :],
+        bias_base,
+        bias_sq,
+        bias_sk,
+        HAS_LOCAL_BIAS,
+        WINDOW,
+    )
     return patch_slots, key_valid, keys, values, scores
 
 
 @triton.jit
 def _long_short_forward(
-        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        kb_sb, kb_sh, kb_sn, kb_sd, vb_sb, vb_sh, vb_sn, vb_sd,
-        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
-        bias_sh, bias_sq, bias_sk,
-        heads, height, width, cols, head_dim,
-        WINDOW: tl.constexpr, PAD: tl.constexpr, NUM_BAR: tl.constexpr, NUM_GLOBAL: tl.constexpr,
-        HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    k_bar,
+    v_bar,
+    global_k,
+    global_v,
+    local_bias,
+    out,
+    lse,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    kb_sb,
+    kb_sh,
+    kb_sn,
+    kb_sd,
+    vb_sb,
+    vb_sh,
+    vb_sn,
+    vb_sd,
+    gk_sb,
+    gk_sh,
+    gk_sn,
+    gk_sd,
+    gv_sb,
+    gv_sh,
+    gv_sn,
+    gv_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    heads,
+    height,
+    width,
+    cols,
+    head_dim,
+    WINDOW: tl.constexpr,
+    PAD: tl.constexpr,
+    NUM_BAR: tl.constexpr,
+    NUM_GLOBAL: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``."""
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
@@ -108,40 +200,171 @@ def _long_short_forward(
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_BAR > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max, row_sum, acc, queries, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
-            v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, head_dim,
-            NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
+            row_max,
+            row_sum,
+            acc,
+            queries,
+            k_bar + batch * kb_sb + head * kb_sh,
+            kb_sn,
+            kb_sd,
+            v_bar + batch * vb_sb + head * vb_sh,
+            vb_sn,
+            vb_sd,
+            lse,
+            0,
+            head_dim,
+            NUM_BAR,
+            False,
+            BLOCK_D,
+            BLOCK_R,
+            DOT_PRECISION,
+        )
 
     for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
         _, _, _, values, scores = _patch_tile(
-            queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
-            v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
-            HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+            queries,
+            row,
+            col,
+            start,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            height,
+            width,
+            head_dim,
+            WINDOW,
+            PAD,
+            HAS_LOCAL_BIAS,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
     if NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max, row_sum, acc, queries, global_k + batch * gk_sb + head * gk_sh, gk_sn, gk_sd,
-            global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, head_dim,
-            NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
+            row_max,
+            row_sum,
+            acc,
+            queries,
+            global_k + batch * gk_sb + head * gk_sh,
+            gk_sn,
+            gk_sd,
+            global_v + batch * gv_sb + head * gv_sh,
+            gv_sn,
+            gv_sd,
+            lse,
+            0,
+            head_dim,
+            NUM_GLOBAL,
+            False,
+            BLOCK_D,
+            BLOCK_G,
+            DOT_PRECISION,
+        )
 
-    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
-                      o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
+    kp.finish_forward(
+        out + batch * o_sb + head * o_sh,
+        lse + batch_head * height * width,
+        tokens,
+        query_valid,
+        o_sn,
+        o_sd,
+        head_dim,
+        row_max,
+        row_sum,
+        acc,
+        BLOCK_D,
+    )
 
 
 @triton.jit
 def _long_short_backward_queries(
-        q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, grad_out, lse, delta,
-        grad_q, grad_local_bias, grad_k_bar, grad_v_bar, grad_global_k, grad_global_v,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        kb_sb, kb_sh, kb_sn, kb_sd, vb_sb, vb_sh, vb_sn, vb_sd,
-        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
-        do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
-        bias_sh, bias_sq, bias_sk,
-        heads, height, width, cols, head_dim, bias_copies,
-        WINDOW: tl.constexpr, PAD: tl.constexpr, NUM_BAR: tl.constexpr, NUM_GLOBAL: tl.constexpr,
-        HAS_LOCAL_BIAS: tl.constexpr, LOCAL_BIAS_GRAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    k_bar,
+    v_bar,
+    global_k,
+    global_v,
+    local_bias,
+    out,
+    grad_out,
+    lse,
+    delta,
+    grad_q,
+    grad_local_bias,
+    grad_k_bar,
+    grad_v_bar,
+    grad_global_k,
+    grad_global_v,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    kb_sb,
+    kb_sh,
+    kb_sn,
+    kb_sd,
+    vb_sb,
+    vb_sh,
+    vb_sn,
+    vb_sd,
+    gk_sb,
+    gk_sh,
+    gk_sn,
+    gk_sd,
+    gv_sb,
+    gv_sh,
+    gv_sn,
+    gv_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dq_sb,
+    dq_sh,
+    dq_sn,
+    dq_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    heads,
+    height,
+    width,
+    cols,
+    head_dim,
+    bias_copies,
+    WINDOW: tl.constexpr,
+    PAD: tl.constexpr,
+    NUM_BAR: tl.constexpr,
+    NUM_GLOBAL: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    LOCAL_BIAS_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients seen from one segment's queries; grid ``(rows * cols, batch * heads)``.
 
     Writes ``delta = rowsum(dO * O)`` of the segment's queries (read by
@@ -153,48 +376,174 @@ def _long_short_backward_queries(
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
-        lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
-        q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
+        q + batch * q_sb + head * q_sh,
+        grad_out + batch * do_sb + head * do_sh,
+        out + batch * o_sb + head * o_sh,
+        lse + batch_head * height * width,
+        delta + batch_head * height * width,
+        tokens,
+        query_valid,
+        q_sn,
+        q_sd,
+        do_sn,
+        do_sd,
+        o_sn,
+        o_sd,
+        head_dim,
+        BLOCK_D,
+    )
     grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
     if NUM_BAR > 0:
         grad_queries += kp.shared_keys_backward(
-            queries, grad_rows, query_valid, row_lse, row_delta, k_bar + batch * kb_sb + head * kb_sh, kb_sn, kb_sd,
-            v_bar + batch * vb_sb + head * vb_sh, vb_sn, vb_sd, lse, 0, grad_k_bar, grad_v_bar, lse, part,
-            head_dim, NUM_BAR, False, BLOCK_D, BLOCK_R, DOT_PRECISION)
+            queries,
+            grad_rows,
+            query_valid,
+            row_lse,
+            row_delta,
+            k_bar + batch * kb_sb + head * kb_sh,
+            kb_sn,
+            kb_sd,
+            v_bar + batch * vb_sb + head * vb_sh,
+            vb_sn,
+            vb_sd,
+            lse,
+            0,
+            grad_k_bar,
+            grad_v_bar,
+            lse,
+            part,
+            head_dim,
+            NUM_BAR,
+            False,
+            BLOCK_D,
+            BLOCK_R,
+            DOT_PRECISION,
+        )
     if NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
-            queries, grad_rows, query_valid, row_lse, row_delta, global_k + batch * gk_sb + head * gk_sh, gk_sn,
-            gk_sd, global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, lse, 0, grad_global_k, grad_global_v,
-            lse, part, head_dim, NUM_GLOBAL, False, BLOCK_D, BLOCK_G, DOT_PRECISION)
+            queries,
+            grad_rows,
+            query_valid,
+            row_lse,
+            row_delta,
+            global_k + batch * gk_sb + head * gk_sh,
+            gk_sn,
+            gk_sd,
+            global_v + batch * gv_sb + head * gv_sh,
+            gv_sn,
+            gv_sd,
+            lse,
+            0,
+            grad_global_k,
+            grad_global_v,
+            lse,
+            part,
+            head_dim,
+            NUM_GLOBAL,
+            False,
+            BLOCK_D,
+            BLOCK_G,
+            DOT_PRECISION,
+        )
 
     for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
         patch_slots, key_valid, keys, values, scores = _patch_tile(
-            queries, row, col, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
-            v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW, PAD,
-            HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+            queries,
+            row,
+            col,
+            start,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            height,
+            width,
+            head_dim,
+            WINDOW,
+            PAD,
+            HAS_LOCAL_BIAS,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            kp.add_bias_grad(grad_local_bias, bias_copies, heads, head, tl.arange(0, BLOCK), patch_slots,
-                             grad_scores, query_valid[:, None] & key_valid[None, :], WINDOW * WINDOW,
-                             (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD))
+            kp.add_bias_grad(
+                grad_local_bias,
+                bias_copies,
+                heads,
+                head,
+                tl.arange(0, BLOCK),
+                patch_slots,
+                grad_scores,
+                query_valid[:, None] & key_valid[None, :],
+                WINDOW * WINDOW,
+                (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD),
+            )
 
-    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
-                  grad_queries, BLOCK_D)
+    kp.store_rows(
+        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
+    )
 
 
 @triton.jit
 def _long_short_backward_keys(
-        q, k, v, local_bias, grad_out, lse, delta, grad_k, grad_v,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        do_sb, do_sh, do_sn, do_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
-        bias_sh, bias_sq, bias_sk,
-        heads, height, width, cols, head_dim,
-        WINDOW: tl.constexpr, PAD: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-        BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    local_bias,
+    grad_out,
+    lse,
+    delta,
+    grad_k,
+    grad_v,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dk_sb,
+    dk_sh,
+    dk_sn,
+    dk_sd,
+    dv_sb,
+    dv_sh,
+    dv_sn,
+    dv_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    heads,
+    height,
+    width,
+    cols,
+    head_dim,
+    WINDOW: tl.constexpr,
+    PAD: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients of one ``w x w`` chunk of local keys and values; grid ``(rows * cols, batch * heads)``.
 
     Patches reach ``p <= w`` pixels beyond their segment, so only the 3 x 3
@@ -204,8 +553,18 @@ def _long_short_backward_keys(
     """
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
-                                     key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    keys, values = kp.key_value_rows(
+        k + batch * k_sb + head * k_sh,
+        v + batch * v_sb + head * v_sh,
+        key_tokens,
+        key_valid,
+        k_sn,
+        k_sd,
+        v_sn,
+        v_sd,
+        head_dim,
+        BLOCK_D,
+    )
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     span = WINDOW + 2 * PAD
@@ -217,19 +576,53 @@ def _long_short_backward_keys(
         # chunk_tokens already hides segments below or right of the grid (their pixels lie outside the map).
         query_valid = query_valid & (row >= 0) & (col >= 0)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
-            keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh,
-            lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
-            q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
+            keys,
+            q + batch * q_sb + head * q_sh,
+            grad_out + batch * do_sb + head * do_sh,
+            lse + batch_head * height * width,
+            delta + batch_head * height * width,
+            tokens,
+            query_valid,
+            q_sn,
+            q_sd,
+            do_sn,
+            do_sd,
+            head_dim,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         patch_y = slots // WINDOW - row_offset * WINDOW + PAD
         patch_x = slots % WINDOW - col_offset * WINDOW + PAD
         visible = key_valid & (patch_y >= 0) & (patch_y < span) & (patch_x >= 0) & (patch_x < span)
-        scores = _window_logits(scores, slots[None, :], (patch_y * span + patch_x)[:, None], visible[:, None],
-                                local_bias + head * bias_sh, bias_sq, bias_sk, HAS_LOCAL_BIAS, WINDOW)
-        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
-                                                   row_lse, row_delta, query_valid, DOT_PRECISION)
+        scores = _window_logits(
+            scores,
+            slots[None, :],
+            (patch_y * span + patch_x)[:, None],
+            visible[:, None],
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            HAS_LOCAL_BIAS,
+            WINDOW,
+        )
+        grad_keys, grad_values = kp.key_grads_step(
+            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
+        )
 
-    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
-                       key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
+    kp.store_key_grads(
+        grad_k + batch * dk_sb + head * dk_sh,
+        grad_v + batch * dv_sb + head * dv_sh,
+        key_tokens,
+        key_valid,
+        dk_sn,
+        dk_sd,
+        dv_sn,
+        dv_sd,
+        head_dim,
+        grad_keys,
+        grad_values,
+        BLOCK_D,
+    )
 
 
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
@@ -240,28 +633,70 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     num_bar = 0 if k_bar is None else k_bar.shape[2]
     num_global = 0 if global_k is None else global_k.shape[2]
     constexprs = dict(
-        WINDOW=window, PAD=segment_pad(window), HAS_LOCAL_BIAS=local_bias is not None,
-        BLOCK=host.tile(window * window), BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
-    shared_constexprs = dict(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar),
-                             BLOCK_G=host.tile(num_global))
-    return ((rows * cols, batch * heads), (heads, height, width, cols, head_dim), constexprs, shared_constexprs,
-            host.launch_settings(q.dtype, constexprs['BLOCK_D']))
+        WINDOW=window,
+        PAD=segment_pad(window),
+        HAS_LOCAL_BIAS=local_bias is not None,
+        BLOCK=host.tile(window * window),
+        BLOCK_D=host.tile(head_dim),
+        DOT_PRECISION=host.dot_precision(q.dtype),
+    )
+    shared_constexprs = dict(
+        NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar), BLOCK_G=host.tile(num_global)
+    )
+    return (
+        (rows * cols, batch * heads),
+        (heads, height, width, cols, head_dim),
+        constexprs,
+        shared_constexprs,
+        host.launch_settings(q.dtype, constexprs['BLOCK_D']),
+    )
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bar: Optional[torch.Tensor],
-             v_bar: Optional[torch.Tensor], global_k: Optional[torch.Tensor], global_v: Optional[torch.Tensor],
-             local_bias: Optional[torch.Tensor], height: int, width: int,
-             window: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_bar: Optional[torch.Tensor],
+    v_bar: Optional[torch.Tensor],
+    global_k: Optional[torch.Tensor],
+    global_v: Optional[torch.Tensor],
+    local_bias: Optional[torch.Tensor],
+    height: int,
+    width: int,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
-                                                                         width, window)
+    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(
+        q, k_bar, global_k, local_bias, height, width, window
+    )
     out, lse = host.forward_outputs(q)
-    host.launch(_long_short_forward, grid, settings,
-              q, k, v, host.stand_in(k_bar, q), host.stand_in(v_bar, q), host.stand_in(global_k, q),
-              host.stand_in(global_v, q), host.stand_in(local_bias, q), out, lse,
-              *q.stride(), *k.stride(), *v.stride(), *host.strides(k_bar, 4), *host.strides(v_bar, 4),
-              *host.strides(global_k, 4), *host.strides(global_v, 4), *out.stride(), *host.strides(local_bias, 3),
-              *shape, **constexprs, **shared_constexprs)
+    host.launch(
+        _long_short_forward,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(k_bar, q),
+        host.stand_in(v_bar, q),
+        host.stand_in(global_k, q),
+        host.stand_in(global_v, q),
+        host.stand_in(local_bias, q),
+        out,
+        lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *host.strides(k_bar, 4),
+        *host.strides(v_bar, 4),
+        *host.strides(global_k, 4),
+        *host.strides(global_v, 4),
+        *out.stride(),
+        *host.strides(local_bias, 3),
+        *shape,
+        **constexprs,
+        **shared_constexprs,
+    )
     return out, lse
 
 
@@ -269,49 +704,134 @@ def _forward_fake(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height,
     return host.forward_outputs(q)
 
 
-def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              k_bar: Optional[torch.Tensor], v_bar: Optional[torch.Tensor], global_k: Optional[torch.Tensor],
-              global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor], out: torch.Tensor,
-              lse: torch.Tensor, height: int, width: int, window: int,
-              needs_grad: list[bool]) -> list[torch.Tensor]:
+def _backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_bar: Optional[torch.Tensor],
+    v_bar: Optional[torch.Tensor],
+    global_k: Optional[torch.Tensor],
+    global_v: Optional[torch.Tensor],
+    local_bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    height: int,
+    width: int,
+    window: int,
+    needs_grad: list[bool],
+) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
-    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(q, k_bar, global_k, local_bias, height,
-                                                                         width, window)
+    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(
+        q, k_bar, global_k, local_bias, height, width, window
+    )
     local_bias_grad = host.gradient_wanted(7, inputs, needs_grad)
     parts = grid[0] * grid[1]
     bias_copies = host.bias_grad_copies(parts)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
+        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies
+    )
     grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
 
-    host.launch(_long_short_backward_queries, grid, settings,
-              q, k, v, host.stand_in(k_bar, q), host.stand_in(v_bar, q), host.stand_in(global_k, q),
-              host.stand_in(global_v, q), host.stand_in(local_bias, q), out, grad_out, lse, delta, grad_q,
-              host.stand_in(grad_local_bias, lse), host.stand_in(grad_k_bar, lse), host.stand_in(grad_v_bar, lse),
-              host.stand_in(grad_global_k, lse), host.stand_in(grad_global_v, lse),
-              *q.stride(), *k.stride(), *v.stride(), *host.strides(k_bar, 4), *host.strides(v_bar, 4),
-              *host.strides(global_k, 4), *host.strides(global_v, 4), *out.stride(), *grad_out.stride(),
-              *grad_q.stride(), *host.strides(local_bias, 3), *shape, bias_copies,
-              LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **shared_constexprs)
-    host.launch(_long_short_backward_keys, grid, settings,
-              q, k, v, host.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
-              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-              *host.strides(local_bias, 3), *shape, **constexprs)
+    host.launch(
+        _long_short_backward_queries,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(k_bar, q),
+        host.stand_in(v_bar, q),
+        host.stand_in(global_k, q),
+        host.stand_in(global_v, q),
+        host.stand_in(local_bias, q),
+        out,
+        grad_out,
+        lse,
+        delta,
+        grad_q,
+        host.stand_in(grad_local_bias, lse),
+        host.stand_in(grad_k_bar, lse),
+        host.stand_in(grad_v_bar, lse),
+        host.stand_in(grad_global_k, lse),
+        host.stand_in(grad_global_v, lse),
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *host.strides(k_bar, 4),
+        *host.strides(v_bar, 4),
+        *host.strides(global_k, 4),
+        *host.strides(global_v, 4),
+        *out.stride(),
+        *grad_out.stride(),
+        *grad_q.stride(),
+        *host.strides(local_bias, 3),
+        *shape,
+        bias_copies,
+        LOCAL_BIAS_GRAD=local_bias_grad,
+        **constexprs,
+        **shared_constexprs,
+    )
+    host.launch(
+        _long_short_backward_keys,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(local_bias, q),
+        grad_out,
+        lse,
+        delta,
+        grad_k,
+        grad_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *grad_out.stride(),
+        *grad_k.stride(),
+        *grad_v.stride(),
+        *host.strides(local_bias, 3),
+        *shape,
+        **constexprs,
+    )
 
-    return host.gradient_list([grad_q, grad_k, grad_v, host.summed_parts(grad_k_bar, k_bar),
-                               host.summed_parts(grad_v_bar, v_bar), host.summed_parts(grad_global_k, global_k),
-                               host.summed_parts(grad_global_v, global_v),
-                               host.summed_copies(grad_local_bias, local_bias)], inputs, needs_grad)
+    return host.gradient_list(
+        [
+            grad_q,
+            grad_k,
+            grad_v,
+            host.summed_parts(grad_k_bar, k_bar),
+            host.summed_parts(grad_v_bar, v_bar),
+            host.summed_parts(grad_global_k, global_k),
+            host.summed_parts(grad_global_v, global_v),
+            host.summed_copies(grad_local_bias, local_bias),
+        ],
+        inputs,
+        needs_grad,
+    )
 
 
-_long_short_op = host.define_op('triton_long_short_attention', _forward, _forward_fake, _backward,
-                              num_tensor_inputs=8)
+_long_short_op = host.define_op('triton_long_short_attention', _forward, _forward_fake, _backward, num_tensor_inputs=8)
 
 
-def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v_bar=None, global_k=None,
-                                global_v=None, local_bias=None, dropout_p=0.0):
+def triton_long_short_attention(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    k_bar=None,
+    v_bar=None,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    dropout_p=0.0,
+):
     """:func:`~visattn_mm.ops.long_short.long_short_attention` through the Triton kernels.
 
     Arguments as there. Inputs may be strided views; the output and the
@@ -331,8 +851,9 @@ def triton_long_short_attention(q, k, v, height, width, window, *, k_bar=None, v
     host.check_supported(q, height * width, dropout_p)
     host.check_window(window)
     span = window + 2 * segment_pad(window)
-    host.check_bias_shape(local_bias, (q.shape[1], window * window, span * span), 'local_bias',
-                        '(heads, w*w, (w + 2p)**2)')
+    host.check_bias_shape(
+        local_bias, (q.shape[1], window * window, span * span), 'local_bias', '(heads, w*w, (w + 2p)**2)'
+    )
     k, v = k.to(q.dtype), v.to(q.dtype)
     k_bar, v_bar = host.shared_keys(k_bar, v_bar, q, ('k_bar', 'v_bar'))
     global_k, global_v = host.shared_keys(global_k, global_v, q, ('global_k', 'global_v'))

@@ -26,6 +26,7 @@ dtypes: see :mod:`visattn_mm.ops.triton.kernel_parts`; the interpreter: see
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -51,15 +52,33 @@ def _group_slots(group, start, side, length, stride, group_size, line_step, othe
 
 
 @triton.jit
-def _group_key_tile(queries, group, start, k_base, v_base, k_sn, k_sd, v_sn, v_sd, side, length, stride, group_size,
-                    line_step, other_step, head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+def _group_key_tile(
+    queries,
+    group,
+    start,
+    k_base,
+    v_base,
+    k_sn,
+    k_sd,
+    v_sn,
+    v_sd,
+    side,
+    length,
+    stride,
+    group_size,
+    line_step,
+    other_step,
+    head_dim,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Keys and values of slots ``start .. start + BLOCK`` of a group and their ``(queries, keys)`` tile of
     logits, ``-inf`` at the slots that are no token of the map."""
-    key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
-                                         BLOCK)
-    keys, values, scores = kp.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
-                                       head_dim, BLOCK_D, DOT_PRECISION)
+    key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK)
+    keys, values, scores = kp.key_tile(
+        queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+    )
     return keys, values, tl.where(key_valid[None, :], scores, float('-inf'))
 
 
@@ -74,88 +93,305 @@ def _program_tile(half, head_start, tiles):
 
 @triton.jit
 def _pale_forward(
-        q, k, v, out, lse,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, o_sb, o_sh, o_sn, o_sd,
-        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
-        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    out,
+    lse,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    heads,
+    tokens_per_map,
+    half,
+    head_start,
+    tiles,
+    side,
+    length,
+    stride,
+    group_size,
+    line_step,
+    other_step,
+    head_dim,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Output and log-sum-exp of one tile of a group's queries; grid ``(groups * tiles, batch * half)``."""
     group, tile, batch, head = _program_tile(half, head_start, tiles)
-    tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
-                                       other_step, BLOCK)
+    tokens, query_valid = _group_slots(
+        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
+    )
     queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         _, values, scores = _group_key_tile(
-            queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
-            v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
-            DOT_PRECISION)
+            queries,
+            group,
+            start,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            side,
+            length,
+            stride,
+            group_size,
+            line_step,
+            other_step,
+            head_dim,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + (batch * heads + head) * tokens_per_map, tokens,
-                      query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
+    kp.finish_forward(
+        out + batch * o_sb + head * o_sh,
+        lse + (batch * heads + head) * tokens_per_map,
+        tokens,
+        query_valid,
+        o_sn,
+        o_sd,
+        head_dim,
+        row_max,
+        row_sum,
+        acc,
+        BLOCK_D,
+    )
 
 
 @triton.jit
 def _pale_backward_queries(
-        q, k, v, out, grad_out, lse, delta, grad_q,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, o_sb, o_sh, o_sn, o_sd,
-        do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
-        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
-        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    out,
+    grad_out,
+    lse,
+    delta,
+    grad_q,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dq_sb,
+    dq_sh,
+    dq_sn,
+    dq_sd,
+    heads,
+    tokens_per_map,
+    half,
+    head_start,
+    tiles,
+    side,
+    length,
+    stride,
+    group_size,
+    line_step,
+    other_step,
+    head_dim,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """``delta`` (read by :func:`_pale_backward_keys`) and the gradient of one tile of a group's queries;
     grid ``(groups * tiles, batch * half)``."""
     group, tile, batch, head = _program_tile(half, head_start, tiles)
-    tokens, query_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
-                                       other_step, BLOCK)
+    tokens, query_valid = _group_slots(
+        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
+    )
     row = (batch * heads + head) * tokens_per_map
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
-        lse + row, delta + row, tokens, query_valid, q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
+        q + batch * q_sb + head * q_sh,
+        grad_out + batch * do_sb + head * do_sh,
+        out + batch * o_sb + head * o_sh,
+        lse + row,
+        delta + row,
+        tokens,
+        query_valid,
+        q_sn,
+        q_sd,
+        do_sn,
+        do_sd,
+        o_sn,
+        o_sd,
+        head_dim,
+        BLOCK_D,
+    )
 
     grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         keys, values, scores = _group_key_tile(
-            queries, group, start, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, k_sn, k_sd,
-            v_sn, v_sd, side, length, stride, group_size, line_step, other_step, head_dim, BLOCK, BLOCK_D,
-            DOT_PRECISION)
+            queries,
+            group,
+            start,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            side,
+            length,
+            stride,
+            group_size,
+            line_step,
+            other_step,
+            head_dim,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
 
-    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
-                  grad_queries, BLOCK_D)
+    kp.store_rows(
+        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
+    )
 
 
 @triton.jit
 def _pale_backward_keys(
-        q, k, v, grad_out, lse, delta, grad_k, grad_v,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        do_sb, do_sh, do_sn, do_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
-        heads, tokens_per_map, half, head_start, tiles, side, length, stride, group_size, line_step, other_step,
-        head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    grad_out,
+    lse,
+    delta,
+    grad_k,
+    grad_v,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dk_sb,
+    dk_sh,
+    dk_sn,
+    dk_sd,
+    dv_sb,
+    dv_sh,
+    dv_sn,
+    dv_sd,
+    heads,
+    tokens_per_map,
+    half,
+    head_start,
+    tiles,
+    side,
+    length,
+    stride,
+    group_size,
+    line_step,
+    other_step,
+    head_dim,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients of one tile of a group's keys and values; grid ``(groups * tiles, batch * half)``.
 
     The padding key slots are not masked here: their rows of the gradients are
     never stored, and the products never mix rows.
     """
     group, tile, batch, head = _program_tile(half, head_start, tiles)
-    key_tokens, key_valid = _group_slots(group, tile * BLOCK, side, length, stride, group_size, line_step,
-                                         other_step, BLOCK)
-    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
-                                     key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    key_tokens, key_valid = _group_slots(
+        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
+    )
+    keys, values = kp.key_value_rows(
+        k + batch * k_sb + head * k_sh,
+        v + batch * v_sb + head * v_sh,
+        key_tokens,
+        key_valid,
+        k_sn,
+        k_sd,
+        v_sn,
+        v_sd,
+        head_dim,
+        BLOCK_D,
+    )
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
     row = (batch * heads + head) * tokens_per_map
     for start in range(0, group_size, BLOCK):
-        tokens, query_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step,
-                                           BLOCK)
+        tokens, query_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
-            keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, lse + row, delta + row,
-            tokens, query_valid, q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
-        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
-                                                   row_lse, row_delta, query_valid, DOT_PRECISION)
+            keys,
+            q + batch * q_sb + head * q_sh,
+            grad_out + batch * do_sb + head * do_sh,
+            lse + row,
+            delta + row,
+            tokens,
+            query_valid,
+            q_sn,
+            q_sd,
+            do_sn,
+            do_sd,
+            head_dim,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
+        grad_keys, grad_values = kp.key_grads_step(
+            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
+        )
 
-    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
-                       key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
+    kp.store_key_grads(
+        grad_k + batch * dk_sb + head * dk_sh,
+        grad_v + batch * dv_sb + head * dv_sh,
+        key_tokens,
+        key_valid,
+        dk_sn,
+        dk_sd,
+        dv_sn,
+        dv_sd,
+        head_dim,
+        grad_keys,
+        grad_values,
+        BLOCK_D,
+    )
 
 
 def _branches(batch, heads, height, width, pale_size):
@@ -169,29 +405,58 @@ def _branches(batch, heads, height, width, pale_size):
     s_r, s_c = pale_size_pair(pale_size)
     branches = []
     # (side, length, line step, other step, heads from): rows step by W tokens, columns by 1.
-    for side, length, line_step, other_step, size_asked, head_start in ((height, width, width, 1, s_r, 0),
-                                                                          (width, height, 1, width, s_c, half)):
+    for side, length, line_step, other_step, size_asked, head_start in (
+        (height, width, width, 1, s_r, 0),
+        (width, height, 1, width, s_c, half),
+    ):
         size, stride, _ = interlace_stride(side, size_asked)
         group_size = size * length
         block = min(host.tile(group_size), MAX_BLOCK)
         tiles = triton.cdiv(group_size, block)
-        geometry = (heads, height * width, half, head_start, tiles, side, length, stride, group_size, line_step,
-                    other_step)
+        geometry = (
+            heads,
+            height * width,
+            half,
+            head_start,
+            tiles,
+            side,
+            length,
+            stride,
+            group_size,
+            line_step,
+            other_step,
+        )
         branches.append(((stride * tiles, batch * half), geometry, block))
     return branches
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, pale_rows: int,
-             pale_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, pale_rows: int, pale_cols: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
     settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
     out, lse = host.forward_outputs(q)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        host.launch(_pale_forward, grid, settings, q, k, v, out, lse,
-                  *q.stride(), *k.stride(), *v.stride(), *out.stride(), *branch, head_dim, BLOCK=block,
-                  **constexprs)
+        host.launch(
+            _pale_forward,
+            grid,
+            settings,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *out.stride(),
+            *branch,
+            head_dim,
+            BLOCK=block,
+            **constexprs,
+        )
     return out, lse
 
 
@@ -199,21 +464,71 @@ def _forward_fake(q, k, v, height, width, pale_rows, pale_cols):
     return host.forward_outputs(q)
 
 
-def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-              lse: torch.Tensor, height: int, width: int, pale_rows: int, pale_cols: int,
-              needs_grad: list[bool]) -> list[torch.Tensor]:
+def _backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    height: int,
+    width: int,
+    pale_rows: int,
+    pale_cols: int,
+    needs_grad: list[bool],
+) -> list[torch.Tensor]:
     """The gradients of ``q, k, v``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
     settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
     grad_out, grad_q, grad_k, grad_v, delta, _ = host.backward_buffers(q, k, v, grad_out, lse, None, False)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        host.launch(_pale_backward_queries, grid, settings, q, k, v, out, grad_out, lse, delta, grad_q,
-                  *q.stride(), *k.stride(), *v.stride(), *out.stride(), *grad_out.stride(), *grad_q.stride(),
-                  *branch, head_dim, BLOCK=block, **constexprs)
-        host.launch(_pale_backward_keys, grid, settings, q, k, v, grad_out, lse, delta, grad_k, grad_v,
-                  *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-                  *branch, head_dim, BLOCK=block, **constexprs)
+        host.launch(
+            _pale_backward_queries,
+            grid,
+            settings,
+            q,
+            k,
+            v,
+            out,
+            grad_out,
+            lse,
+            delta,
+            grad_q,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *out.stride(),
+            *grad_out.stride(),
+            *grad_q.stride(),
+            *branch,
+            head_dim,
+            BLOCK=block,
+            **constexprs,
+        )
+        host.launch(
+            _pale_backward_keys,
+            grid,
+            settings,
+            q,
+            k,
+            v,
+            grad_out,
+            lse,
+            delta,
+            grad_k,
+            grad_v,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *grad_out.stride(),
+            *grad_k.stride(),
+            *grad_v.stride(),
+            *branch,
+            head_dim,
+            BLOCK=block,
+            **constexprs,
+        )
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 

@@ -31,6 +31,7 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``);
 windows over 11 are refused: tiles of 256 slots do not fit the shared memory of a GPU.
 """
+
 from typing import Optional
 
 import torch
@@ -68,8 +69,20 @@ def _neighbour_chunk(chunk_row, chunk_col, block, rows, cols):
 
 
 @triton.jit
-def _mask_local_scores(scores, query_slots, key_slots, key_valid, bias_base, bias_stride_q, bias_stride_k, block,
-                       in_grid, MASKING_MODE: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, WINDOW: tl.constexpr):
+def _mask_local_scores(
+    scores,
+    query_slots,
+    key_slots,
+    key_valid,
+    bias_base,
+    bias_stride_q,
+    bias_stride_k,
+    block,
+    in_grid,
+    MASKING_MODE: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
     """Adds the local bias to the dot products of a query chunk and one neighbour chunk, and
     sets hidden logits to ``-inf``.
 
@@ -99,10 +112,34 @@ def _mask_local_scores(scores, query_slots, key_slots, key_valid, bias_base, bia
 
 
 @triton.jit
-def _neighbour_tile(queries, row, col, step, rows, cols, k_base, v_base, k_sn, k_sd, v_sn, v_sd, bias_base, bias_sq,
-                    bias_sk, height, width, head_dim, WINDOW: tl.constexpr, MASKING_MODE: tl.constexpr,
-                    NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr,
-                    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _neighbour_tile(
+    queries,
+    row,
+    col,
+    step,
+    rows,
+    cols,
+    k_base,
+    v_base,
+    k_sn,
+    k_sd,
+    v_sn,
+    v_sd,
+    bias_base,
+    bias_sq,
+    bias_sk,
+    height,
+    width,
+    head_dim,
+    WINDOW: tl.constexpr,
+    MASKING_MODE: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    SECOND_BLOCK: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """The ``step``-th key chunk of the shift mode against a query chunk.
 
     Returns:
@@ -113,24 +150,85 @@ def _neighbour_tile(queries, row, col, step, rows, cols, k_base, v_base, k_sn, k
     block = _neighbour_block(step, NUM_BLOCKS, SECOND_BLOCK)
     key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values, scores = kp.key_tile(queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd,
-                                       head_dim, BLOCK_D, DOT_PRECISION)
+    keys, values, scores = kp.key_tile(
+        queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+    )
     slots = tl.arange(0, BLOCK)
-    scores, visible = _mask_local_scores(scores, slots[:, None], slots[None, :], key_valid[None, :], bias_base,
-                                         bias_sq, bias_sk, block, in_grid, MASKING_MODE, HAS_LOCAL_BIAS, WINDOW)
+    scores, visible = _mask_local_scores(
+        scores,
+        slots[:, None],
+        slots[None, :],
+        key_valid[None, :],
+        bias_base,
+        bias_sq,
+        bias_sk,
+        block,
+        in_grid,
+        MASKING_MODE,
+        HAS_LOCAL_BIAS,
+        WINDOW,
+    )
     return block, visible, keys, values, scores
 
 
 @triton.jit
 def _sliding_chunk_forward(
-        q, k, v, global_k, global_v, local_bias, l2g_bias, out, lse,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
-        bias_sh, bias_sq, bias_sk, l2g_sh, l2g_sg,
-        heads, height, width, rows, cols, head_dim,
-        WINDOW: tl.constexpr, MASKING_MODE: tl.constexpr, NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr,
-        NUM_GLOBAL: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, HAS_L2G_BIAS: tl.constexpr,
-        BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    global_k,
+    global_v,
+    local_bias,
+    l2g_bias,
+    out,
+    lse,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    gk_sb,
+    gk_sh,
+    gk_sn,
+    gk_sd,
+    gv_sb,
+    gv_sh,
+    gv_sn,
+    gv_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    l2g_sh,
+    l2g_sg,
+    heads,
+    height,
+    width,
+    rows,
+    cols,
+    head_dim,
+    WINDOW: tl.constexpr,
+    MASKING_MODE: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    SECOND_BLOCK: tl.constexpr,
+    NUM_GLOBAL: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    HAS_L2G_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Output and log-sum-exp of one query chunk; grid ``(rows * cols, batch * heads)``."""
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
@@ -139,34 +237,147 @@ def _sliding_chunk_forward(
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max, row_sum, acc, queries, global_k + batch * gk_sb + head * gk_sh, gk_sn, gk_sd,
-            global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, l2g_bias + head * l2g_sh, l2g_sg, head_dim,
-            NUM_GLOBAL, HAS_L2G_BIAS, BLOCK_D, BLOCK_G, DOT_PRECISION)
+            row_max,
+            row_sum,
+            acc,
+            queries,
+            global_k + batch * gk_sb + head * gk_sh,
+            gk_sn,
+            gk_sd,
+            global_v + batch * gv_sb + head * gv_sh,
+            gv_sn,
+            gv_sd,
+            l2g_bias + head * l2g_sh,
+            l2g_sg,
+            head_dim,
+            NUM_GLOBAL,
+            HAS_L2G_BIAS,
+            BLOCK_D,
+            BLOCK_G,
+            DOT_PRECISION,
+        )
 
     for step in range(NUM_BLOCKS):
         _, _, _, values, scores = _neighbour_tile(
-            queries, row, col, step, rows, cols, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
-            k_sn, k_sd, v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW,
-            MASKING_MODE, NUM_BLOCKS, SECOND_BLOCK, HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+            queries,
+            row,
+            col,
+            step,
+            rows,
+            cols,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            height,
+            width,
+            head_dim,
+            WINDOW,
+            MASKING_MODE,
+            NUM_BLOCKS,
+            SECOND_BLOCK,
+            HAS_LOCAL_BIAS,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    kp.finish_forward(out + batch * o_sb + head * o_sh, lse + batch_head * height * width, tokens, query_valid,
-                      o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D)
+    kp.finish_forward(
+        out + batch * o_sb + head * o_sh,
+        lse + batch_head * height * width,
+        tokens,
+        query_valid,
+        o_sn,
+        o_sd,
+        head_dim,
+        row_max,
+        row_sum,
+        acc,
+        BLOCK_D,
+    )
 
 
 @triton.jit
 def _sliding_chunk_backward_queries(
-        q, k, v, global_k, global_v, local_bias, l2g_bias, out, grad_out, lse, delta,
-        grad_q, grad_local_bias, grad_global_k, grad_global_v, grad_l2g,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        gk_sb, gk_sh, gk_sn, gk_sd, gv_sb, gv_sh, gv_sn, gv_sd, o_sb, o_sh, o_sn, o_sd,
-        do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
-        bias_sh, bias_sq, bias_sk, l2g_sh, l2g_sg,
-        heads, height, width, rows, cols, head_dim, bias_copies,
-        WINDOW: tl.constexpr, MASKING_MODE: tl.constexpr, NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr,
-        NUM_GLOBAL: tl.constexpr, HAS_LOCAL_BIAS: tl.constexpr, HAS_L2G_BIAS: tl.constexpr,
-        LOCAL_BIAS_GRAD: tl.constexpr,
-        BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    global_k,
+    global_v,
+    local_bias,
+    l2g_bias,
+    out,
+    grad_out,
+    lse,
+    delta,
+    grad_q,
+    grad_local_bias,
+    grad_global_k,
+    grad_global_v,
+    grad_l2g,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    gk_sb,
+    gk_sh,
+    gk_sn,
+    gk_sd,
+    gv_sb,
+    gv_sh,
+    gv_sn,
+    gv_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dq_sb,
+    dq_sh,
+    dq_sn,
+    dq_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    l2g_sh,
+    l2g_sg,
+    heads,
+    height,
+    width,
+    rows,
+    cols,
+    head_dim,
+    bias_copies,
+    WINDOW: tl.constexpr,
+    MASKING_MODE: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    SECOND_BLOCK: tl.constexpr,
+    NUM_GLOBAL: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    HAS_L2G_BIAS: tl.constexpr,
+    LOCAL_BIAS_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients seen from one query chunk; grid ``(rows * cols, batch * heads)``.
 
     Writes ``delta = rowsum(dO * O)`` of the chunk's queries (read by
@@ -179,43 +390,155 @@ def _sliding_chunk_backward_queries(
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh, out + batch * o_sb + head * o_sh,
-        lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
-        q_sn, q_sd, do_sn, do_sd, o_sn, o_sd, head_dim, BLOCK_D)
+        q + batch * q_sb + head * q_sh,
+        grad_out + batch * do_sb + head * do_sh,
+        out + batch * o_sb + head * o_sh,
+        lse + batch_head * height * width,
+        delta + batch_head * height * width,
+        tokens,
+        query_valid,
+        q_sn,
+        q_sd,
+        do_sn,
+        do_sd,
+        o_sn,
+        o_sd,
+        head_dim,
+        BLOCK_D,
+    )
     grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
 
     if NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
-            queries, grad_rows, query_valid, row_lse, row_delta, global_k + batch * gk_sb + head * gk_sh, gk_sn,
-            gk_sd, global_v + batch * gv_sb + head * gv_sh, gv_sn, gv_sd, l2g_bias + head * l2g_sh, l2g_sg,
-            grad_global_k, grad_global_v, grad_l2g, batch_head * rows * cols + chunk, head_dim,
-            NUM_GLOBAL, HAS_L2G_BIAS, BLOCK_D, BLOCK_G, DOT_PRECISION)
+            queries,
+            grad_rows,
+            query_valid,
+            row_lse,
+            row_delta,
+            global_k + batch * gk_sb + head * gk_sh,
+            gk_sn,
+            gk_sd,
+            global_v + batch * gv_sb + head * gv_sh,
+            gv_sn,
+            gv_sd,
+            l2g_bias + head * l2g_sh,
+            l2g_sg,
+            grad_global_k,
+            grad_global_v,
+            grad_l2g,
+            batch_head * rows * cols + chunk,
+            head_dim,
+            NUM_GLOBAL,
+            HAS_L2G_BIAS,
+            BLOCK_D,
+            BLOCK_G,
+            DOT_PRECISION,
+        )
 
     slots = tl.arange(0, BLOCK)
     for step in range(NUM_BLOCKS):
         block, visible, keys, values, scores = _neighbour_tile(
-            queries, row, col, step, rows, cols, k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh,
-            k_sn, k_sd, v_sn, v_sd, local_bias + head * bias_sh, bias_sq, bias_sk, height, width, head_dim, WINDOW,
-            MASKING_MODE, NUM_BLOCKS, SECOND_BLOCK, HAS_LOCAL_BIAS, BLOCK, BLOCK_D, DOT_PRECISION)
+            queries,
+            row,
+            col,
+            step,
+            rows,
+            cols,
+            k + batch * k_sb + head * k_sh,
+            v + batch * v_sb + head * v_sh,
+            k_sn,
+            k_sd,
+            v_sn,
+            v_sd,
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            height,
+            width,
+            head_dim,
+            WINDOW,
+            MASKING_MODE,
+            NUM_BLOCKS,
+            SECOND_BLOCK,
+            HAS_LOCAL_BIAS,
+            BLOCK,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
-            kp.add_bias_grad(grad_local_bias, bias_copies, heads, head, slots, block * WINDOW * WINDOW + slots,
-                             grad_scores, query_valid[:, None] & visible, WINDOW * WINDOW, 9 * WINDOW * WINDOW)
+            kp.add_bias_grad(
+                grad_local_bias,
+                bias_copies,
+                heads,
+                head,
+                slots,
+                block * WINDOW * WINDOW + slots,
+                grad_scores,
+                query_valid[:, None] & visible,
+                WINDOW * WINDOW,
+                9 * WINDOW * WINDOW,
+            )
 
-    kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim,
-                  grad_queries, BLOCK_D)
+    kp.store_rows(
+        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
+    )
 
 
 @triton.jit
 def _sliding_chunk_backward_keys(
-        q, k, v, local_bias, grad_out, lse, delta, grad_k, grad_v,
-        q_sb, q_sh, q_sn, q_sd, k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        do_sb, do_sh, do_sn, do_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
-        bias_sh, bias_sq, bias_sk,
-        heads, height, width, rows, cols, head_dim,
-        WINDOW: tl.constexpr, MASKING_MODE: tl.constexpr, NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr,
-        HAS_LOCAL_BIAS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q,
+    k,
+    v,
+    local_bias,
+    grad_out,
+    lse,
+    delta,
+    grad_k,
+    grad_v,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dk_sb,
+    dk_sh,
+    dk_sn,
+    dk_sd,
+    dv_sb,
+    dv_sh,
+    dv_sn,
+    dv_sd,
+    bias_sh,
+    bias_sq,
+    bias_sk,
+    heads,
+    height,
+    width,
+    rows,
+    cols,
+    head_dim,
+    WINDOW: tl.constexpr,
+    MASKING_MODE: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    SECOND_BLOCK: tl.constexpr,
+    HAS_LOCAL_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients of one key chunk's keys and values; grid ``(rows * cols, batch * heads)``.
 
     A key chunk is block ``b`` of exactly one query chunk per ``b`` (the offset
@@ -224,8 +547,18 @@ def _sliding_chunk_backward_keys(
     """
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(k + batch * k_sb + head * k_sh, v + batch * v_sb + head * v_sh, key_tokens,
-                                     key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    keys, values = kp.key_value_rows(
+        k + batch * k_sb + head * k_sh,
+        v + batch * v_sb + head * v_sh,
+        key_tokens,
+        key_valid,
+        k_sn,
+        k_sd,
+        v_sn,
+        v_sd,
+        head_dim,
+        BLOCK_D,
+    )
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     slots = tl.arange(0, BLOCK)
@@ -236,17 +569,53 @@ def _sliding_chunk_backward_keys(
         _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
         tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
-            keys, q + batch * q_sb + head * q_sh, grad_out + batch * do_sb + head * do_sh,
-            lse + batch_head * height * width, delta + batch_head * height * width, tokens, query_valid,
-            q_sn, q_sd, do_sn, do_sd, head_dim, BLOCK_D, DOT_PRECISION)
-        scores, _ = _mask_local_scores(scores, slots[None, :], slots[:, None], key_valid[:, None],
-                                       local_bias + head * bias_sh, bias_sq, bias_sk, block, in_grid,
-                                       MASKING_MODE, HAS_LOCAL_BIAS, WINDOW)
-        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, queries, grad_rows,
-                                                   row_lse, row_delta, query_valid, DOT_PRECISION)
+            keys,
+            q + batch * q_sb + head * q_sh,
+            grad_out + batch * do_sb + head * do_sh,
+            lse + batch_head * height * width,
+            delta + batch_head * height * width,
+            tokens,
+            query_valid,
+            q_sn,
+            q_sd,
+            do_sn,
+            do_sd,
+            head_dim,
+            BLOCK_D,
+            DOT_PRECISION,
+        )
+        scores, _ = _mask_local_scores(
+            scores,
+            slots[None, :],
+            slots[:, None],
+            key_valid[:, None],
+            local_bias + head * bias_sh,
+            bias_sq,
+            bias_sk,
+            block,
+            in_grid,
+            MASKING_MODE,
+            HAS_LOCAL_BIAS,
+            WINDOW,
+        )
+        grad_keys, grad_values = kp.key_grads_step(
+            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
+        )
 
-    kp.store_key_grads(grad_k + batch * dk_sb + head * dk_sh, grad_v + batch * dv_sb + head * dv_sh, key_tokens,
-                       key_valid, dk_sn, dk_sd, dv_sn, dv_sd, head_dim, grad_keys, grad_values, BLOCK_D)
+    kp.store_key_grads(
+        grad_k + batch * dk_sb + head * dk_sh,
+        grad_v + batch * dv_sb + head * dv_sh,
+        key_tokens,
+        key_valid,
+        dk_sn,
+        dk_sd,
+        dv_sn,
+        dv_sd,
+        head_dim,
+        grad_keys,
+        grad_values,
+        BLOCK_D,
+    )
 
 
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
@@ -257,79 +626,207 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
     blocks = neighbour_blocks(shift_mode)
     num_global = 0 if global_k is None else global_k.shape[2]
     constexprs = dict(
-        WINDOW=window, MASKING_MODE=masking_mode, NUM_BLOCKS=len(blocks), SECOND_BLOCK=blocks[-1],
-        HAS_LOCAL_BIAS=local_bias is not None, BLOCK=host.tile(window * window), BLOCK_D=host.tile(head_dim),
-        DOT_PRECISION=host.dot_precision(q.dtype))
+        WINDOW=window,
+        MASKING_MODE=masking_mode,
+        NUM_BLOCKS=len(blocks),
+        SECOND_BLOCK=blocks[-1],
+        HAS_LOCAL_BIAS=local_bias is not None,
+        BLOCK=host.tile(window * window),
+        BLOCK_D=host.tile(head_dim),
+        DOT_PRECISION=host.dot_precision(q.dtype),
+    )
     global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
-    return ((rows * cols, batch * heads), (heads, height, width, rows, cols, head_dim), constexprs, global_constexprs,
-            host.launch_settings(q.dtype, constexprs['BLOCK_D']))
+    return (
+        (rows * cols, batch * heads),
+        (heads, height, width, rows, cols, head_dim),
+        constexprs,
+        global_constexprs,
+        host.launch_settings(q.dtype, constexprs['BLOCK_D']),
+    )
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, global_k: Optional[torch.Tensor],
-             global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor], l2g_bias: Optional[torch.Tensor],
-             height: int, width: int, window: int, masking_mode: int,
-             shift_mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    global_k: Optional[torch.Tensor],
+    global_v: Optional[torch.Tensor],
+    local_bias: Optional[torch.Tensor],
+    l2g_bias: Optional[torch.Tensor],
+    height: int,
+    width: int,
+    window: int,
+    masking_mode: int,
+    shift_mode: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     grid, shape, constexprs, global_constexprs, settings = _launch_setup(
-        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
+        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
+    )
     out, lse = host.forward_outputs(q)
-    host.launch(_sliding_chunk_forward, grid, settings,
-              q, k, v, host.stand_in(global_k, q), host.stand_in(global_v, q), host.stand_in(local_bias, q),
-              host.stand_in(l2g_bias, q), out, lse,
-              *q.stride(), *k.stride(), *v.stride(), *host.strides(global_k, 4), *host.strides(global_v, 4),
-              *out.stride(), *host.strides(local_bias, 3), *host.strides(l2g_bias, 2), *shape,
-              **constexprs, **global_constexprs)
+    host.launch(
+        _sliding_chunk_forward,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(global_k, q),
+        host.stand_in(global_v, q),
+        host.stand_in(local_bias, q),
+        host.stand_in(l2g_bias, q),
+        out,
+        lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *host.strides(global_k, 4),
+        *host.strides(global_v, 4),
+        *out.stride(),
+        *host.strides(local_bias, 3),
+        *host.strides(l2g_bias, 2),
+        *shape,
+        **constexprs,
+        **global_constexprs,
+    )
     return out, lse
 
 
-def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
-                  shift_mode):
+def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
     return host.forward_outputs(q)
 
 
-def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              global_k: Optional[torch.Tensor], global_v: Optional[torch.Tensor], local_bias: Optional[torch.Tensor],
-              l2g_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, height: int, width: int,
-              window: int, masking_mode: int, shift_mode: int, needs_grad: list[bool]) -> list[torch.Tensor]:
+def _backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    global_k: Optional[torch.Tensor],
+    global_v: Optional[torch.Tensor],
+    local_bias: Optional[torch.Tensor],
+    l2g_bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    height: int,
+    width: int,
+    window: int,
+    masking_mode: int,
+    shift_mode: int,
+    needs_grad: list[bool],
+) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
     grid, shape, constexprs, global_constexprs, settings = _launch_setup(
-        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
+        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
+    )
     heads = shape[0]
     local_bias_grad = host.gradient_wanted(5, inputs, needs_grad)
     bias_copies = host.bias_grad_copies(grid[0] * grid[1])
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies)
-    grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(lse, grid[0] * grid[1], global_k,
-                                                                 with_bias=l2g_bias is not None)
+        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies
+    )
+    grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
+        lse, grid[0] * grid[1], global_k, with_bias=l2g_bias is not None
+    )
 
-    host.launch(_sliding_chunk_backward_queries, grid, settings,
-              q, k, v, host.stand_in(global_k, q), host.stand_in(global_v, q), host.stand_in(local_bias, q),
-              host.stand_in(l2g_bias, q), out, grad_out, lse, delta, grad_q, host.stand_in(grad_local_bias, lse),
-              host.stand_in(grad_global_k, lse), host.stand_in(grad_global_v, lse), host.stand_in(grad_l2g, lse),
-              *q.stride(), *k.stride(), *v.stride(), *host.strides(global_k, 4), *host.strides(global_v, 4),
-              *out.stride(), *grad_out.stride(), *grad_q.stride(), *host.strides(local_bias, 3),
-              *host.strides(l2g_bias, 2), *shape, bias_copies,
-              LOCAL_BIAS_GRAD=local_bias_grad, **constexprs, **global_constexprs)
-    host.launch(_sliding_chunk_backward_keys, grid, settings,
-              q, k, v, host.stand_in(local_bias, q), grad_out, lse, delta, grad_k, grad_v,
-              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *grad_k.stride(), *grad_v.stride(),
-              *host.strides(local_bias, 3), *shape, **constexprs)
+    host.launch(
+        _sliding_chunk_backward_queries,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(global_k, q),
+        host.stand_in(global_v, q),
+        host.stand_in(local_bias, q),
+        host.stand_in(l2g_bias, q),
+        out,
+        grad_out,
+        lse,
+        delta,
+        grad_q,
+        host.stand_in(grad_local_bias, lse),
+        host.stand_in(grad_global_k, lse),
+        host.stand_in(grad_global_v, lse),
+        host.stand_in(grad_l2g, lse),
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *host.strides(global_k, 4),
+        *host.strides(global_v, 4),
+        *out.stride(),
+        *grad_out.stride(),
+        *grad_q.stride(),
+        *host.strides(local_bias, 3),
+        *host.strides(l2g_bias, 2),
+        *shape,
+        bias_copies,
+        LOCAL_BIAS_GRAD=local_bias_grad,
+        **constexprs,
+        **global_constexprs,
+    )
+    host.launch(
+        _sliding_chunk_backward_keys,
+        grid,
+        settings,
+        q,
+        k,
+        v,
+        host.stand_in(local_bias, q),
+        grad_out,
+        lse,
+        delta,
+        grad_k,
+        grad_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *grad_out.stride(),
+        *grad_k.stride(),
+        *grad_v.stride(),
+        *host.strides(local_bias, 3),
+        *shape,
+        **constexprs,
+    )
 
     if grad_l2g is not None:
         grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
-    return host.gradient_list([grad_q, grad_k, grad_v, host.summed_parts(grad_global_k, global_k),
-                               host.summed_parts(grad_global_v, global_v),
-                               host.summed_copies(grad_local_bias, local_bias), host.cast_like(grad_l2g, l2g_bias)],
-                              inputs, needs_grad)
+    return host.gradient_list(
+        [
+            grad_q,
+            grad_k,
+            grad_v,
+            host.summed_parts(grad_global_k, global_k),
+            host.summed_parts(grad_global_v, global_v),
+            host.summed_copies(grad_local_bias, local_bias),
+            host.cast_like(grad_l2g, l2g_bias),
+        ],
+        inputs,
+        needs_grad,
+    )
 
 
-_sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _forward_fake, _backward,
-                                 num_tensor_inputs=7)
+_sliding_chunk_op = host.define_op(
+    'triton_sliding_chunk_attention', _forward, _forward_fake, _backward, num_tensor_inputs=7
+)
 
 
-def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=None, global_v=None,
-                                   local_bias=None, l2g_bias=None, masking_mode=0, shift_mode=0, dropout_p=0.0):
+def triton_sliding_chunk_attention(
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    l2g_bias=None,
+    masking_mode=0,
+    shift_mode=0,
+    dropout_p=0.0,
+):
     """:func:`~visattn_mm.ops.sliding_chunk.sliding_chunk_attention` through the Triton kernels.
 
     Arguments as there. Inputs may be strided views; the output and the
@@ -358,5 +855,6 @@ def triton_sliding_chunk_attention(q, k, v, height, width, window, *, global_k=N
     else:
         host.check_bias_shape(l2g_bias, (heads, global_k.shape[2]), 'l2g_bias', '(heads, G)')
     host.check_device(q)
-    return _sliding_chunk_op(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode,
-                             shift_mode)[0]
+    return _sliding_chunk_op(
+        q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
+    )[0]

@@ -50,6 +50,7 @@ and the normaliser's terms, which 16-bit operands would cost ~15x in precision
 gradients are stored in the inputs' dtype. The interpreter: see
 :mod:`visattn_mm.ops.triton`.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -101,8 +102,9 @@ def _clamp_passes(t, CLAMP: tl.constexpr):
     """Where :func:`_signed_clamp` passes gradients: ``1e-4 <= |t| <= 1e4`` (everywhere without ``CLAMP``)."""
     if CLAMP:
         magnitude = tl.abs(t)
-        return ((magnitude >= tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype))
-                & (magnitude <= tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype)))
+        return (magnitude >= tl.full(t.shape, CLAMP_MIN_BOUND, t.dtype)) & (
+            magnitude <= tl.full(t.shape, CLAMP_MAX_BOUND, t.dtype)
+        )
     return tl.full(t.shape, True, tl.int1)
 
 
@@ -175,8 +177,17 @@ def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim
 
 
 @triton.jit
-def _query_terms(queries, row_weights, valid, kv, k_sum, EPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _query_terms(
+    queries,
+    row_weights,
+    valid,
+    kv,
+    k_sum,
+    EPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
     features = _features(queries, row_weights, BLOCK_N, BLOCK_D)
     numerators = tl.dot(features, kv, input_precision=DOT_PRECISION)
@@ -197,10 +208,27 @@ def _program_split(heads):
 
 @triton.jit
 def _vicinity_sums(
-        k, v, weights, kv_parts, k_sum_parts,
-        k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd,
-        heads, tokens, head_dim, tiles_per_split,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    k,
+    v,
+    weights,
+    kv_parts,
+    k_sum_parts,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    heads,
+    tokens,
+    head_dim,
+    tiles_per_split,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over the split's token tiles, stored as part
     ``batch_head * splits + split`` of the buffers."""
     split, batch_head, batch, head = _program_split(heads)
@@ -210,8 +238,7 @@ def _vicinity_sums(
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
         keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
-                             BLOCK_D)
+        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype, BLOCK_D)
         features = _features(keys, row_weights, BLOCK_N, BLOCK_D)
         kv += tl.dot(tl.trans(features), values, input_precision=DOT_PRECISION)
         k_sum += tl.sum(features, 0)
@@ -220,33 +247,77 @@ def _vicinity_sums(
 
 @triton.jit
 def _vicinity_forward(
-        q, weights, kv_raw, k_sum, out,
-        q_sb, q_sh, q_sn, q_sd, o_sb, o_sh, o_sn, o_sd,
-        heads, tokens, head_dim, tiles_per_split,
-        CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+    q,
+    weights,
+    kv_raw,
+    k_sum,
+    out,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    o_sb,
+    o_sh,
+    o_sn,
+    o_sd,
+    heads,
+    tokens,
+    head_dim,
+    tiles_per_split,
+    CLAMP: tl.constexpr,
+    EPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Output rows of the split's token tiles."""
     split, batch_head, batch, head = _program_split(heads)
     kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
     pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim,
-                              weights.dtype.element_ty, BLOCK_D)
-        _, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N,
-                                                  BLOCK_D, DOT_PRECISION)
-        rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None],
-                                 CLAMP)
+        queries = _token_rows(
+            q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, weights.dtype.element_ty, BLOCK_D
+        )
+        _, numerators, normalisers = _query_terms(
+            queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
+        )
+        rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None], CLAMP)
         kp.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
 
 
 @triton.jit
 def _vicinity_backward_queries(
-        q, grad_out, weights, kv_raw, k_sum, grad_q, grad_kv_parts, grad_k_sum_parts,
-        q_sb, q_sh, q_sn, q_sd, do_sb, do_sh, do_sn, do_sd, dq_sb, dq_sh, dq_sn, dq_sd,
-        heads, tokens, head_dim, tiles_per_split,
-        CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+    q,
+    grad_out,
+    weights,
+    kv_raw,
+    k_sum,
+    grad_q,
+    grad_kv_parts,
+    grad_k_sum_parts,
+    q_sb,
+    q_sh,
+    q_sn,
+    q_sd,
+    do_sb,
+    do_sh,
+    do_sn,
+    do_sd,
+    dq_sb,
+    dq_sh,
+    dq_sn,
+    dq_sd,
+    heads,
+    tokens,
+    head_dim,
+    tiles_per_split,
+    CLAMP: tl.constexpr,
+    EPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradient of the queries of the split's token tiles, and their partial sums of the gradients of ``KV``
     and ``S``, stored as part ``batch_head * splits + split`` of the buffers."""
     split, batch_head, batch, head = _program_split(heads)
@@ -257,56 +328,105 @@ def _vicinity_backward_queries(
     grad_k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, acc_dtype,
-                              BLOCK_D)
-        grad_rows = _token_rows(grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim,
-                                acc_dtype, BLOCK_D)
-        features, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N,
-                                                         BLOCK_D, DOT_PRECISION)
+        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, acc_dtype, BLOCK_D)
+        grad_rows = _token_rows(
+            grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim, acc_dtype, BLOCK_D
+        )
+        features, numerators, normalisers = _query_terms(
+            queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
+        )
         clamped_numerators = _signed_clamp(numerators, CLAMP)
         clamped_normalisers = _signed_clamp(normalisers, CLAMP)
         grad_rows = tl.where(_clamp_passes(clamped_numerators * clamped_normalisers[:, None], CLAMP), grad_rows, 0.0)
         grad_numerators = tl.where(_clamp_passes(numerators, CLAMP), grad_rows * clamped_normalisers[:, None], 0.0)
-        grad_normalisers = tl.where(_clamp_passes(normalisers, CLAMP), tl.sum(grad_rows * clamped_numerators, 1),
-                                    0.0)
+        grad_normalisers = tl.where(_clamp_passes(normalisers, CLAMP), tl.sum(grad_rows * clamped_numerators, 1), 0.0)
         # d(1 / den) / d den = -(1 / den)^2; rows beyond the map have a zero gradient here.
         grad_denominators = -grad_normalisers * normalisers * normalisers
-        grad_features = (tl.dot(grad_numerators, tl.trans(kv), input_precision=DOT_PRECISION)
-                         + grad_denominators[:, None] * pair_k_sum[None, :])
-        kp.store_rows(grad_q + batch * dq_sb + head * dq_sh, rows, valid, dq_sn, dq_sd, head_dim,
-                      _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
+        grad_features = (
+            tl.dot(grad_numerators, tl.trans(kv), input_precision=DOT_PRECISION)
+            + grad_denominators[:, None] * pair_k_sum[None, :]
+        )
+        kp.store_rows(
+            grad_q + batch * dq_sb + head * dq_sh,
+            rows,
+            valid,
+            dq_sn,
+            dq_sd,
+            head_dim,
+            _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D),
+            BLOCK_D,
+        )
         grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=DOT_PRECISION)
         grad_k_sum += tl.sum(grad_denominators[:, None] * features, 0)
-    _store_summaries(grad_kv_parts, grad_k_sum_parts, batch_head * tl.num_programs(0) + split, grad_kv, grad_k_sum,
-                     head_dim, BLOCK_D)
+    _store_summaries(
+        grad_kv_parts, grad_k_sum_parts, batch_head * tl.num_programs(0) + split, grad_kv, grad_k_sum, head_dim, BLOCK_D
+    )
 
 
 @triton.jit
 def _vicinity_backward_keys(
-        k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, grad_v,
-        k_sb, k_sh, k_sn, k_sd, v_sb, v_sh, v_sn, v_sd, dk_sb, dk_sh, dk_sn, dk_sd, dv_sb, dv_sh, dv_sn, dv_sd,
-        heads, tokens, head_dim, tiles_per_split,
-        CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    k,
+    v,
+    weights,
+    kv_raw,
+    grad_kv,
+    grad_k_sum,
+    grad_k,
+    grad_v,
+    k_sb,
+    k_sh,
+    k_sn,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_sn,
+    v_sd,
+    dk_sb,
+    dk_sh,
+    dk_sn,
+    dk_sd,
+    dv_sb,
+    dv_sh,
+    dv_sn,
+    dv_sd,
+    heads,
+    tokens,
+    head_dim,
+    tiles_per_split,
+    CLAMP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Gradients of the keys and values of the split's token tiles from the summed gradients of ``KV`` (before
     its clamp's mask) and ``S``."""
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
-    pair_grad_kv = tl.where(_clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP),
-                            _load_matrix(grad_kv, batch_head, head_dim, BLOCK_D), 0.0)
+    pair_grad_kv = tl.where(
+        _clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP),
+        _load_matrix(grad_kv, batch_head, head_dim, BLOCK_D),
+        0.0,
+    )
     pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, BLOCK_D)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
         keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype,
-                             BLOCK_D)
-        grad_features = (tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION)
-                         + pair_grad_k_sum[None, :])
-        kp.store_rows(grad_k + batch * dk_sb + head * dk_sh, rows, valid, dk_sn, dk_sd, head_dim,
-                      _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D), BLOCK_D)
-        grad_values = tl.dot(_features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv,
-                             input_precision=DOT_PRECISION)
-        kp.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values,
-                      BLOCK_D)
+        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype, BLOCK_D)
+        grad_features = tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION) + pair_grad_k_sum[None, :]
+        kp.store_rows(
+            grad_k + batch * dk_sb + head * dk_sh,
+            rows,
+            valid,
+            dk_sn,
+            dk_sd,
+            head_dim,
+            _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D),
+            BLOCK_D,
+        )
+        grad_values = tl.dot(
+            _features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv, input_precision=DOT_PRECISION
+        )
+        kp.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values, BLOCK_D)
 
 
 def _layout(batch_heads, tokens, max_block):
@@ -327,23 +447,55 @@ def _launch_setup(q, height, width):
     wide = block_d >= WIDE_BLOCK_D
     block, splits, tiles_per_split = _layout(pairs, tokens, min(MAX_BLOCK_N, WIDE_BLOCK_N) if wide else MAX_BLOCK_N)
     constexprs = dict(BLOCK_N=block, BLOCK_D=block_d, DOT_PRECISION=host.dot_precision(acc_dtype))
-    return (vicinity_weights(height, width, q.device, acc_dtype), (splits, pairs),
-            dict(num_warps=WIDE_WARPS if wide else 8), (heads, tokens, head_dim, tiles_per_split), constexprs)
+    return (
+        vicinity_weights(height, width, q.device, acc_dtype),
+        (splits, pairs),
+        dict(num_warps=WIDE_WARPS if wide else 8),
+        (heads, tokens, head_dim, tiles_per_split),
+        constexprs,
+    )
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float,
-             clamp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float, clamp: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
     weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
-    host.launch(_vicinity_sums, grid, settings, k, v, weights, kv_parts, k_sum_parts, *k.stride(), *v.stride(),
-              *shape, **constexprs)
+    host.launch(
+        _vicinity_sums,
+        grid,
+        settings,
+        k,
+        v,
+        weights,
+        kv_parts,
+        k_sum_parts,
+        *k.stride(),
+        *v.stride(),
+        *shape,
+        **constexprs,
+    )
     kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
     out = host.like_heads_last(q)
-    host.launch(_vicinity_forward, grid, settings, q, weights, kv_raw, k_sum, out, *q.stride(), *out.stride(),
-              *shape, CLAMP=clamp, EPS=eps, **constexprs)
+    host.launch(
+        _vicinity_forward,
+        grid,
+        settings,
+        q,
+        weights,
+        kv_raw,
+        k_sum,
+        out,
+        *q.stride(),
+        *out.stride(),
+        *shape,
+        CLAMP=clamp,
+        EPS=eps,
+        **constexprs,
+    )
     return out, kv_raw, k_sum
 
 
@@ -353,21 +505,64 @@ def _forward_fake(q, k, v, height, width, eps, clamp):
     return host.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
 
 
-def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-              kv_raw: torch.Tensor, k_sum: torch.Tensor, height: int, width: int, eps: float, clamp: bool,
-              needs_grad: list[bool]) -> list[torch.Tensor]:
+def _backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    kv_raw: torch.Tensor,
+    k_sum: torch.Tensor,
+    height: int,
+    width: int,
+    eps: float,
+    clamp: bool,
+    needs_grad: list[bool],
+) -> list[torch.Tensor]:
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
     weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
     constexprs.update(CLAMP=clamp)
     grad_q, grad_k, grad_v = host.like_heads_last(q), host.like_heads_last(k), host.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
     grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
-    host.launch(_vicinity_backward_queries, grid, settings, q, grad_out, weights, kv_raw, k_sum, grad_q,
-              grad_kv_parts, grad_k_sum_parts, *q.stride(), *grad_out.stride(), *grad_q.stride(), *shape,
-              EPS=eps, **constexprs)
-    host.launch(_vicinity_backward_keys, grid, settings, k, v, weights, kv_raw, grad_kv_parts.sum(1),
-              grad_k_sum_parts.sum(1), grad_k, grad_v, *k.stride(), *v.stride(), *grad_k.stride(),
-              *grad_v.stride(), *shape, **constexprs)
+    host.launch(
+        _vicinity_backward_queries,
+        grid,
+        settings,
+        q,
+        grad_out,
+        weights,
+        kv_raw,
+        k_sum,
+        grad_q,
+        grad_kv_parts,
+        grad_k_sum_parts,
+        *q.stride(),
+        *grad_out.stride(),
+        *grad_q.stride(),
+        *shape,
+        EPS=eps,
+        **constexprs,
+    )
+    host.launch(
+        _vicinity_backward_keys,
+        grid,
+        settings,
+        k,
+        v,
+        weights,
+        kv_raw,
+        grad_kv_parts.sum(1),
+        grad_k_sum_parts.sum(1),
+        grad_k,
+        grad_v,
+        *k.stride(),
+        *v.stride(),
+        *grad_k.stride(),
+        *grad_v.stride(),
+        *shape,
+        **constexprs,
+    )
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
@@ -393,15 +588,19 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
-                         f'{tuple(k.shape)} and {tuple(v.shape)}')
+        raise ValueError(
+            f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
+            f'{tuple(k.shape)} and {tuple(v.shape)}'
+        )
     host.check_supported(q, height * width, dropout_p=0.0)
     head_dim, gpu_float64 = q.shape[-1], q.dtype == torch.float64 and not impl.triton_interpreted()
     limit = MAX_FLOAT64_HEAD_DIM if gpu_float64 else MAX_HEAD_DIM
     if head_dim > limit:
-        raise ValueError(f"impl 'triton' runs vicinity attention with head dims up to {limit}"
-                         f"{' in float64' if gpu_float64 else ''}, got {head_dim}: a program's (4d x d) sums would "
-                         "not fit the GPU's shared memory; use impl 'math' (or 'fast') for this model")
+        raise ValueError(
+            f"impl 'triton' runs vicinity attention with head dims up to {limit}"
+            f"{' in float64' if gpu_float64 else ''}, got {head_dim}: a program's (4d x d) sums would "
+            "not fit the GPU's shared memory; use impl 'math' (or 'fast') for this model"
+        )
     k, v = k.to(q.dtype), v.to(q.dtype)
     host.check_device(q)
     return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]
