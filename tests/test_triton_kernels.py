@@ -174,7 +174,7 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
         assert attention_paths('cuda')['ViLLS'] == 'long_short triton, sliding_chunk triton'  # the env report
         assert attention_paths('cuda')['PaleTransformer'] == 'pale triton'
         assert attention_paths('cuda')['VVT'] == 'vicinity triton'
-        assert attention_paths('cpu')['VVT'] == 'vicinity fp32 products'
+        assert attention_paths('cpu')['VVT'] == 'vicinity torch ops'
         assert attention_paths('cpu')['ViL'] == 'sliding_chunk math (training) / fast (inference)'
         monkeypatch.setenv('TRITON_INTERPRET', '1')
         assert chosen_path('cpu', op='sliding_chunk') == 'triton'
