@@ -136,8 +136,8 @@ def _model_zoo():
     ):
         for arch in archs:
             zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
-    for arch in 'tsml':  # VVT with its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
-        zoo[f'vvt-{arch}-bf16'] = (functools.partial(_ours, 'VVT', arch, bf16_products=True), True)
+            if class_name == 'VVT':  # its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
+                zoo[f'{prefix}-{arch}-bf16'] = (functools.partial(_ours, class_name, arch, bf16_products=True), True)
     zoo['swin-t'] = (
         functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t, "timm's swin_tiny_patch4_window7_224"),
         False,
