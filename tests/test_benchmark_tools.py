@@ -215,12 +215,12 @@ def test_benchmark_end_to_end(tmp_path):
     )
     columns, rows = _read_csv(tmp_path / 'benchmark.csv')
     assert columns == benchmark.columns_for('vil-t')
-    # The baseline joins the run by itself; each model runs forward and forward+backward.
+    # The baseline joins the run by itself, first; each model runs forward and forward+backward.
     assert [(r['model'], r['impl'], r['mode']) for r in rows] == [
-        ('vvt-t', 'math', 'fwd'),
-        ('vvt-t', 'math', 'fwd+bwd'),
         ('vil-t', 'math', 'fwd'),
         ('vil-t', 'math', 'fwd+bwd'),
+        ('vvt-t', 'math', 'fwd'),
+        ('vvt-t', 'math', 'fwd+bwd'),
     ]
     assert all(r['status'] == 'ok' and float(r['time_ms']) > 0 and float(r['peak_mem_mib']) > 0 for r in rows)
     base = {r['mode']: r for r in rows if r['model'] == 'vil-t'}
@@ -236,14 +236,14 @@ def test_interrupted_benchmark_writes_the_models_measured(tmp_path, monkeypatch,
     an error; without matplotlib the PNG is left out with a line saying so."""
     measure = benchmark.run_model
 
-    def interrupted_at_vil_t(name, *args):
-        if name == 'vil-t':
+    def interrupted_at_vvt_t(name, *args):
+        if name == 'vvt-t':
             raise KeyboardInterrupt
         return measure(name, *args)
 
-    monkeypatch.setattr(benchmark, 'run_model', interrupted_at_vil_t)
+    monkeypatch.setattr(benchmark, 'run_model', interrupted_at_vvt_t)
     monkeypatch.setitem(sys.modules, 'matplotlib', None)  # import raises ImportError
-    with pytest.raises(SystemExit, match='interrupted before all models were measured'):
+    with pytest.raises(SystemExit, match='interrupted before all cases were measured'):
         benchmark.main(
             [
                 '--models',
@@ -269,7 +269,7 @@ def test_interrupted_benchmark_writes_the_models_measured(tmp_path, monkeypatch,
             ]
         )
     _, rows = _read_csv(tmp_path / 'benchmark.csv')
-    assert [(r['model'], r['status'], r['time_ms_vs_vil-t']) for r in rows] == [('vvt-t', 'ok', '')]
+    assert [(r['model'], r['status'], r['time_ms_vs_vil-t']) for r in rows] == [('vil-t', 'ok', '1')]
     assert not (tmp_path / 'benchmark.png').exists()
     out = capsys.readouterr().out
     assert 'interrupted: reporting the 1 rows' in out and 'matplotlib cannot be imported' in out

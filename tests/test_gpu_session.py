@@ -1,6 +1,8 @@
-"""tools/gpu_session.sh: bash syntax, its CPU smoke mode end to end (wheel installation, the three
-stages, the files and the summary line), later stages running after a failed one, and the GPU
-benchmark options parsing (refused only for the missing GPU).
+"""tools/gpu_session.sh: bash syntax, its CPU smoke mode end to end (wheel installation, the stages,
+the benchmark's grids in order, the files a device call brings back, the summary line), the budget and
+size of the device call, later stages running after a failed one, and the GPU benchmark options
+parsing (refused only for the missing GPU). The rehearsal (a 5 GB environment with the host's
+versions) is run by hand: docs/testing.md.
 
 The script runs with ``CUDA_VISIBLE_DEVICES=''`` so that it does the same on a GPU machine.
 """
@@ -63,59 +65,75 @@ def test_script_is_bash_without_syntax_errors():
     subprocess.run(['bash', '-n', str(SCRIPT)], check=True)
 
 
-def test_smoke_mode_runs_every_stage_on_the_cpu(tmp_path):
+def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
+    """The device call's stages in their CPU smoke mode (the tuning stage's interpreter run is
+    tests/test_triton_resources.py's): its files, the order of the benchmark's grids, a summary."""
     _write_probe_wheel(tmp_path / 'wheels')
-    result = _run(tmp_path, SMOKE='1')
+    result = _run(tmp_path, 'setup', 'tests', 'bench', 'compile', SMOKE='1')
     out = tmp_path / 'out'
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
-    assert re.fullmatch(r'gpu_session: setup ok, tests ok, bench ok in \d+ s', summary)
+    assert re.fullmatch(rf'gpu_session: setup ok, tests ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)', summary)
     assert result.stdout.strip().endswith(summary)
-    assert sorted(p.name for p in out.iterdir()) == [
-        'bench.log',
-        'benchmark.csv',
-        'benchmark.md',
-        'benchmark.png',
-        'setup.log',
-        'summary.txt',
-        'tests.log',
-        'tests.xml',
-    ]
+    # What a device call brings back: at most 8 files, none in a folder.
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ['benchmark.csv', 'benchmark.md', 'compile.xml', 'session.log', 'summary.txt', 'tests.xml']
+    assert all((out / name).is_file() for name in files)
 
-    # setup: the wheel installed into SITE, which the stages import from; the environment report.
+    log = (out / 'session.log').read_text()
+    assert re.findall(r'^=== (\w+)', log, re.M) == ['install', 'setup', 'tests', 'bench', 'compile']
+    # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
+    # and this environment's versions against the rehearsal's pins.
     assert (tmp_path / 'site' / PROBE / '__init__.py').exists()
-    setup = (out / 'setup.log').read_text()
-    assert f'installing 1 wheels from {tmp_path / "wheels"}/' in setup
-    assert f'PYTHONPATH: {tmp_path / "site"}:{ROOT}' in setup
-    assert re.search(r'^Triton: \d', setup, re.M) and 'setup: the backbones import' in setup
+    assert f'installing 1 wheels from {tmp_path / "wheels"}/' in log
+    assert f'PYTHONPATH: {tmp_path / "site"}:{ROOT}' in log
+    assert re.search(r'^Triton: \d', log, re.M) and 'setup: the backbones import' in log
+    assert re.search(r'^torch: \S+', log, re.M) and re.search(r'^triton: \S+', log, re.M)
     # tests: the CUDA tests were collected, and all skipped here.
     suite = ElementTree.parse(out / 'tests.xml').getroot().find('testsuite')
     assert int(suite.get('tests')) > 50
     assert suite.get('skipped') == suite.get('tests') and suite.get('failures') == '0'
     assert suite.get('errors') == '0'
-    # bench: both impls of our backbone and the baseline, the ratio table.
+    compiled = ElementTree.parse(out / 'compile.xml').getroot().find('testsuite')
+    assert int(compiled.get('tests')) >= 1 and compiled.get('skipped') == compiled.get('tests')
+    # bench: grid by grid, the baseline first in each, both paths of the decision grid.
     with open(out / 'benchmark.csv', newline='') as f:
         rows = list(csv.DictReader(f))
     assert [(r['model'], r['impl'], r['mode'], r['status']) for r in rows] == [
-        (model, impl, mode, 'ok')
-        for model, impl in (('vil-t', 'fast'), ('vil-t', 'triton'), ('swin-t', '-'))
-        for mode in ('fwd', 'fwd+bwd')
+        ('swin-t', '-', 'fwd+bwd', 'ok'),
+        ('vil-t', 'fast', 'fwd+bwd', 'ok'),
+        ('vil-t', 'triton', 'fwd+bwd', 'ok'),
+        ('swin-t', '-', 'fwd', 'ok'),
+        ('vil-t', 'math', 'fwd', 'ok'),
     ]
+    assert all(r['time_ms_vs_swin-t'] for r in rows)
     table = (out / 'benchmark.md').read_text().splitlines()
     assert table[0].startswith('| model | impl |') and len(table) == 2 + len(rows)
+
+
+def test_device_call_fits_its_budget_and_carry():
+    """The documented device call: one command, 480 s for its stages by default, the tests capped, and
+    a working tree (with the wheels) well inside the 64 MiB a call carries."""
+    text = SCRIPT.read_text()
+    assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-150}"' in text
+    assert 'stages=(setup tests bench compile tune)' in text
+    tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
+    size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
+    assert size < 48 * 2**20, f'the tracked files are {size / 2**20:.1f} MiB; a device call carries 64 MiB in all'
 
 
 def test_later_stages_run_after_a_failed_one(tmp_path):
     result = _run(tmp_path, 'tests', 'bench', SMOKE='1', BUDGET='0')
     assert result.returncode == 124
     assert result.stdout.count('BUDGET=0 s used up; not started') == 2
-    assert (tmp_path / 'out' / 'summary.txt').read_text().startswith('gpu_session: tests STOPPED: BUDGET=0 s reached (')
-    assert ', bench STOPPED: BUDGET=0 s reached (' in result.stdout
+    summary = (tmp_path / 'out' / 'summary.txt').read_text()
+    assert summary.startswith('gpu_session: tests STOPPED: BUDGET=0 s reached, bench STOPPED: BUDGET=0 s reached in ')
 
 
 def test_unknown_stage_is_refused(tmp_path):
     result = _run(tmp_path, 'setup', 'benchmark')
     assert result.returncode == 2 and "unknown stage 'benchmark'" in result.stdout
+    assert 'rehearse' in result.stdout  # the stages it names
 
 
 def test_gpu_benchmark_options_parse(tmp_path):
@@ -123,5 +141,5 @@ def test_gpu_benchmark_options_parse(tmp_path):
     only refusal is the device, which benchmark.py checks after the options."""
     result = _run(tmp_path, 'bench')
     assert result.returncode == 1
-    assert '--device cuda: CUDA is not available here' in (tmp_path / 'out' / 'bench.log').read_text()
-    assert 'bench FAILED (exit 1, ' in result.stdout
+    assert '--device cuda: CUDA is not available here' in (tmp_path / 'out' / 'session.log').read_text()
+    assert 'bench FAILED (exit 1)' in result.stdout

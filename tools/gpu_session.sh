@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
-# The GPU check of a short session on a bare GPU host (torch, triton, timm; no OpenMMLab stack):
-# the CUDA tests and the backbone benchmark, with logs and results in $OUT.
+# The GPU check of a short session on a bare GPU host (torch, triton, timm; no OpenMMLab stack), in ONE
+# command of at most BUDGET seconds: the CUDA tests, then the benchmark in order of value, then the rest
+# while time is left. Everything it measures is in $OUT the moment it is measured.
 #
-#   bash tools/gpu_session.sh wheels          # beforehand, with network: pure-Python wheels into .whl/
-#   bash tools/gpu_session.sh setup tests     # on the GPU host, one command (carry .whl)
-#   bash tools/gpu_session.sh setup bench     # on the GPU host, a second command
-#   bash tools/gpu_session.sh setup tune      # a third, where device time is left
+#   bash tools/gpu_session.sh wheels      # beforehand, here: the pure-Python wheels into .whl/ (carried)
+#   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
+#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): setup tests bench compile tune
 #
-# Stages (run in the order given; none given: setup tests bench):
-#   wheels  download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
-#   setup   the environment report (setup.log): python, GPU, torch, CUDA, triton, timm, mmcv/mmdet
-#   tests   the CUDA-marked tests that need no mmdet (tests.log, tests.xml)
-#   bench   tools/analysis/benchmark.py on CUDA (bench.log, benchmark.md, benchmark.csv, .png)
-#   tune    tools/analysis/triton_tuning.py on CUDA: each Triton kernel's time under candidate launch
-#           settings (tune.log, triton_tuning.md, triton_tuning.csv)
-# Wheels in .whl/ are installed into $SITE by every invocation (seconds), so any stage runs on a
-# fresh machine. A failed stage does not stop the next; summary.txt says which passed; the exit
-# status is that of the first failed stage.
+# Stages (run in the order given; none given: setup tests bench compile tune):
+#   wheels    download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
+#   rehearse  on this machine: a throw-away Python 3.12 environment with the host's own versions
+#             (requirements/gpu_host.txt: torch, triton, timm, numpy, ...), the carried wheels installed as the
+#             device call installs them, the default stages with SMOKE=1 (results in $OUT/rehearsal/), then
+#             tools/analysis/triton_resources.py: every kernel compiled for sm_90 by the host's Triton
+#   setup     install the carried wheels; the environment report: python, GPU, torch, CUDA, triton, timm, the
+#             host's versions of requirements/gpu_host.txt against its pins, the attention paths
+#   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
+#             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
+#   bench     tools/analysis/benchmark.py grid by grid (BENCH_GRIDS): the decision rows first (batch 8, 800x1333,
+#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp32, the other paths, forward alone
+#             (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
+#   compile   the CUDA test of the Triton path under torch.compile's Inductor (compile.xml)
+#   tune      tools/analysis/triton_tuning.py: each Triton kernel under candidate launch settings (triton_tuning.csv)
+# Every stage's output goes to $OUT/session.log, headed by the stage's name; summary.txt says which passed. A failed
+# stage does not stop the next; the exit status is that of the first failed stage. $OUT holds at most 7 files
+# (what a device call brings back: at most 8).
 #
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
-#   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 570: a stage
-#   still running near its end gets SIGINT, and pytest and benchmark.py report what they have),
-#   TESTS (pytest targets), BENCH_MODELS (comma-separated), BENCH_ARGS (more benchmark.py
-#   options; later ones win, e.g. "--repeats 5 --impls triton"), TUNE_ARGS (more triton_tuning.py options),
-#   SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_gpu_session.py runs it).
+#   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
+#   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (150),
+#   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
+#   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py
+#   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_gpu_session.py runs it),
+#   REHEARSAL_VENV (/tmp/visattn_gpu_rehearsal), REHEARSAL_PYTHON (a Python 3.12; else found on PATH or pyenv).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -31,37 +40,52 @@ cd "$ROOT"
 OUT="${OUT:-work_dirs/gpu_session}"
 SITE="${SITE:-/tmp/site}"
 WHEEL_DIR="${WHEEL_DIR:-.whl}"
-BUDGET="${BUDGET:-570}"
+BUDGET="${BUDGET:-480}"
+TESTS_BUDGET="${TESTS_BUDGET:-150}"
+TESTS_MARKS="${TESTS_MARKS-cuda}"
 SMOKE="${SMOKE:-0}"
+HOST_PINS=requirements/gpu_host.txt
 # What importing visattn_mm needs beyond torch, timm, numpy and opencv: mmengine, and what its import
 # pulls in: addict, yapf (-> platformdirs), termcolor, rich (-> markdown-it-py, mdurl, pygments).
 WHEELS=(mmengine==0.10.7 addict yapf termcolor platformdirs rich markdown-it-py mdurl pygments)
+# The tests the defaults table's rule needs (outputs and every gradient against float64), kernels first.
 TESTS="${TESTS:-tests/test_triton_kernels.py tests/test_triton_long_short.py tests/test_triton_pale.py
-    tests/test_triton_vicinity.py tests/test_benchmark_tools.py tests/test_cuda.py::test_backbone_matches_float64_reference
-    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu tests/test_compile.py}"
+    tests/test_triton_vicinity.py tests/test_cuda.py::test_backbone_matches_float64_reference
+    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu tests/test_benchmark_tools.py}"
+COMPILE_TESTS=tests/test_compile.py
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
-    BENCH=(--models "${BENCH_MODELS:-vil-t,swin-t}" --sizes 64x64 --batches 1 --dtypes fp32
-           --impls fast,triton --warmup 0 --repeats 1 --threads 1)
+    BENCH=(--models "${BENCH_MODELS:-swin-t,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
+    DEFAULT_GRIDS="batches=1 dtypes=fp32 impls=fast,triton modes=fwd+bwd
+batches=1 dtypes=fp32 impls=math modes=fwd"
     # The interpreter runs the kernels (slowly): one candidate, one step.
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
 else
     DEVICE=cuda
-    # The baselines first, so that an interrupted run still has the ratios' reference.
-    BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s,vvt-s-bf16}" --sizes 800x1333
-           --batches 8,2 --dtypes bf16,fp32 --impls fast,math,triton --warmup 3 --repeats 10)
+    BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
+    # In order of value: the rows that decide the defaults table (docs/benchmarks.md), then the rest.
+    DEFAULT_GRIDS="batches=8 dtypes=bf16 impls=fast,triton modes=fwd+bwd
+batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd
+batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
+models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
+models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
+batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
 fi
+BENCH_GRIDS="${BENCH_GRIDS:-$DEFAULT_GRIDS}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3
 fi
 mkdir -p "$OUT"
+LOG="$OUT/session.log"
 deadline=$((SECONDS + BUDGET))
 
-# Runs "$@" within what is left of BUDGET (30 s kept for reporting), then SIGINT, then SIGKILL.
+# Runs "$@" within what is left of BUDGET (30 s kept for reporting), or within $CAP seconds if that is
+# sooner, then SIGINT, then SIGKILL.
 limited() {
     local left=$((deadline - SECONDS - 30))
+    if [[ -n "${CAP:-}" ]] && ((CAP < left)); then left=$CAP; fi
     if ((left < 10)); then
         echo "[gpu_session] BUDGET=$BUDGET s used up; not started: $*"
         return 124
@@ -90,10 +114,58 @@ install_wheels() {
     export PYTHONPATH="$SITE:$PYTHONPATH"
 }
 
+# A Python 3.12 interpreter (the host's minor version): REHEARSAL_PYTHON, python3.12, or pyenv's.
+python312() {
+    local candidate
+    for candidate in ${REHEARSAL_PYTHON:-} python3.12 \
+            $(command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null); do
+        if [[ "$("$candidate" -c 'import sys; print(sys.version_info[:2] == (3, 12))' 2>/dev/null)" == True ]]; then
+            command -v "$candidate"
+            return
+        fi
+    done
+    echo "[gpu_session] rehearse: no Python 3.12 found; set REHEARSAL_PYTHON" >&2
+    return 2
+}
+
+stage_rehearse() {
+    local venv="${REHEARSAL_VENV:-/tmp/visattn_gpu_rehearsal}" python want status=0
+    python="$(python312)" || return
+    want="$(cat "$HOST_PINS" <("$python" --version) | sha256sum | cut -d' ' -f1)"
+    if ! grep -qx "$want" "$venv/.gpu_host" 2>/dev/null; then
+        echo "building $venv: $("$python" --version) with $HOST_PINS"
+        rm -rf "$venv"
+        "$python" -m venv "$venv" && "$venv/bin/python" -m pip install -q -r "$HOST_PINS" || return
+        echo "$want" > "$venv/.gpu_host"
+    fi
+    local wheels=("$WHEEL_DIR"/*.whl)
+    [[ -e "${wheels[0]}" ]] || PY="$venv/bin/python" stage_wheels || return
+    # The device call itself, on the CPU: the same wheels into a site of its own, every default stage.
+    # Its tests stage also runs the kernels' interpreter tests (TESTS_MARKS=''), under the host's Triton.
+    env PYTHON="$venv/bin/python" SMOKE=1 OUT="$OUT/rehearsal" SITE="$venv/site" BUDGET=3000 TESTS_BUDGET=2400 \
+        TESTS_MARKS='' bash "$ROOT/tools/gpu_session.sh" || status=$?
+    echo "rehearsal stages: $(cat "$OUT/rehearsal/summary.txt")"
+    # Every kernel compiled for sm_90 by the host's Triton (no GPU needed).
+    PYTHONPATH="$venv/site:$PYTHONPATH" "$venv/bin/python" tools/analysis/triton_resources.py \
+        --capability 90 || { ((status)) || status=1; }
+    return "$status"
+}
+
 stage_setup() {
-    echo "python: $PY; PYTHONPATH: $PYTHONPATH; OUT: $OUT; device: $DEVICE"
+    echo "python: $PY; PYTHONPATH: $PYTHONPATH; OUT: $OUT; device: $DEVICE; commit: $(git rev-parse --short HEAD \
+        2>/dev/null || echo '(no git here)')"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
         || echo "(no nvidia-smi)"
+    "$PY" - "$HOST_PINS" <<'EOF'
+import importlib.metadata as metadata, re, sys
+pins = [line.split('==') for line in open(sys.argv[1]) if re.match(r'^[\w.-]+==', line)]
+for name, pin in pins:
+    try:
+        here = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        here = 'not installed'
+    print(f'{name}: {here}' + ('' if here == pin.strip() else f' (the rehearsal pins {pin.strip()})'))
+EOF
     "$PY" tools/collect_env.py || return
     DEVICE="$DEVICE" "$PY" -c 'import os, torch, triton, timm, visattn_mm.models
 assert os.environ["DEVICE"] == "cpu" or torch.cuda.is_available(), "CUDA is not available"
@@ -102,14 +174,20 @@ print("setup: the backbones import; triton", triton.__version__, "timm", timm.__
 
 stage_tests() {
     # shellcheck disable=SC2086  # TESTS is a list of targets
-    limited "$PY" -m pytest -p no:cacheprovider -m cuda -q --durations=20 \
-        --junitxml="$OUT/tests.xml" $TESTS
+    CAP=$TESTS_BUDGET limited "$PY" -m pytest -p no:cacheprovider ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE \
+        --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
 stage_bench() {
+    local grids=() grid
+    while IFS= read -r grid; do [[ -n "$grid" ]] && grids+=(--grid "$grid"); done <<< "$BENCH_GRIDS"
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-    limited "$PY" tools/analysis/benchmark.py --device "$DEVICE" "${BENCH[@]}" \
-        --out-dir "$OUT" ${BENCH_ARGS:-}
+    limited "$PY" tools/analysis/benchmark.py --device "$DEVICE" "${BENCH[@]}" "${grids[@]}" \
+        --out-dir "$OUT" --no-plot ${BENCH_ARGS:-}
+}
+
+stage_compile() {
+    limited "$PY" -m pytest -p no:cacheprovider -m cuda -q -rfE --junitxml="$OUT/compile.xml" $COMPILE_TESTS
 }
 
 stage_tune() {
@@ -119,32 +197,35 @@ stage_tune() {
 }
 
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests bench)
+((${#stages[@]})) || stages=(setup tests bench compile tune)
 for stage in "${stages[@]}"; do
-    if [[ ! "$stage" =~ ^(wheels|setup|tests|bench|tune)$ ]]; then
-        echo "unknown stage '$stage': use wheels, setup, tests, bench, tune" >&2
+    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|bench|compile|tune)$ ]]; then
+        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, bench, compile, tune" >&2
         exit 2
     fi
 done
-# setup.log starts with the installation, which every invocation does (a bare machine needs it).
-[[ " ${stages[*]} " == *" wheels "* ]] || install_wheels > "$OUT/setup.log" 2>&1
+: > "$LOG"
+# Every invocation that runs on the host installs the wheels first (a bare machine needs them).
+if [[ ! " ${stages[*]} " =~ \ (wheels|rehearse)\  ]]; then
+    echo "=== install (at $SECONDS s)" | tee -a "$LOG"
+    install_wheels > >(tee -a "$LOG") 2>&1  # not in a pipe: its PYTHONPATH must stay
+fi
 summary=""
 first_failure=0
 for stage in "${stages[@]}"; do
-    echo "=== $stage (at $SECONDS s)"
-    log="$OUT/$stage.log"
-    [[ "$stage" == setup ]] || : > "$log"
-    "stage_$stage" 2>&1 | tee -a "$log"
+    echo "=== $stage (at $SECONDS s)" | tee -a "$LOG"
+    begin=$(wc -l < "$LOG")
+    "stage_$stage" 2>&1 | tee -a "$LOG"
     status=${PIPESTATUS[0]}
     # The ratio table benchmark.py prints (interrupted runs print one too).
-    [[ "$stage" == bench ]] && grep '^|' "$log" > "$OUT/benchmark.md"
-    [[ "$stage" == tune ]] && grep '^|' "$log" > "$OUT/triton_tuning.md"
+    [[ "$stage" == bench ]] && tail -n +"$((begin + 1))" "$LOG" | grep '^|' > "$OUT/benchmark.md"
     if ((status == 0)); then summary+="$stage ok, "
-    elif ((status == 124)); then summary+="$stage STOPPED: BUDGET=$BUDGET s reached ($log), "
-    else summary+="$stage FAILED (exit $status, $log), "
+    elif ((status == 124)); then summary+="$stage STOPPED: BUDGET=$BUDGET s reached, "
+    else summary+="$stage FAILED (exit $status), "
     fi
     ((status == 0 || first_failure)) || first_failure=$status
 done
-echo "gpu_session: ${summary%, } in $SECONDS s" | tee "$OUT/summary.txt"
+echo "gpu_session: ${summary%, } in $SECONDS s (log: $LOG)" | tee "$OUT/summary.txt"
 exit "$first_failure"

@@ -16,7 +16,8 @@ import importlib
 import torch
 
 from .models import BACKBONES
-from .ops.impl import chosen_path, get_attention_impl
+from .ops.cuda_defaults import describe_cuda_defaults
+from .ops.impl import chosen_path, dispatch_device_type, get_attention_impl
 
 LIBRARIES = (
     ('MMDetection', 'mmdet'),
@@ -65,12 +66,17 @@ def attention_paths(device_type):
     """``{backbone: 'op: path, ...'}``: the attention path each backbone takes on ``device_type``.
 
     Under the current selection (``get_attention_impl()``); where training and
-    inference differ, both are named.
+    inference differ, both are named. On CUDA, 'auto' is reported per dtype, with the row of
+    the defaults table (:mod:`visattn_mm.ops.cuda_defaults`) that decides it.
     """
     lines = {}
+    follows_table = dispatch_device_type(device_type) == 'cuda' and get_attention_impl() == 'auto'
     for backbone, cls in BACKBONES.items():
         parts = []
         for op, has_bias in cls.attention_ops:
+            if follows_table:
+                parts.append(f'{op} ' + describe_cuda_defaults(op, 'torch ops' if has_bias is None else 'fast'))
+                continue
             if has_bias is None:  # no softmax: the Triton kernels or torch ops
                 parts.append(f'{op} ' + ('triton' if chosen_path(device_type, op=op) == 'triton' else 'torch ops'))
                 continue

@@ -275,13 +275,15 @@ def format_table(rows, columns):
 
 
 def write_csv(rows, columns, path):
-    """Writes ``rows`` (only ``columns``, in that order) to ``path``."""
+    """Writes ``rows`` (only ``columns``, in that order) to ``path``, whole or not at all (a run
+    killed while writing leaves the previous file)."""
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    with open(path, 'w', newline='') as out:
+    with open(path + '.part', 'w', newline='') as out:
         writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction='ignore')
         writer.writeheader()
         for row in rows:
             writer.writerow({c: format_value(row.get(c)) for c in columns})
+    os.replace(path + '.part', path)
 
 
 def machine_description(device):

@@ -12,20 +12,34 @@ and the output says so.
 Our backbones run once per attention implementation (``--impls``, see
 ``visattn_mm.ops.impl``); the baselines do not use them (``impl`` is ``-``).
 
-Writes ``<out-dir>/benchmark.csv`` and ``<out-dir>/benchmark.png`` (time and
-memory against input pixels, log-log, with linear and quadratic guides; left out
-where matplotlib is missing). Interrupted (Ctrl-C, ``timeout -s INT``), it still
-prints and writes the models measured until then, and exits with status 1.
+The cases run grid by grid (``--grid``, repeatable: each a set of options that replace the
+command line's for that grid), each grid model by model, the baseline first; models are built
+once. ``tools/gpu_session.sh`` orders its grids by value: the rows that decide the CUDA defaults
+first.
+
+Writes ``<out-dir>/benchmark.csv`` anew after every case (ratios included where the baseline's
+row of the same settings exists), so that a run cut off by any means keeps what it measured, and
+at the end ``<out-dir>/benchmark.png`` (time and memory against input pixels, log-log, with linear
+and quadratic guides; left out with ``--no-plot`` or where matplotlib is missing). Interrupted
+(Ctrl-C, ``timeout -s INT``), it still prints the table of the cases measured until then, and
+exits with status 1.
 
 Example (short CPU run)::
 
     .venv/bin/python tools/analysis/benchmark.py --models vil-t,swin-t,r50 \
         --sizes 512x512 --dtypes fp32 --repeats 3 --out-dir work_dirs/benchmark
+
+Two grids, the second only where time is left (``--grid`` values: ``KEY=VALUE`` words, KEY one
+of :data:`GRID_KEYS`)::
+
+    .venv/bin/python tools/analysis/benchmark.py --models vil-t,swin-t --sizes 224x224 --modes fwd+bwd \
+        --grid 'batches=8 dtypes=bf16 impls=fast' --grid 'batches=2 dtypes=fp32 impls=fast,math'
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import os.path as osp
 
@@ -33,6 +47,10 @@ import _bench_common as common
 import torch
 
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
+# The options a --grid may replace.
+GRID_KEYS = ('models', 'sizes', 'batches', 'dtypes', 'impls', 'modes')
+# The settings a ratio compares: the baseline's row with the same ones.
+MATCH_KEYS = ('mode', 'dtype', 'batch', 'height', 'width')
 COLUMNS = (
     'model',
     'impl',
@@ -180,19 +198,36 @@ def case_function(model, images, mode, device, dtype):
     return forward_backward
 
 
-def run_model(name, args, device, meter, log):
-    """All cases of one model; returns their rows."""
+def run_model(name, grid, device, meter, log, built, measured):
+    """All cases of one model in one grid that no earlier grid measured; returns their rows.
+
+    Args:
+        name (str): A key of :data:`MODEL_ZOO`.
+        grid (argparse.Namespace): The grid's sizes, batches, dtypes, impls and modes, and the run's
+            warm-up and repeats.
+        device (torch.device): Where it runs.
+        meter: The peak-memory meter (``_bench_common.memory_meter``).
+        log (callable): Called with each row the moment it is measured.
+        built (dict): Models built so far, by name (a model is built once per run).
+        measured (set): The cases measured so far (skipped here, added to).
+    """
     builder, uses_ops = MODEL_ZOO[name]
-    model = builder().to(device)
+    if name not in built:
+        built[name] = builder().to(device)
+    model = built[name]
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    impls = args.impls if uses_ops else [common.NO_IMPL]
+    impls = grid.impls if uses_ops else [common.NO_IMPL]
     rows = []
-    for height, width in args.sizes:
-        for batch in args.batches:
+    for height, width in grid.sizes:
+        for batch in grid.batches:
             images = torch.randn(batch, 3, height, width, device=device)
-            for dtype in args.dtypes:
+            for dtype in grid.dtypes:
                 for impl in impls:
-                    for mode in args.modes:
+                    for mode in grid.modes:
+                        case = (name, impl, mode, dtype, batch, height, width)
+                        if case in measured:  # e.g. a baseline that an earlier grid timed already
+                            continue
+                        measured.add(case)
                         row = dict(
                             model=name,
                             impl=impl,
@@ -205,11 +240,10 @@ def run_model(name, args, device, meter, log):
                             params_m=params_m,
                         )
                         fn = case_function(model, images, mode, device, dtype)
-                        common.measure_case(row, fn, impl, device, meter, args)
+                        common.measure_case(row, fn, impl, device, meter, grid)
                         log(row)
                         rows.append(row)
             del images
-    del model
     return rows
 
 
@@ -228,10 +262,44 @@ def columns_for(baseline):
     return [c.format(b=baseline) for c in COLUMNS]
 
 
+def check_grid(grid):
+    """Parses and checks the options of one grid (:data:`GRID_KEYS`, as text) in place; the baseline
+    joins its models first where they lack it.
+
+    Raises:
+        SystemExit: naming the option that cannot work.
+    """
+    grid.models = (
+        list(MODEL_ZOO)
+        if grid.models == 'all'
+        else common.check_choices(common.parse_list(grid.models), MODEL_ZOO, '--models')
+    )
+    if grid.baseline not in grid.models:
+        grid.models.insert(0, grid.baseline)
+    grid.sizes = [common.parse_size(s, '--sizes') for s in common.parse_list(grid.sizes)]
+    grid.batches = common.parse_list(grid.batches, int, '--batches')
+    if min(grid.batches) < 1:
+        raise SystemExit(f'--batches: batch sizes must be >= 1, got {grid.batches}')
+    common.check_run_options(grid)
+    return grid
+
+
+def grid_from(text, args):
+    """The grid ``--grid text`` describes: the command line's options, with the ``KEY=VALUE`` words of
+    ``text`` in place of theirs."""
+    grid = copy.copy(args)
+    for word in text.split():
+        key, equals, value = word.partition('=')
+        if not equals or key not in GRID_KEYS:
+            raise SystemExit(f'--grid: {word!r} is not KEY=VALUE with KEY one of {", ".join(GRID_KEYS)}')
+        setattr(grid, key, value)
+    return check_grid(grid)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', default='all', help=f'comma-separated, or "all": {", ".join(MODEL_ZOO)}')
-    parser.add_argument('--baseline', default='swin-t', help='model the ratios refer to')
+    parser.add_argument('--baseline', default='swin-t', help='model the ratios refer to (measured first)')
     parser.add_argument('--sizes', default=','.join(DEFAULT_SIZES), help='HEIGHTxWIDTH list')
     parser.add_argument('--batches', default='1,2', help='comma-separated batch sizes (ints >= 1), e.g. 1,2,8')
     parser.add_argument('--dtypes', default='fp32,bf16', help='fp32, bf16, fp16 (the last two under autocast)')
@@ -246,6 +314,13 @@ def parse_args(argv=None):
         help=f'comma-separated, any of: {", ".join(common.MODES)} (forward; forward + backward)',
     )
     parser.add_argument(
+        '--grid',
+        action='append',
+        default=[],
+        help=f'repeatable: one grid of cases, KEY=VALUE words (KEY: {", ".join(GRID_KEYS)}) replacing the options '
+        'above for that grid; the grids run in the order given (default: one grid of the options above)',
+    )
+    parser.add_argument(
         '--warmup', type=int, default=1, help='untimed calls before the timed ones, an int >= 0 (default: %(default)s)'
     )
     parser.add_argument(
@@ -254,60 +329,51 @@ def parse_args(argv=None):
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
+    parser.add_argument('--no-plot', action='store_true', help='write no benchmark.png')
     args = parser.parse_args(argv)
-    args.models = (
-        list(MODEL_ZOO)
-        if args.models == 'all'
-        else common.check_choices(common.parse_list(args.models), MODEL_ZOO, '--models')
-    )
     if args.baseline not in MODEL_ZOO:
         raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
-    if args.baseline not in args.models:
-        args.models.append(args.baseline)
-    args.sizes = [common.parse_size(s, '--sizes') for s in common.parse_list(args.sizes)]
-    args.batches = common.parse_list(args.batches, int, '--batches')
-    if min(args.batches) < 1:
-        raise SystemExit(f'--batches: batch sizes must be >= 1, got {args.batches}')
-    common.check_run_options(args)
+    args.grids = [grid_from(text, args) for text in args.grid or ['']]
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     device, meter, machine = common.start_run(args)
+    columns = columns_for(args.baseline)
+    csv_path = osp.join(args.out_dir, 'benchmark.csv')
+    png_path = osp.join(args.out_dir, 'benchmark.png')
+    rows = []
 
     def log(row):
         print(
-            f"{row['model']:>9} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
+            f"{row['model']:>9} {row['impl']:>6} {row['mode']:>7} {row['dtype']:>4} "
             f"b{row['batch']} {row['height']}x{row['width']}: "
             f"{common.format_value(row.get('time_ms'))} ms, "
             f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
             flush=True,
         )
+        rows.append(row)
+        common.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
+        common.write_csv(rows, columns, csv_path)
 
-    rows = []
     interrupted = False
+    built, measured = {}, set()
     try:
-        for name in args.models:
-            rows += run_model(name, args, device, meter, log)
+        for grid in args.grids:
+            for name in grid.models:
+                run_model(name, grid, device, meter, log, built, measured)
     except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
         interrupted = True
-        print(
-            f'\n[benchmark] interrupted: reporting the {len(rows)} rows of the models measured until then', flush=True
-        )
-    common.add_ratio_columns(
-        rows, args.baseline, ('mode', 'dtype', 'batch', 'height', 'width'), ('time_ms', 'peak_mem_mib')
-    )
-    columns = columns_for(args.baseline)
+        print(f'\n[benchmark] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
+    common.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
     print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
     print(common.format_table(rows, columns))
-    csv_path = osp.join(args.out_dir, 'benchmark.csv')
-    png_path = osp.join(args.out_dir, 'benchmark.png')
     common.write_csv(rows, columns, csv_path)
-    plotted = plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
+    plotted = not args.no_plot and plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
     print(f'\nwrote {csv_path}' + (f' and {png_path}' if plotted else ''))
     if interrupted:
-        raise SystemExit('[benchmark] interrupted before all models were measured')
+        raise SystemExit('[benchmark] interrupted before all cases were measured')
     return rows
 
 

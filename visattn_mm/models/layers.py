@@ -9,7 +9,8 @@ from mmengine.logging import print_log
 from timm.layers import trunc_normal_
 
 from ..ops.common import is_symbolic
-from ..ops.impl import ATTENTION_IMPLS, describe_impl
+from ..ops.cuda_defaults import describe_cuda_defaults
+from ..ops.impl import ATTENTION_IMPLS, describe_impl, get_attention_impl
 
 
 class Mlp(nn.Module):
@@ -62,8 +63,14 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_attn_impl(attn_impl, name):
+def check_attn_impl(attn_impl, name, attention_ops=()):
     """Validate a backbone's ``attn_impl`` and log what it computes (once, when the backbone is built).
+
+    Args:
+        attn_impl (str): The backbone's argument.
+        name (str): The backbone's name, for the messages.
+        attention_ops (tuple): The backbone's ``attention_ops``: where 'auto' is in force, the log
+            line says what each runs on CUDA and which row of the defaults table decides it.
 
     Raises:
         ValueError: If ``attn_impl`` is not one of ``ATTENTION_IMPLS``.
@@ -73,7 +80,13 @@ def check_attn_impl(attn_impl, name):
             f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
             "(see visattn_mm.ops.impl; 'auto' picks per device)"
         )
-    print_log(f'{name}: {describe_impl(attn_impl)}', logger='current')
+    line = f'{name}: {describe_impl(attn_impl)}'
+    if attn_impl == 'auto' and get_attention_impl() == 'auto' and attention_ops:
+        line += '; on CUDA: ' + '; '.join(
+            f'{op} ' + describe_cuda_defaults(op, 'torch ops' if has_bias is None else 'fast')
+            for op, has_bias in attention_ops
+        )
+    print_log(line, logger='current')
     return attn_impl
 
 

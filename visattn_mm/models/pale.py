@@ -254,7 +254,7 @@ class PaleTransformer(DenseBackbone):
         init_cfg=None,
     ):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
-        check_attn_impl(attn_impl, 'PaleTransformer')
+        check_attn_impl(attn_impl, 'PaleTransformer', self.attention_ops)
         spec = self.resolve_arch(arch)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
         pale_sizes, mlp_ratios = spec['pale_sizes'], spec['mlp_ratios']

@@ -335,7 +335,7 @@ class ViL(DenseBackbone):
     ):
         name = type(self).__name__
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
-        check_attn_impl(attn_impl, name)
+        check_attn_impl(attn_impl, name, self.attention_ops)
         spec = self.resolve_arch(arch)
         depths, dims, heads, patch_sizes = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['patch_sizes']
         num_stages = len(depths)

@@ -329,7 +329,7 @@ class VVT(DenseBackbone):
         init_cfg=None,
     ):
         super().__init__(pretrained=pretrained, init_cfg=init_cfg)
-        check_attn_impl(attn_impl, 'VVT')
+        check_attn_impl(attn_impl, 'VVT', self.attention_ops)
         if not isinstance(bf16_products, bool):
             raise ValueError(f'VVT: bf16_products={bf16_products!r} must be True or False')
         spec = self.resolve_arch(arch)

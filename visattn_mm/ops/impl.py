@@ -8,12 +8,13 @@ function:
 * ``'fast'``: the neighbours go through
   :func:`torch.nn.functional.scaled_dot_product_attention`, whose fused
   kernels never store the attention scores for backward.
-* ``'auto'`` (default): whichever of the two measured faster for the
-  inputs' device and whether a bias needs a gradient (see ``FUSED_DEVICES``
-  and :func:`use_fast_path`).
-* ``'triton'`` (opt-in, never picked by 'auto': not measured on a GPU yet):
-  fused Triton kernels that store neither gathered neighbours nor logits, for
-  the ops in ``TRITON_OPS`` on CUDA tensors
+* ``'auto'`` (default): on CUDA, what the op's row of the defaults table
+  (:mod:`visattn_mm.ops.cuda_defaults`, by dtype and head dim) says a GPU
+  measured best, ``'fast'`` until a GPU has measured it; on the CPU, whichever
+  of the two measured faster, by whether a bias needs a gradient (see
+  ``FUSED_DEVICES`` and :func:`chosen_path`).
+* ``'triton'``: fused Triton kernels that store neither gathered neighbours nor
+  logits, for the ops in ``TRITON_OPS`` on CUDA tensors
   (:mod:`visattn_mm.ops.triton.sliding_chunk`,
   :mod:`visattn_mm.ops.triton.long_short`, :mod:`visattn_mm.ops.triton.pale`,
   :mod:`visattn_mm.ops.triton.vicinity`); other ops and devices take the path
@@ -38,6 +39,8 @@ import os
 
 import torch
 
+from .cuda_defaults import cuda_default
+
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
 TRITON_OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
@@ -55,8 +58,9 @@ FUSED_DEVICES = ('cpu', 'cuda')
 
 # One line per choice, for the log line a backbone writes at build (describe_impl).
 IMPL_SUMMARIES = dict(
-    auto="per device: the fused softmax kernels ('fast') on CPU and CUDA, the explicit softmax on the CPU "
-    'when a bias needs its gradient; vicinity attention in torch ops',
+    auto="per device: on CUDA the defaults table's path per op and dtype (visattn_mm.ops.cuda_defaults; "
+    "'fast' until a GPU has measured 'triton' faster), on the CPU the fused softmax kernels ('fast'), or the "
+    'explicit softmax when a bias needs its gradient; vicinity attention in torch ops unless the table says triton',
     fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention in torch ops',
     math='the explicit softmax (the reference); vicinity attention in torch ops',
     triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' elsewhere",
@@ -168,7 +172,7 @@ def dispatch_device_type(device_type):
     return _dispatch_device_type or device_type
 
 
-def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
+def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=None, head_dim=None):
     """The path ('fast', 'math' or 'triton') an op asked to use ``impl`` takes.
 
     Args:
@@ -181,6 +185,9 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
         op (str, optional): The op's name; 'triton' is taken by the ops in
             :data:`TRITON_OPS` on :func:`triton_device_types`, elsewhere it means 'auto'.
+        dtype (torch.dtype, optional): The query's dtype, and
+        head_dim (int, optional): its head dim: on CUDA, 'auto' follows the row of
+            :mod:`visattn_mm.ops.cuda_defaults` they select (None: the op's bf16 row).
     """
     device_type = dispatch_device_type(device_type)
     choice = resolve_impl(impl)
@@ -190,17 +197,32 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None):
         choice = 'auto'
     if choice != 'auto':
         return choice
+    if device_type == 'cuda':
+        row = cuda_default(op, dtype, head_dim)
+        return 'triton' if row is not None and row.path == 'triton' and op in TRITON_OPS else 'fast'
     fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)
     return 'fast' if fused else 'math'
 
 
-def use_fast_path(tensor, *biases, impl='auto'):
-    """Whether an op should run its fused path (see :func:`chosen_path`).
+def attention_path(op, q, *biases, impl='auto'):
+    """The one path decision of an op call: 'triton', 'fast' or 'math' (see :func:`chosen_path`).
 
     Args:
-        tensor (torch.Tensor): an input of the op; its device decides 'auto'.
-        *biases (torch.Tensor | None): the op's logit biases.
+        op (str | None): The op's name (e.g. 'sliding_chunk'); None for one without Triton kernels.
+        q (torch.Tensor): The op's queries ``(..., N, head_dim)``: their device, dtype and head dim decide 'auto'.
+        *biases (torch.Tensor | None): The op's logit biases (whether one needs a gradient decides 'auto' on the CPU).
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
     """
     bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
-    return chosen_path(tensor.device.type, bias_grad, impl) == 'fast'
+    return chosen_path(q.device.type, bias_grad, impl, op=op, dtype=q.dtype, head_dim=q.shape[-1])
+
+
+def use_fast_path(tensor, *biases, impl='auto'):
+    """Whether an op without Triton kernels (a part of one, e.g. Pale's row attention) runs its fused path.
+
+    Args:
+        tensor (torch.Tensor): the op's queries (see :func:`attention_path`).
+        *biases (torch.Tensor | None): the op's logit biases.
+        impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
+    """
+    return attention_path(None, tensor, *biases, impl=impl) == 'fast'

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
-from .impl import chosen_path, use_fast_path
+from .impl import attention_path
 from .indexing import segment_pad
 
 
@@ -156,19 +156,19 @@ def long_short_attention(
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    path = attention_path('long_short', q, local_bias, impl=impl)
     if leading_global:
         if global_k is not None or global_v is not None:
             raise ValueError(
                 'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
             )
-        fused = use_fast_path(q, local_bias, impl=impl)
-        if fused and chosen_path(q.device.type, impl=impl, op='long_short') != 'triton':
+        if path == 'fast':
             return _fused_long_short_attention(
                 q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias, dropout_p, leading_global
             )
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
-    if chosen_path(q.device.type, impl=impl, op='long_short') == 'triton':
+    if path == 'triton':
         from .triton.long_short import triton_long_short_attention
 
         return triton_long_short_attention(
@@ -185,7 +185,7 @@ def long_short_attention(
             local_bias=local_bias,
             dropout_p=dropout_p,
         )
-    if use_fast_path(q, local_bias, impl=impl):
+    if path == 'fast':
         return _fused_long_short_attention(
             q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias, dropout_p
         )

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import dense_attention, device_cache, fused_attention, is_symbolic
-from .impl import chosen_path, use_fast_path
+from .impl import attention_path, use_fast_path
 from .indexing import half_heads, interlace_stride, pale_size_pair
 
 
@@ -143,17 +143,19 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     Returns:
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
     """
-    if chosen_path(q.device.type, impl=impl, op='pale') == 'triton':
+    path = attention_path('pale', q, impl=impl)
+    if path == 'triton':
         from .triton.pale import triton_pale_attention
 
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
     # Sizes are symbols under torch.export with dynamic shapes: the padded path's one graph serves every size.
-    if use_fast_path(q, impl=impl) and not is_symbolic(*q.shape, height, width):
+    if path == 'fast' and not is_symbolic(*q.shape, height, width):
         return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
-    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, impl)
-    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, impl)
+    # The path decided here (an explicit value) is what the row and column parts run.
+    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, path)
+    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, path)
     return torch.cat([row, col], dim=1)
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows, gather_rows
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
-from .impl import chosen_path, use_fast_path
+from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
 
@@ -194,15 +194,13 @@ def sliding_chunk_attention(
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl)
     if leading_global:
         if global_k is not None or global_v is not None:
             raise ValueError(
                 'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
             )
-        if (
-            use_fast_path(q, local_bias, l2g_bias, impl=impl)
-            and chosen_path(q.device.type, impl=impl, op='sliding_chunk') != 'triton'
-        ):
+        if path == 'fast':
             return _fused_sliding_chunk_attention(
                 q,
                 k,
@@ -221,7 +219,7 @@ def sliding_chunk_attention(
             )
         g = leading_global
         q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
-    if chosen_path(q.device.type, impl=impl, op='sliding_chunk') == 'triton':
+    if path == 'triton':
         from .triton.sliding_chunk import triton_sliding_chunk_attention
 
         return triton_sliding_chunk_attention(
@@ -239,7 +237,7 @@ def sliding_chunk_attention(
             shift_mode=shift_mode,
             dropout_p=dropout_p,
         )
-    if use_fast_path(q, local_bias, l2g_bias, impl=impl):
+    if path == 'fast':
         return _fused_sliding_chunk_attention(
             q,
             k,

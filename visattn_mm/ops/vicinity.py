@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .impl import chosen_path
+from .impl import attention_path
 from .indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 
@@ -120,9 +120,9 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
             The Triton path always keeps only those and the small sums. Default: True.
-        impl (str): 'triton' runs the Triton kernels on CUDA tensors
-            (:func:`~visattn_mm.ops.impl.chosen_path`; the process-wide selection
-            decides whether 'auto' does); every other value of
+        impl (str): 'triton' runs the Triton kernels on CUDA tensors, and 'auto' does where
+            :mod:`~visattn_mm.ops.cuda_defaults` says so (:func:`~visattn_mm.ops.impl.chosen_path`);
+            every other value of
             :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere, runs
             the torch ops (this attention has no softmax to fuse). Default: 'auto'.
         bf16_products (bool): Give bf16 inputs bf16 matrix products on the torch path
@@ -135,7 +135,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     n = q.shape[-2]
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
-    if chosen_path(q.device.type, impl=impl, op='vicinity') == 'triton':
+    if attention_path('vicinity', q, impl=impl) == 'triton':
         from .triton.vicinity import triton_vicinity_attention
 
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)

@@ -1,0 +1,253 @@
+"""The CUDA defaults table (``visattn_mm.ops.cuda_defaults``): its form and rule, 'auto' following it
+on CUDA (dispatch emulated on the CPU, as the step-cost tracer does), the reports that name its rows,
+and ``tools/analysis/cuda_defaults.py`` turning a GPU session's files into rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import visattn_mm.ops.cuda_defaults as cuda_defaults
+from visattn_mm.collect_env import attention_paths
+from visattn_mm.models import BACKBONES
+from visattn_mm.ops import impl as impl_module
+from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, decide
+from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chosen_path, dispatch_as
+
+ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
+sys.path.insert(0, str(ANALYSIS))
+import benchmark  # noqa: E402
+import cuda_defaults as defaults_tool  # noqa: E402  (the tool, not visattn_mm.ops.cuda_defaults)
+
+DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+
+
+def _measurement(ratio8, ratio2, tests_passed=True):
+    return Measurement('GPU', '2.11.0', '3.6.0', 'abc1234', '2026-11-26', 'vil-s', ratio8, ratio2, tests_passed)
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def test_every_op_with_kernels_has_one_row_per_dtype():
+    assert set(cuda_defaults.OPS) == set(TRITON_OPS) == set(cuda_defaults.DECIDED_BY)
+    for op in cuda_defaults.OPS:
+        for dtype in DTYPES.values():
+            rows = [row for row in cuda_defaults.CUDA_DEFAULTS if row.covers(op, cuda_defaults.DTYPE_NAMES[dtype], 32)]
+            assert len(rows) >= 1, (op, dtype)
+            assert cuda_defaults.cuda_default(op, dtype, 32) is rows[0]
+
+
+def test_rows_follow_the_rule():
+    for row in cuda_defaults.CUDA_DEFAULTS:
+        assert row.path in cuda_defaults.PATHS
+        assert row.path == decide(row.measured), row
+        if row.measured is None:
+            assert row.path == 'fast' and row.reason == UNMEASURED
+
+
+@pytest.mark.parametrize(
+    'measured,path',
+    [
+        (None, 'fast'),
+        (_measurement(0.7, 0.9), 'triton'),
+        (_measurement(0.7, 1.0), 'fast'),  # not faster at batch 2
+        (_measurement(1.1, 0.5), 'fast'),  # not faster at batch 8
+        (_measurement(0.5, 0.5, tests_passed=False), 'fast'),
+    ],
+)
+def test_the_rule(measured, path):
+    assert decide(measured) == path
+
+
+def test_a_row_says_why():
+    row = CudaDefault('pale', 'bf16', 'triton', _measurement(0.71, 0.83))
+    assert row.name == 'pale/bf16'
+    assert row.reason == (
+        'CUDA tests passed; vil-s triton/fast time 0.71 at batch 8, 0.83 at batch 2 '
+        '(GPU, torch 2.11.0, triton 3.6.0, abc1234, 2026-11-26)'
+    )
+    bounded = dataclasses.replace(row, head_dims=(33, None))
+    assert bounded.name == 'pale/bf16/d33-' and not bounded.covers('pale', 'bf16', 32) and bounded.covers('pale', 'bf16', 64)
+
+
+# --- 'auto' follows it ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def triton_bf16_sliding_chunk(monkeypatch):
+    """A table whose sliding-chunk bf16 row (head dims up to 32) says 'triton'."""
+    row = CudaDefault('sliding_chunk', 'bf16', 'triton', _measurement(0.5, 0.8), head_dims=(None, 32))
+    monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.CUDA_DEFAULTS))
+    return row
+
+
+def test_auto_on_cuda_follows_the_table(triton_bf16_sliding_chunk):
+    def path(dtype, head_dim, impl='auto', op='sliding_chunk'):
+        return chosen_path('cuda', True, impl, op=op, dtype=dtype, head_dim=head_dim)
+
+    assert path(torch.bfloat16, 32) == 'triton'
+    assert path(torch.bfloat16, 64) == 'fast'  # outside the row's head dims: the unmeasured row
+    assert path(torch.float32, 32) == 'fast'
+    assert path(torch.bfloat16, 32, op='long_short') == 'fast'
+    assert path(torch.bfloat16, 32, impl='fast') == 'fast'  # an explicit value is what runs
+    assert path(torch.bfloat16, 32, impl='math') == 'math'
+    with attention_impl('fast'):  # a process-wide selection decides 'auto' instead of the table
+        assert path(torch.bfloat16, 32) == 'fast'
+    # The CPU's own rule is untouched.
+    assert chosen_path('cpu', True, op='sliding_chunk', dtype=torch.bfloat16, head_dim=32) == 'math'
+
+
+def test_an_op_call_on_emulated_cuda_takes_the_tables_path(triton_bf16_sliding_chunk, monkeypatch):
+    """sliding_chunk_attention with 'auto', its tensors standing for CUDA ones: the Triton kernels are
+    called for a bf16 query of head dim 32, the fused torch path for fp32."""
+    import visattn_mm.ops.triton.sliding_chunk as triton_sliding_chunk
+    from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+
+    calls = []
+    monkeypatch.setattr(
+        triton_sliding_chunk, 'triton_sliding_chunk_attention', lambda q, *args, **kwargs: calls.append(q.dtype) or q
+    )
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, v = (torch.randn(1, 2, 16, 32, dtype=dtype) for _ in range(3))
+        with dispatch_as('cuda'):
+            assert attention_path('sliding_chunk', q, impl='auto') == ('triton' if dtype == torch.bfloat16 else 'fast')
+            out = sliding_chunk_attention(q, k, v, 4, 4, 2)
+        assert out.shape == q.shape
+    assert calls == [torch.bfloat16]
+
+
+def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chunk, monkeypatch):
+    import visattn_mm.models as models
+    import visattn_mm.models.layers as layers
+
+    paths = attention_paths('cuda')
+    assert paths['ViL'] == (
+        'sliding_chunk triton on bf16/d1-32 (defaults table: ' + triton_bf16_sliding_chunk.reason + '); '
+        f'fast on bf16, fp16, fp32 (defaults table: {UNMEASURED})'
+    )
+    assert paths['VVT'] == f'vicinity torch ops on bf16, fp16, fp32 (defaults table: {UNMEASURED})'
+    assert attention_paths('cpu')['VVT'] == 'vicinity torch ops'  # the CPU report as before
+    lines = []
+    monkeypatch.setattr(layers, 'print_log', lambda msg, logger=None: lines.append(msg))
+    models.PaleTransformer(arch='tiny')
+    assert lines == [
+        f"PaleTransformer: attn_impl='auto': {impl_module.IMPL_SUMMARIES['auto']}; on CUDA: "
+        f'pale fast on bf16, fp16, fp32 (defaults table: {UNMEASURED})'
+    ]
+
+
+# --- the tool -------------------------------------------------------------------------------
+
+BENCH_HEADER = 'model,impl,mode,dtype,batch,height,width,time_ms,peak_mem_mib,time_ms_vs_swin-t,peak_mem_mib_vs_swin-t,status'
+
+
+def _session(folder, times, failing=(), failing_backbone=None):
+    """A device call's files: benchmark rows of ``times`` ({(model, impl, batch): ms}, bf16, fwd+bwd,
+    800x1333), tests.xml with one passing kernel test per op and dtype (``failing``: (module, dtype)
+    that fail instead) and a passing bf16 backbone test on 'triton' (``failing_backbone``: the class
+    whose one fails), and the environment report's lines."""
+    folder.mkdir(exist_ok=True)
+    lines = [BENCH_HEADER]
+    for batch in (8, 2):
+        lines.append(f'swin-t,-,fwd+bwd,bf16,{batch},800,1333,100,1000,1,1,ok')
+    for (model, impl, batch), ms in times.items():
+        lines.append(f'{model},{impl},fwd+bwd,bf16,{batch},800,1333,{ms},2000,{ms / 100},2,ok')
+    lines.append('vil-s,triton,fwd,bf16,8,800,1333,1,1,0.01,0.001,ok')  # forward alone never decides
+    (folder / 'benchmark.csv').write_text('\n'.join(lines) + '\n')
+    cases = []
+    for module in defaults_tool.KERNEL_TESTS.values():
+        for dtype in ('fp32', 'bf16'):
+            failure = '<failure message="x"/>' if (module, dtype) in failing else ''
+            cases.append(
+                f'<testcase classname="tests.{module}" name="test_cuda_kernels_match_float64_math[{dtype}-0-0]">'
+                f'{failure}</testcase>'
+            )
+    for name in BACKBONES:
+        failure = '<failure message="y"/>' if name == failing_backbone else ''
+        cases.append(
+            '<testcase classname="tests.test_cuda" name="test_backbone_matches_float64_reference'
+            f'[cuda-{name}-triton-bf16-64x64]">{failure}</testcase>'
+        )
+    (folder / 'tests.xml').write_text(f'<testsuites><testsuite>{"".join(cases)}</testsuite></testsuites>')
+    (folder / 'session.log').write_text(
+        'GPU 0: NVIDIA H100 80GB HBM3, compute capability 9.0\nPyTorch: 2.11.0+cu130\nTriton: 3.6.0\n'
+    )
+    return folder
+
+
+def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
+    times = {
+        ('vil-s', 'fast', 8): 200,
+        ('vil-s', 'triton', 8): 150,
+        ('vil-s', 'fast', 2): 60,
+        ('vil-s', 'triton', 2): 50,  # faster at both: triton
+        ('vil-ls-s', 'fast', 8): 200,
+        ('vil-ls-s', 'triton', 8): 150,
+        ('vil-ls-s', 'fast', 2): 60,
+        ('vil-ls-s', 'triton', 2): 50,  # faster, but a bf16 test of its kernels failed
+        ('pale-t', 'fast', 8): 200,
+        ('pale-t', 'triton', 8): 150,
+        ('pale-t', 'fast', 2): 60,
+        ('pale-t', 'triton', 2): 70,  # slower at batch 2
+        ('vvt-s', 'fast', 8): 200,
+        ('vvt-s', 'triton', 8): 100,  # batch 2 missing: unmeasured
+    }
+    session = _session(tmp_path / 'session', times, failing=[('test_triton_long_short', 'bf16')])
+    table = tmp_path / 'cuda_defaults.py'
+    shutil.copy(defaults_tool.TABLE_FILE, table)
+    rows, gaps = defaults_tool.measured_rows(str(session), 'abc1234', '2026-11-26')
+    decided = {(row.op, row.dtype): (row.path, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
+    assert decided == {
+        ('sliding_chunk', 'bf16'): ('triton', 0.75, 0.833),
+        ('long_short', 'bf16'): ('fast', 0.75, 0.833),
+        ('pale', 'bf16'): ('fast', 0.75, 1.167),
+    }
+    long_short = next(row for row in rows if row.op == 'long_short')
+    assert not long_short.measured.tests_passed and rows[0].measured.tests_passed
+    assert rows[0].measured.device == 'NVIDIA H100 80GB HBM3' and rows[0].measured.triton == '3.6.0'
+    assert 'vicinity/bf16: vvt-s lacks fast and triton rows at batch 8 and 2: stays unmeasured' in gaps
+    # A failed backbone test on 'triton' counts against every op the backbone runs.
+    _session(session, times, failing_backbone='ViLLS')
+    paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows(str(session), 'c', 'd')[0]}
+    assert paths['sliding_chunk', 'bf16'] == paths['long_short', 'bf16'] == 'fast'
+    # --write: the rows land between the markers, and the module built from them holds them.
+    defaults_tool.write_rows(rows, str(table))
+    spec = importlib.util.spec_from_file_location('written_cuda_defaults', table)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    written = {(row.op, row.dtype): row for row in module.CUDA_DEFAULTS}
+    assert written['sliding_chunk', 'bf16'].path == 'triton'
+    assert dataclasses.asdict(written['sliding_chunk', 'bf16'].measured) == dataclasses.asdict(rows[0].measured)
+    assert written['sliding_chunk', 'fp32'].measured is None and written['sliding_chunk', 'fp32'].path == 'fast'
+    assert len(module.CUDA_DEFAULTS) == len(cuda_defaults.OPS) * len(DTYPES)
+    # The GPU table: every bf16 fwd+bwd row, batch 8 first, with the ratios the benchmark wrote.
+    markdown = defaults_tool.gpu_table(str(session), predict=False).splitlines()
+    assert markdown[0].startswith('| model | path | batch | time (ms) | x Swin-T |')
+    assert len(markdown) == 2 + 2 + len(times)
+    assert '| vil-s | triton | 8 | 150.0 | 1.5 | 2000 | 2 |  |  |' in markdown
+
+
+def test_tool_predicts_peaks_with_the_tracer(monkeypatch):
+    """The tracer's peak for a row: a real trace, of a tiny backbone here (the command runs the rows' models)."""
+    import step_cost
+
+    from visattn_mm.models import ViL
+
+    monkeypatch.setattr(defaults_tool, 'SIZE', (64, 64))
+    monkeypatch.setattr(step_cost, 'build_backbone', lambda name: ViL(arch='tiny'))
+    peak = defaults_tool.predicted_peak_gib('vil-t', 'fast', 1)
+    assert 0 < peak < 1
+
+
+def test_each_op_is_decided_by_a_backbone_that_runs_it():
+    for op, model in cuda_defaults.DECIDED_BY.items():
+        class_name = benchmark.MODEL_ZOO[model][0].args[0]  # functools.partial(_ours, class_name, arch)
+        assert op in [name for name, _ in BACKBONES[class_name].attention_ops], (op, model)

@@ -1,0 +1,215 @@
+"""The CUDA defaults table from a GPU session: rows for ``visattn_mm/ops/cuda_defaults.py`` and the GPU
+table of docs/benchmarks.md.
+
+Reads what one device call of ``tools/gpu_session.sh`` brings back (``SESSION``: its ``$OUT`` folder):
+``benchmark.csv`` (the bench stage), ``tests.xml`` (the CUDA-marked tests) and ``session.log`` (the
+GPU and the versions). For each op of ``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
+
+* the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
+  at 800x1333, at batch 8 and at batch 2;
+* whether the op's CUDA tests of that dtype passed: its kernels' file, and the backbone tests on
+  ``'triton'`` of every backbone that runs the op (at least one passed, none failed);
+
+and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured.
+
+Prints the measured rows as Python (``--write`` puts them into the package's table) and a markdown
+table: per model, path and batch, time and peak memory x Swin-T, with the step-cost tracer's
+predicted peak (``visattn_mm.analysis.step_cost``, CUDA emulated on the CPU) beside the measured
+one (``--no-predict`` leaves the tracing out).
+
+Example (after a device call whose files came back to DIR)::
+
+    .venv/bin/python tools/analysis/cuda_defaults.py DIR --commit 3cb5f65 --date 2026-11-26 --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import os.path as osp
+import re
+import xml.etree.ElementTree as ElementTree
+
+import _bench_common as common
+
+from visattn_mm.models import BACKBONES
+from visattn_mm.ops import cuda_defaults
+from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
+BEGIN, END = '# BEGIN measured rows', '# END measured rows'
+SIZE = (800, 1333)
+BATCHES = (8, 2)
+# The test file of each op's kernels.
+KERNEL_TESTS = dict(
+    sliding_chunk='test_triton_kernels',
+    long_short='test_triton_long_short',
+    pale='test_triton_pale',
+    vicinity='test_triton_vicinity',
+)
+BACKBONE_TEST = 'test_backbone_matches_float64_reference'
+
+
+def read_benchmark(path):
+    """``{(model, impl, dtype, batch): row}`` of the forward + backward rows at :data:`SIZE` that ran."""
+    with open(path, newline='') as file:
+        rows = list(csv.DictReader(file))
+    return {
+        (row['model'], row['impl'], row['dtype'], int(row['batch'])): row
+        for row in rows
+        if row['mode'] == 'fwd+bwd' and (int(row['height']), int(row['width'])) == SIZE and row['status'] == 'ok'
+    }
+
+
+def read_tests(path):
+    """``[(test id, outcome)]`` of a JUnit file: id ``module::name[params]``, outcome passed / failed / skipped."""
+    outcomes = []
+    for case in ElementTree.parse(path).getroot().iter('testcase'):
+        module = case.get('classname', '').rsplit('.', 1)[-1]
+        if case.find('failure') is not None or case.find('error') is not None:
+            outcome = 'failed'
+        elif case.find('skipped') is not None:
+            outcome = 'skipped'
+        else:
+            outcome = 'passed'
+        outcomes.append((f"{module}::{case.get('name')}", outcome))
+    return outcomes
+
+
+def read_versions(path):
+    """The GPU, torch and Triton of a session, from its ``session.log`` (the environment report)."""
+    text = open(path).read()
+
+    def first(pattern):
+        found = re.search(pattern, text, re.M)
+        return found.group(1).strip() if found else 'unknown'
+
+    return dict(
+        device=first(r'^GPU 0: (.+?), compute capability'), torch=first(r'^PyTorch: (\S+)'), triton=first(r'^Triton: (\S+)')
+    )
+
+
+def op_tests_passed(op, dtype, outcomes):
+    """Whether the CUDA tests of ``op`` in ``dtype`` passed: at least one ran, none failed."""
+    classes = [name for name, cls in BACKBONES.items() if any(o == op for o, _ in cls.attention_ops)]
+
+    def concerns(test_id):
+        module, name = test_id.split('::', 1)
+        params = re.split(r'[-\[\]]', name)
+        if module == KERNEL_TESTS[op]:
+            return dtype in params
+        return name.startswith(BACKBONE_TEST) and 'triton' in params and dtype in params and params[2] in classes
+
+    relevant = [outcome for test_id, outcome in outcomes if concerns(test_id)]
+    return 'passed' in relevant and 'failed' not in relevant
+
+
+def measured_rows(session, commit, date):
+    """The table rows a session's files decide, and a line for each op and dtype they leave unmeasured."""
+    bench = read_benchmark(osp.join(session, 'benchmark.csv'))
+    tests_path = osp.join(session, 'tests.xml')
+    outcomes = read_tests(tests_path) if osp.exists(tests_path) else []
+    versions = read_versions(osp.join(session, 'session.log'))
+    rows, gaps = [], []
+    for op in cuda_defaults.OPS:
+        model = cuda_defaults.DECIDED_BY[op]
+        for dtype in cuda_defaults.DTYPE_NAMES.values():
+            ratios = []
+            for batch in BATCHES:
+                fast, triton = (bench.get((model, impl, dtype, batch)) for impl in ('fast', 'triton'))
+                if fast and triton:
+                    ratios.append(float(triton['time_ms']) / float(fast['time_ms']))
+            if len(ratios) < len(BATCHES):
+                gaps.append(f'{op}/{dtype}: {model} lacks fast and triton rows at batch 8 and 2: stays unmeasured')
+                continue
+            measurement = Measurement(
+                **versions,
+                commit=commit,
+                date=date,
+                model=model,
+                ratio_batch8=round(ratios[0], 3),
+                ratio_batch2=round(ratios[1], 3),
+                tests_passed=op_tests_passed(op, dtype, outcomes),
+            )
+            rows.append(CudaDefault(op, dtype, decide(measurement), measurement))
+    return rows, gaps
+
+
+def rows_source(rows):
+    """The rows as the Python that stands between the markers of the table file."""
+    lines = [BEGIN + ' (tools/analysis/cuda_defaults.py --write)', 'MEASURED = (']
+    for row in rows:
+        fields = ', '.join(f'{key}={value!r}' for key, value in dataclasses.asdict(row.measured).items())
+        lines.append(f'    CudaDefault({row.op!r}, {row.dtype!r}, {row.path!r}, Measurement({fields})),')
+    lines += [')', END]
+    return '\n'.join(lines)
+
+
+def write_rows(rows, path=TABLE_FILE):
+    """Replaces the measured rows between the markers of the table file with ``rows``."""
+    text = open(path).read()
+    begin, end = text.index(BEGIN), text.index(END) + len(END)
+    with open(path, 'w') as file:
+        file.write(text[:begin] + rows_source(rows) + text[end:])
+
+
+def predicted_peak_gib(model, impl, batch):
+    """The step-cost tracer's peak for a bf16 forward + backward at :data:`SIZE` (CUDA emulated)."""
+    from step_cost import build_backbone
+
+    from visattn_mm.analysis.step_cost import trace_step
+    from visattn_mm.ops.impl import attention_impl
+
+    with attention_impl('auto' if impl == common.NO_IMPL else impl):
+        cost = trace_step(build_backbone(model).train(), (batch, 3, *SIZE), dtype='bf16')
+    return cost.peak_bytes / common.GIB
+
+
+def gpu_table(session, predict=True):
+    """Markdown: the bf16 rows of each model, path and batch, x Swin-T, measured and predicted peak."""
+    bench = read_benchmark(osp.join(session, 'benchmark.csv'))
+    lines = [
+        '| model | path | batch | time (ms) | x Swin-T | peak (MiB) | x Swin-T | tracer peak (MiB) | tracer / measured |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    for (model, impl, dtype, batch), row in sorted(bench.items(), key=lambda item: (item[0][3] != 8, item[0][3])):
+        if dtype != 'bf16':
+            continue
+        measured = float(row['peak_mem_mib'])
+        predicted = predicted_peak_gib(model, impl, batch) * 1024 if predict else None
+        ratio = f'{predicted / measured:.3f}' if predicted else ''
+        lines.append(
+            f"| {model} | {impl} | {batch} | {float(row['time_ms']):.1f} | {row['time_ms_vs_swin-t']} | "
+            f"{measured:.0f} | {row['peak_mem_mib_vs_swin-t']} | {f'{predicted:.0f}' if predicted else ''} | {ratio} |"
+        )
+    return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('session', help="the folder of a device call's files (benchmark.csv, tests.xml, session.log)")
+    parser.add_argument('--commit', required=True, help='the commit the device call ran')
+    parser.add_argument('--date', required=True, help='the day it ran, YYYY-MM-DD')
+    parser.add_argument('--write', action='store_true', help='put the measured rows into ' + TABLE_FILE)
+    parser.add_argument('--no-predict', action='store_true', help="leave out the step-cost tracer's peaks")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows, gaps = measured_rows(args.session, args.commit, args.date)
+    print(rows_source(rows))
+    for gap in gaps:
+        print(f'# {gap}')
+    print()
+    print(gpu_table(args.session, predict=not args.no_predict))
+    if args.write:
+        write_rows(rows)
+        print(f'\nwrote {len(rows)} measured rows into {TABLE_FILE}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,169 @@
+"""What ``attn_impl='auto'`` runs on CUDA: one table, decided by measurement.
+
+On a CUDA tensor, 'auto' (with no process-wide selection, see :mod:`visattn_mm.ops.impl`) takes
+the path of the row of :data:`CUDA_DEFAULTS` that matches the op, the dtype of its query and its
+head dim. A row names ``'triton'`` only where one GPU session showed both (:func:`decide`):
+
+* the CUDA-marked tests of the op's Triton kernels passed (outputs and every gradient against the
+  float64 reference), and
+* the backbone that runs the op trained (forward + backward, 800x1333) faster on ``'triton'``
+  than on ``'fast'`` at batch 8 and at batch 2 (the configs' images per GPU): a ``triton / fast``
+  time ratio under 1 at both.
+
+Every other row says ``'fast'``: a measured one with the ratio that kept it there, an unmeasured
+one because nothing has measured it. ``tools/analysis/cuda_defaults.py`` turns the files of a
+GPU session (``tools/gpu_session.sh``) into rows for this table; docs/benchmarks.md keeps the
+measurements behind them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+#: The ops whose CUDA path this table decides (those with Triton kernels).
+OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
+#: The dtypes of the rows, by the name the benchmarks use.
+DTYPE_NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16', torch.float32: 'fp32'}
+PATHS = ('fast', 'triton')
+UNMEASURED = 'not measured on a GPU yet'
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One GPU session's evidence for one row.
+
+    Args:
+        device (str): The GPU, as torch names it.
+        torch (str): torch's version there.
+        triton (str): Triton's version there.
+        commit (str): The repository's commit measured.
+        date (str): ``YYYY-MM-DD``.
+        model (str): The benchmark model whose rows decide (``tools/analysis/benchmark.py``), e.g.
+            ``'vil-s'``.
+        ratio_batch8 (float): ``triton / fast`` median time, forward + backward, 800x1333, batch 8.
+        ratio_batch2 (float): The same at batch 2.
+        tests_passed (bool): Whether every CUDA-marked test of the op's kernels passed.
+    """
+
+    device: str
+    torch: str
+    triton: str
+    commit: str
+    date: str
+    model: str
+    ratio_batch8: float
+    ratio_batch2: float
+    tests_passed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaDefault:
+    """One row: what 'auto' runs on CUDA for ``op`` on ``dtype`` queries with a head dim in
+    ``head_dims`` (inclusive; None: unbounded), and on what evidence.
+
+    Args:
+        op (str): One of :data:`OPS`.
+        dtype (str): 'bf16', 'fp16' or 'fp32' (the query's dtype; under autocast, the autocast dtype).
+        path (str): 'fast' or 'triton'.
+        measured (Measurement, optional): The evidence; None for a row no GPU has measured.
+        head_dims (tuple): ``(smallest, largest)`` head dim the row covers. Default: all.
+    """
+
+    op: str
+    dtype: str
+    path: str
+    measured: Measurement | None = None
+    head_dims: tuple = (None, None)
+
+    @property
+    def name(self):
+        """How logs refer to the row, e.g. ``'sliding_chunk/bf16'`` (with the head dims where bounded)."""
+        low, high = self.head_dims
+        dims = '' if (low, high) == (None, None) else f'/d{low or 1}-{high or ""}'
+        return f'{self.op}/{self.dtype}{dims}'
+
+    @property
+    def reason(self):
+        """Why the row says what it says, in a few words."""
+        if self.measured is None:
+            return UNMEASURED
+        m = self.measured
+        tests = 'CUDA tests passed' if m.tests_passed else 'CUDA tests FAILED'
+        return (
+            f'{tests}; {m.model} triton/fast time {m.ratio_batch8:.2f} at batch 8, {m.ratio_batch2:.2f} at batch 2 '
+            f'({m.device}, torch {m.torch}, triton {m.triton}, {m.commit}, {m.date})'
+        )
+
+    def covers(self, op, dtype, head_dim):
+        low, high = self.head_dims
+        return (
+            self.op == op
+            and self.dtype == dtype
+            and (head_dim is None or ((low is None or head_dim >= low) and (high is None or head_dim <= high)))
+        )
+
+
+def decide(measured):
+    """The rule: 'triton' where the CUDA tests passed and it was faster than 'fast' at both batches.
+
+    Args:
+        measured (Measurement | None): A row's evidence.
+
+    Returns:
+        str: 'triton' or 'fast'.
+    """
+    if measured is None or not measured.tests_passed:
+        return 'fast'
+    return 'triton' if measured.ratio_batch8 < 1 and measured.ratio_batch2 < 1 else 'fast'
+
+
+#: The backbone (its ``tools/analysis/benchmark.py`` name) whose step decides each op's rows.
+DECIDED_BY = dict(sliding_chunk='vil-s', long_short='vil-ls-s', pale='pale-t', vicinity='vvt-s')
+
+# The rows a GPU session measured (none yet: nothing has run on a GPU since the Triton kernels were
+# written); docs/benchmarks.md ("GPU") has the measurements and the command that wrote them.
+# BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
+MEASURED = ()
+# END measured rows
+#: The table: the measured rows first, then 'fast' for every op and dtype they leave out.
+CUDA_DEFAULTS = MEASURED + tuple(
+    CudaDefault(op, dtype, 'fast')
+    for op in OPS
+    for dtype in DTYPE_NAMES.values()
+    if not any(row.op == op and row.dtype == dtype for row in MEASURED)
+)
+
+
+def cuda_default(op, dtype, head_dim=None):
+    """The row deciding 'auto' on CUDA for ``op`` on ``dtype`` queries of ``head_dim``.
+
+    Args:
+        op (str): The op's name.
+        dtype (torch.dtype | str | None): The query's dtype (None: the op's bf16 row).
+        head_dim (int, optional): The query's head dim (None: any row of the dtype).
+
+    Returns:
+        CudaDefault | None: None where no row covers the case ('auto' then runs 'fast').
+    """
+    name = 'bf16' if dtype is None else DTYPE_NAMES.get(dtype, dtype)
+    return next((row for row in CUDA_DEFAULTS if row.covers(op, name, head_dim)), None)
+
+
+def describe_cuda_defaults(op, fast_label='fast'):
+    """What 'auto' runs for ``op`` on CUDA, per dtype, and why: e.g. ``'fast on bf16, fp16, fp32
+    (defaults table: not measured on a GPU yet)'``, rows of equal path and reason merged.
+
+    Args:
+        op (str): One of :data:`OPS`.
+        fast_label (str): How to call the 'fast' path (vicinity attention: 'torch ops').
+    """
+    groups = {}
+    for row in CUDA_DEFAULTS:
+        if row.op == op:
+            groups.setdefault((row.path, row.reason), []).append(row.name.split('/', 1)[1])
+    return '; '.join(
+        f'{fast_label if path == "fast" else path} on {", ".join(labels)} (defaults table: {reason})'
+        for (path, reason), labels in groups.items()
+    )
