@@ -74,7 +74,11 @@ def test_a_row_says_why():
         '(GPU, torch 2.11.0, triton 3.6.0, abc1234, 2026-11-26)'
     )
     bounded = dataclasses.replace(row, head_dims=(33, None))
-    assert bounded.name == 'pale/bf16/d33-' and not bounded.covers('pale', 'bf16', 32) and bounded.covers('pale', 'bf16', 64)
+    assert (
+        bounded.name == 'pale/bf16/d33-'
+        and not bounded.covers('pale', 'bf16', 32)
+        and bounded.covers('pale', 'bf16', 64)
+    )
 
 
 # --- 'auto' follows it ----------------------------------------------------------------------
@@ -145,7 +149,9 @@ def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chun
 
 # --- the tool -------------------------------------------------------------------------------
 
-BENCH_HEADER = 'model,impl,mode,dtype,batch,height,width,time_ms,peak_mem_mib,time_ms_vs_swin-t,peak_mem_mib_vs_swin-t,status'
+BENCH_HEADER = (
+    'model,impl,mode,dtype,batch,height,width,time_ms,peak_mem_mib,time_ms_vs_swin-t,peak_mem_mib_vs_swin-t,status'
+)
 
 
 def _session(folder, times, failing=(), failing_backbone=None):

@@ -73,7 +73,9 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     out = tmp_path / 'out'
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
-    assert re.fullmatch(rf'gpu_session: setup ok, tests ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)', summary)
+    assert re.fullmatch(
+        rf'gpu_session: setup ok, tests ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)', summary
+    )
     assert result.stdout.strip().endswith(summary)
     # What a device call brings back: at most 8 files, none in a folder.
     files = sorted(p.name for p in out.iterdir())

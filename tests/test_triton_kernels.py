@@ -17,6 +17,7 @@ from triton_harness import (
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
+    assert_no_error,
     compare_backbone,
     compare_paths,
     compiling_launches,
@@ -145,7 +146,7 @@ def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
     """The programs spread their atomic adds to the local-bias gradient over copies (at most one per
     program) that are summed afterwards: one copy and one per program give the math path's gradients."""
     results = interpreted['bias-grad-copies']
-    assert 'error' not in results, results.get('error')
+    assert_no_error(results)
     assert [results[c]['used'] for c in ('1', '1000')] == [[1], [24]]
     for copies in ('1', '1000'):
         assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'}, dict.fromkeys(KERNELS, 1))

@@ -19,6 +19,7 @@ from triton_harness import (
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
+    assert_no_error,
     compare_backbone,
     compiling_launches,
     interpreted_fixture,
@@ -271,7 +272,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 
 def test_interpreted_bf16_matches_float64_math(interpreted):
     result = interpreted['bf16']
-    assert 'error' not in result, result.get('error')
+    assert_no_error(result)
     assert result['launches'] == 4
     assert max(result['errors'].values()) < TOLERANCES[torch.bfloat16], result['errors']
 

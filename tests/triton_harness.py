@@ -48,6 +48,28 @@ def interpreter_results(test_file):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# Triton before 3.7 makes each scalar argument a 1-element array in its interpreter and a loop bound an
+# int through ``int(array)``, which NumPy 2.5 refuses; Triton 3.7 squeezes the array first. Only the
+# interpreter is concerned: the compiled kernels never see NumPy. (Found by the rehearsal with the GPU
+# host's Triton 3.6 and NumPy 2.5, tools/gpu_session.sh rehearse.)
+INTERPRETER_DEFECT = 'only 0-dimensional arrays can be converted to Python scalars'
+
+
+def assert_no_error(result):
+    """A result of the interpreter subprocess holds no error; skips where the error is the interpreter
+    defect of Triton < 3.7 with NumPy >= 2.5 (:data:`INTERPRETER_DEFECT`), which says nothing of the kernels."""
+    error = result.get('error')
+    if error and INTERPRETER_DEFECT in error:
+        import numpy
+        import triton
+
+        pytest.skip(
+            f"Triton {triton.__version__}'s interpreter cannot run this kernel with NumPy {numpy.__version__} "
+            f"({INTERPRETER_DEFECT!r}; fixed in Triton 3.7): the compiled kernels are checked on the GPU"
+        )
+    assert error is None, error
+
+
 def interpreted_fixture():
     """The module-scoped fixture ``interpreted`` of a test file (``interpreted = interpreted_fixture()``):
     the results of its comparisons, run in the interpreter subprocess (:func:`interpreter_results`)."""
@@ -129,7 +151,7 @@ def compare_paths(leaves, op):
 def assert_kernels_matched(result, launches):
     """A :func:`compare_paths` or :func:`compare_backbone` result: the math path launched no kernel, the
     Triton path ``launches`` (``{kernel name: count}``), and every tensor agreed."""
-    assert 'error' not in result, result.get('error')
+    assert_no_error(result)
     assert result['math_launches'] == {}
     assert result['launches'] == launches
     assert not result['mismatches'], '\n'.join(result['mismatches'])
@@ -250,6 +272,6 @@ def assert_cuda_within_tolerance(errors_on, dtype, launches, *args):
 
 def assert_fp16_within_tolerance(result, launches=3):
     """An interpreter fp16 result (``dict(launches=..., errors={label: error})``) within the tolerance."""
-    assert 'error' not in result, result.get('error')
+    assert_no_error(result)
     assert result['launches'] == launches
     assert max(result['errors'].values()) < TOLERANCES[torch.float16], result['errors']

@@ -87,7 +87,9 @@ def read_versions(path):
         return found.group(1).strip() if found else 'unknown'
 
     return dict(
-        device=first(r'^GPU 0: (.+?), compute capability'), torch=first(r'^PyTorch: (\S+)'), triton=first(r'^Triton: (\S+)')
+        device=first(r'^GPU 0: (.+?), compute capability'),
+        torch=first(r'^PyTorch: (\S+)'),
+        triton=first(r'^Triton: (\S+)'),
     )
 
 
@@ -171,7 +173,8 @@ def gpu_table(session, predict=True):
     """Markdown: the bf16 rows of each model, path and batch, x Swin-T, measured and predicted peak."""
     bench = read_benchmark(osp.join(session, 'benchmark.csv'))
     lines = [
-        '| model | path | batch | time (ms) | x Swin-T | peak (MiB) | x Swin-T | tracer peak (MiB) | tracer / measured |',
+        '| model | path | batch | time (ms) | x Swin-T | peak (MiB) | x Swin-T | tracer peak (MiB) '
+        '| tracer / measured |',
         '|---|---|---|---|---|---|---|---|---|',
     ]
     for (model, impl, dtype, batch), row in sorted(bench.items(), key=lambda item: (item[0][3] != 8, item[0][3])):
