@@ -6,6 +6,8 @@ the one validator in ``visattn_mm/models/layers.py``.
 """
 
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from mmdet.registry import MODELS as DET_MODELS
@@ -163,3 +165,80 @@ def test_edge_values_that_are_allowed_still_build(cls):
     model = cls(arch=TINY_ARCHS[cls], out_indices=[3, 0], frozen_stages=4, drop_path_rate=0)
     assert model.out_indices == (3, 0)
     assert not any(p.requires_grad for p in model.parameters())
+
+
+# --------------------------------------------------------------------------
+# tools/train.py and tools/test.py: what cannot work ends the run in one line, before the Runner starts
+# --------------------------------------------------------------------------
+def _one_line_failure(proc):
+    """The run's whole output (stdout and stderr) when it failed: a single line."""
+    output = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 1, output[-3000:]
+    assert '\n' not in output, output[-3000:]
+    return output
+
+
+def test_training_without_data_names_the_missing_file_in_one_line(tmp_path):
+    """The README's training command where no data was put: one line naming the file and the docs."""
+    from test_tools_cli import ROOT, _tool
+
+    proc = subprocess.run(
+        _tool('train.py', ROOT / 'configs' / 'maskrcnn_vil_s_1x.py'), cwd=tmp_path, capture_output=True, text=True
+    )
+    line = _one_line_failure(proc)
+    missing = 'data/coco/annotations/instances_train2017.json (ann_file)'
+    assert line.startswith(f'error: train_dataloader: {missing} does not exist (and 4 more);')
+    assert 'docs/training.md#data-layout' in line
+
+
+@pytest.mark.parametrize(
+    'option,message',
+    [
+        ('model.backbone.arch=smal', "error: model.backbone: ViL: unknown arch 'smal'; choose one of ["),
+        ('optim_wrapper.type=AmpOptimWrapper', 'error: mixed precision needs a GPU'),
+    ],
+)
+def test_config_mistakes_end_training_in_one_line(option, message, tmp_path, monkeypatch):
+    from test_tools_cli import ROOT, _tool
+
+    if option.startswith('optim_wrapper'):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip('mixed precision runs here')
+    proc = subprocess.run(
+        _tool('train.py', ROOT / 'configs' / 'maskrcnn_vil_t_1x.py', '--cfg-options', option),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert _one_line_failure(proc).startswith(message)
+
+
+def test_data_check_follows_data_root_wrappers_and_evaluators(tmp_path):
+    """Every annotation file, image folder and evaluator file a config names, data_root applied, through
+    dataset wrappers; nothing once they exist."""
+    from mmengine.config import Config
+
+    import _cli_common as common
+    from test_tools_cli import TOOLS  # noqa: F401  (puts tools/ on the path)
+
+    cfg = Config.fromfile(str(Path(__file__).resolve().parents[1] / 'configs' / 'upernet_vil_t_160k_ade20k.py'))
+    root = tmp_path / 'ade'
+    for part in ('train_dataloader', 'test_dataloader'):
+        cfg[part].dataset.data_root = str(root)
+    cfg.train_dataloader.dataset = dict(type='RepeatDataset', times=2, dataset=cfg.train_dataloader.dataset)
+    parts = ('train_dataloader', 'test_dataloader', 'test_evaluator')
+    missing = common.missing_data(cfg, parts)
+    assert missing == [
+        f'train_dataloader: {root}/images/training (data_prefix.img_path)',
+        f'train_dataloader: {root}/annotations/training (data_prefix.seg_map_path)',
+        f'test_dataloader: {root}/images/validation (data_prefix.img_path)',
+        f'test_dataloader: {root}/annotations/validation (data_prefix.seg_map_path)',
+    ]
+    for entry in missing:
+        Path(entry.split(': ', 1)[1].split(' (')[0]).mkdir(parents=True)
+    assert common.missing_data(cfg, parts) == []
+    cfg.test_evaluator = dict(type='CocoMetric', ann_file=str(tmp_path / 'val.json'))
+    with pytest.raises(SystemExit, match=f'error: test_evaluator: {tmp_path}/val.json \\(ann_file\\) does not exist;'):
+        common.check_data(cfg, parts)

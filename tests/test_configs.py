@@ -128,6 +128,31 @@ def test_amp_switch_applies(name, apply_amp):
     assert set(wrapper) - {'type', '_scope_', 'paramwise_cfg', 'constructor'} <= accepted
 
 
+def test_optimizer_groups_are_plain_dicts_that_compile_traces():
+    """mmengine's compile=True: with a paramwise_cfg (every config has one) mmengine's default constructor
+    leaves the optimizer ConfigDict parameter groups, and dynamo fails in the first optimizer step; every
+    config builds its optimizer through ours, whose plain-dict groups a compiled step traces."""
+    assert {load(name).optim_wrapper.get('constructor') for name in ALL_CONFIGS} == {
+        'PlainGroupsOptimWrapperConstructor'
+    }
+    cfg = load(DETECTION[0]).optim_wrapper
+    default = copy.deepcopy(cfg)
+    default.pop('constructor')
+    steps = {}
+    for label, wrapper_cfg in (('ours', cfg), ('default', default)):
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        wrapper = build_optim_wrapper(model, copy.deepcopy(wrapper_cfg))
+        model(torch.randn(2, 4)).sum().backward()
+        try:
+            torch.compile(wrapper.optimizer.step, backend='eager')()
+            steps[label] = {type(group) for group in wrapper.optimizer.param_groups}
+        except torch._dynamo.exc.InternalTorchDynamoError as error:
+            steps[label] = str(error).splitlines()[0]
+        torch._dynamo.reset()
+    assert steps['ours'] == {dict}
+    assert "'UserDefinedDictVariable' object has no attribute 'items'" in steps['default']  # the cause, still upstream
+
+
 @pytest.mark.parametrize('name', DETECTION)
 def test_detection_schedule_and_optimiser(name):
     cfg, p = load(name), parts(name)

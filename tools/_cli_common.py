@@ -79,6 +79,97 @@ def has_accelerator() -> bool:
     return get_device() != 'cpu'
 
 
+AMP_NEEDS_ACCELERATOR = (
+    "mixed precision needs a GPU (or NPU/MLU/MUSA): mmengine's AmpOptimWrapper does not support CPU "
+    'training. Run without --amp (and without optim_wrapper.type=AmpOptimWrapper) on this machine.'
+)
+DATA_DOCS = 'docs/training.md#data-layout'
+
+
+def check_amp_device(cfg: Config) -> None:
+    """Refuse an ``AmpOptimWrapper`` (from ``--amp`` or ``--cfg-options``) where only a CPU is there, in one
+    line, before mmengine's bare ``AssertionError`` after the whole config dump."""
+    if cfg.get('optim_wrapper', {}).get('type') == 'AmpOptimWrapper' and not has_accelerator():
+        raise SystemExit(f'error: {AMP_NEEDS_ACCELERATOR}')
+
+
+def _datasets(node):
+    """The dataset configs inside a dataloader's ``dataset`` (wrappers such as RepeatDataset included)."""
+    if not isinstance(node, dict):
+        return
+    yield node
+    yield from _datasets(node.get('dataset'))
+    for child in node.get('datasets') or ():
+        yield from _datasets(child)
+
+
+def _join(root, path):
+    return path if not root or osp.isabs(path) else osp.join(root, path)
+
+
+def missing_data(cfg: Config, parts) -> list:
+    """``'<part>: <path> (<field>)'`` for each annotation file, image folder and evaluator annotation
+    file that ``parts`` of ``cfg`` (e.g. ``('train_dataloader', 'val_dataloader', 'val_evaluator')``)
+    name and that does not exist (data_root applied as mmengine's datasets apply it)."""
+    missing = []
+    for part in parts:
+        node = cfg.get(part)
+        if part.endswith('_evaluator'):
+            for evaluator in node if isinstance(node, (list, tuple)) else [node]:
+                path = evaluator.get('ann_file') if isinstance(evaluator, dict) else None
+                if isinstance(path, str) and not osp.exists(path):
+                    missing.append(f'{part}: {path} (ann_file)')
+            continue
+        for dataset in _datasets((node or {}).get('dataset')):
+            root = dataset.get('data_root') or ''
+            paths = {'ann_file': dataset.get('ann_file')}
+            paths.update((f'data_prefix.{key}', value) for key, value in (dataset.get('data_prefix') or {}).items())
+            for field, path in paths.items():
+                if isinstance(path, str) and path and not osp.exists(_join(root, path)):
+                    missing.append(f'{part}: {_join(root, path)} ({field})')
+    return missing
+
+
+def check_data(cfg: Config, parts) -> None:
+    """Refuse, in one line before the Runner starts, a config whose ``parts`` name data files that are not
+    there (see :func:`missing_data`)."""
+    missing = missing_data(cfg, parts)
+    if missing:
+        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        raise SystemExit(
+            f'error: {missing[0]} does not exist{more}; {DATA_DOCS} says where the data goes and how to '
+            'point a config elsewhere (--cfg-options ...data_root=...)'
+        )
+
+
+def check_backbone(cfg: Config) -> None:
+    """Build one of our backbones (``model.backbone``) on the meta device before the Runner starts: a bad
+    argument (``arch='smal'``) ends the run in one line instead of after the whole config dump."""
+    import logging
+
+    import torch
+    from mmengine.logging import MMLogger
+
+    from visattn_mm.models import BACKBONES
+
+    backbone = dict(cfg.get('model', {}).get('backbone') or {})
+    cls = BACKBONES.get(backbone.pop('type', None))
+    if cls is None:
+        return
+    backbone.pop('init_cfg', None)  # loaded by the Runner, which reports on it
+    backbone.pop('pretrained', None)
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the build's log line comes with the Runner's build
+    try:
+        with torch.device('meta'):
+            cls(**backbone)
+    except (ValueError, TypeError, KeyError) as error:
+        raise SystemExit(f'error: model.backbone: {error}') from None
+    finally:
+        logger.setLevel(level)
+
+
 def prepare_cpu_distributed(cfg: Config) -> None:
     """Make a distributed launch work on a machine without an accelerator.
 

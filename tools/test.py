@@ -174,6 +174,8 @@ def main(argv=None) -> None:
     scope = common.register_scope_modules(cfg)
     common.set_work_dir(cfg, args.work_dir, args.config)
     cfg.load_from = args.checkpoint
+    common.check_backbone(cfg)
+    common.check_data(cfg, ('test_dataloader', 'test_evaluator'))
     if args.allow_partial:
         cfg.load_from_allow_partial = True
     if args.show or args.show_dir:

@@ -57,10 +57,7 @@ def apply_amp(cfg: Config) -> None:
             AmpOptimWrapper asserts one exists, so fail early and clearly.
     """
     if not common.has_accelerator():
-        raise SystemExit(
-            '--amp needs a GPU (or NPU/MLU/MUSA): mmengine\'s AmpOptimWrapper '
-            'does not support CPU training. Run without --amp on this machine.'
-        )
+        raise SystemExit(f'--amp: {common.AMP_NEEDS_ACCELERATOR}')
     if cfg.optim_wrapper.get('type') == 'AmpOptimWrapper':
         print('[visattn_mm] optim_wrapper is already AmpOptimWrapper')
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
@@ -142,7 +139,11 @@ def main(argv=None) -> None:
     common.set_work_dir(cfg, args.work_dir, args.config)
     if args.amp:
         apply_amp(cfg)
+    common.check_amp_device(cfg)
     refuse_bf16_focal_loss(cfg, on_cuda=torch.cuda.is_available())
+    common.check_backbone(cfg)
+    validation = ('val_dataloader', 'val_evaluator') if cfg.get('val_cfg') else ()
+    common.check_data(cfg, ('train_dataloader', *validation))
     if args.auto_scale_lr:
         apply_auto_scale_lr(cfg)
     apply_resume(cfg, args.resume)

@@ -19,6 +19,7 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg=_base_.no_decay_paramwise_cfg,
+    constructor=_base_.optim_wrapper_constructor,
 )
 
 param_scheduler = [

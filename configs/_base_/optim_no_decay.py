@@ -13,3 +13,6 @@ no_decay_paramwise_cfg = dict(
         'pos_embed': dict(decay_mult=0.0),
     },
 )
+# The optimizer-wrapper constructor of every config: mmengine's default with the parameter groups
+# as plain dicts, so that `compile=True` can trace the optimizer step (visattn_mm/engine/optim_constructor.py).
+optim_wrapper_constructor = 'PlainGroupsOptimWrapperConstructor'

@@ -47,6 +47,7 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
     paramwise_cfg=_base_.no_decay_paramwise_cfg,
+    constructor=_base_.optim_wrapper_constructor,
 )
 
 # Linear warm-up over 1500 iterations, then poly decay (power 1.0) to 0 at 160k.

@@ -1,7 +1,8 @@
-"""Training-loop pieces (mmengine hooks, the Runner with the checkpoint policy)."""
+"""Training-loop pieces (mmengine hooks, the Runner with the checkpoint policy, the optimizer-wrapper constructor)."""
 
+from .optim_constructor import PlainGroupsOptimWrapperConstructor
 from .random_shift_hook import RandomShiftHook
 from .rng_state_hook import RngStateHook
 from .runner import CheckpointPolicyRunner
 
-__all__ = ['CheckpointPolicyRunner', 'RandomShiftHook', 'RngStateHook']
+__all__ = ['CheckpointPolicyRunner', 'PlainGroupsOptimWrapperConstructor', 'RandomShiftHook', 'RngStateHook']
