@@ -8,6 +8,7 @@ through the tools and their library's evaluator. ONNX conversion takes 10-60 s p
 on two cores, so ViL-LS's classifier (its stages 3-4 are ViL's) is left to the tool.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -229,6 +230,7 @@ def test_exported_model_evaluates_as_eager(config, toy_data, tmp_path):
     )
     assert code == 0, out[-3000:]
     onnx_path = tmp_path / f'{Path(config).stem}.onnx'
+    assert json.loads(onnx_path.with_suffix('.json').read_text())['input_sides'] == dict(min=64, max=512)
     code, out = run_tool(
         'tools/deploy/evaluate.py',
         cfg_path,
@@ -257,3 +259,22 @@ def test_evaluation_refuses_a_checkpoint_of_another_model(toy_data, tmp_path):
         'tools/deploy/evaluate.py', cfg_path, tmp_path / 'graph.onnx', '--checkpoint', tmp_path / 'no_head.pth'
     )
     assert code == 1 and 'bbox_head' in out, out[-3000:]
+
+
+def test_evaluation_refuses_images_outside_the_exported_sides():
+    """tools/deploy/evaluate.py checks each batch's padded sides against the export's declaration."""
+    outside = _load_evaluate_tool().outside_exported_range
+    dynamic = dict(input_sides=dict(min=224, max=2048))
+    assert outside((224, 2048), dynamic) is None
+    assert 'this batch is 160x224, outside the sides [224, 2048]' in outside((160, 224), dynamic)
+    assert '--allow-outside-range' in outside((2080, 800), dynamic)
+    assert outside((480, 640), dict(input_size=[480, 640])) is None
+    assert 'exported for [480, 640] only (--static)' in outside((480, 672), dict(input_size=[480, 640]))
+    assert outside((16, 16), {}) is None  # a file from before the declaration: not checked
+
+
+def _load_evaluate_tool():
+    spec = importlib.util.spec_from_file_location('_visattn_deploy_evaluate', ROOT / 'tools' / 'deploy' / 'evaluate.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -44,11 +44,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction, help='config overrides, as given to tools/deploy/export.py'
     )
+    parser.add_argument(
+        '--allow-outside-range',
+        action='store_true',
+        help='run test images whose padded sides the export did not declare (warned once per size); '
+        'by default they are refused',
+    )
     return parser.parse_args(argv)
 
 
-def evaluate(cfg, tensor_mode, session, eager=False):
+def outside_exported_range(size, graph_info):
+    """Why an input of padded ``size`` (H, W) is outside what the graph was exported for, or None.
+
+    Args:
+        size (tuple[int, int]): The batch's padded height and width.
+        graph_info (dict): The ``.json`` that tools/deploy/export.py writes beside the graph: ``input_sides``
+            (``min``, ``max``) of a dynamic export, ``input_size`` of a static one (files without either
+            are not checked).
+    """
+    if 'input_size' in graph_info and list(size) != list(graph_info['input_size']):
+        return f'the graph was exported for {graph_info["input_size"]} only (--static); this batch is {list(size)}'
+    sides = graph_info.get('input_sides')
+    if sides and not all(sides['min'] <= side <= sides['max'] for side in size):
+        return (
+            f'this batch is {size[0]}x{size[1]}, outside the sides [{sides["min"]}, {sides["max"]}] the graph was '
+            'exported for; export with other --min-side / --max-side, or pass --allow-outside-range'
+        )
+    return None
+
+
+def evaluate(cfg, tensor_mode, session, eager=False, graph_info=None, allow_outside_range=False):
     """The config's test metrics of the exported graph (and of the eager model, with ``eager``).
+
+    Args:
+        graph_info (dict, optional): The export's ``.json``: batches outside the sides it declares are
+            refused (SystemExit), or warned about once per size with ``allow_outside_range``.
 
     Returns:
         tuple: ``({'onnxruntime': metrics[, 'eager': metrics]}, largest relative difference
@@ -66,11 +96,18 @@ def evaluate(cfg, tensor_mode, session, eager=False):
     evaluators = {name: Evaluator(cfg.test_evaluator) for name in ('onnxruntime', 'eager')[: 1 + eager]}
     for evaluator in evaluators.values():
         evaluator.dataset_meta = loader.dataset.metainfo
-    model, worst = tensor_mode.model, None
+    model, worst, warned = tensor_mode.model, None, set()
     for batch in loader:
         with torch.no_grad():
             data = model.data_preprocessor(batch, False)
             images, samples = data['inputs'], data['data_samples']
+            size = tuple(images.shape[-2:])
+            problem = outside_exported_range(size, graph_info or {})
+            if problem and not allow_outside_range:
+                raise SystemExit(f'error: {problem}')
+            if problem and size not in warned:
+                warned.add(size)
+                print(f'warning: {problem}', flush=True)
             outputs = deploy.run_onnx(session, images)
             if eager:
                 error = deploy.max_relative_error(outputs, tensor_mode(images))
@@ -98,7 +135,8 @@ def main(argv=None) -> int:
             f'{graph_info} not found: export with tools/deploy/export.py config, which writes it '
             f'beside the .onnx file (it holds how the graph output groups)'
         )
-    groups = json.loads(graph_info.read_text()).get('output_groups')
+    info = json.loads(graph_info.read_text())
+    groups = info.get('output_groups')
     if not groups:
         raise SystemExit(
             f'{graph_info} has no output_groups: {args.onnx} is not a whole model exported with '
@@ -107,7 +145,7 @@ def main(argv=None) -> int:
     with common.exit_on_checkpoint_error():
         tensor_mode = deploy.build_tensor_mode(cfg, args.checkpoint, groups)
     session = deploy.onnx_session(args.onnx, args.threads)
-    metrics, worst = evaluate(cfg, tensor_mode, session, args.eager)
+    metrics, worst = evaluate(cfg, tensor_mode, session, args.eager, info, args.allow_outside_range)
     for name, values in metrics.items():
         print(f'{name}: ' + ', '.join(f'{key}: {value}' for key, value in values.items()))
     if args.out:

@@ -121,6 +121,11 @@ def main(argv=None) -> int:
     program = deploy.export_program(model, example, shapes)
     torch.export.save(program, out_dir / f'{name}.pt2')
     report = dict(pt2=str(out_dir / f'{name}.pt2'), range_constraints=str(program.range_constraints))
+    # The image sides the graph serves (tools/deploy/evaluate.py refuses others).
+    if args.static:
+        report['input_size'] = list(args.example_size)
+    else:
+        report['input_sides'] = dict(min=args.min_side, max=args.max_side)
     if isinstance(model, deploy.TensorMode):
         # tools/deploy/evaluate.py regroups the graph's flat outputs with this.
         report['output_groups'] = list(model.output_groups)
