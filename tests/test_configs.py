@@ -153,6 +153,36 @@ def test_optimizer_groups_are_plain_dicts_that_compile_traces():
     assert "'UserDefinedDictVariable' object has no attribute 'items'" in steps['default']  # the cause, still upstream
 
 
+def test_layer_decay_constructor_scales_backbone_learning_rates_by_depth():
+    """The documented layer-decay recipe (docs/training.md) on a config's model: the backbone's layer d
+    of n gets lr * rate ** (n - 1 - d), the neck and heads the full lr; the no-decay rules stay; a
+    rate that cannot work and a backbone without layer depths are refused."""
+    cfg = load('retinanet_vil_t_1x.py')
+    model = build_model(cfg)
+    wrapper_cfg = copy.deepcopy(cfg.optim_wrapper)
+    wrapper_cfg.constructor = 'LayerDecayOptimWrapperConstructor'
+    wrapper_cfg.paramwise_cfg.layer_decay_rate = 0.75
+    wrapper = build_optim_wrapper(model, wrapper_cfg)
+    base_lr, names = cfg.optim_wrapper.optimizer.lr, {id(p): n for n, p in model.named_parameters()}
+    num_layers = sum(len(stage.blocks) for stage in model.backbone.stages) + 2
+    lrs = {}
+    for group in wrapper.optimizer.param_groups:
+        (param,) = group['params']
+        lrs[names[id(param)]] = group['lr']
+        assert type(group) is dict
+    assert lrs['backbone.stages.0.patch_embed.proj.weight'] == pytest.approx(base_lr * 0.75 ** (num_layers - 1))
+    assert lrs['backbone.stages.3.blocks.0.mlp.fc1.weight'] == pytest.approx(base_lr * 0.75)
+    assert lrs['bbox_head.retina_cls.weight'] == lrs['neck.fpn_convs.0.conv.weight'] == base_lr
+    assert weight_decay_by_name(model, wrapper_cfg) == weight_decay_by_name(model, cfg.optim_wrapper)
+    for rate in (0, 1.5, None, True):
+        wrapper_cfg.paramwise_cfg.layer_decay_rate = rate
+        with pytest.raises(ValueError, match=f'layer_decay_rate={rate!r} must be a number in'):
+            build_optim_wrapper(model, copy.deepcopy(wrapper_cfg))
+    wrapper_cfg.paramwise_cfg.layer_decay_rate = 0.75
+    with pytest.raises(ValueError, match=r"backbone \(Linear\) has no get_layer_depth"):
+        build_optim_wrapper(nn.ModuleDict(dict(backbone=nn.Linear(2, 2))), copy.deepcopy(wrapper_cfg))
+
+
 @pytest.mark.parametrize('name', DETECTION)
 def test_detection_schedule_and_optimiser(name):
     cfg, p = load(name), parts(name)

@@ -440,6 +440,35 @@ def test_drop_path_rises_linearly_over_all_blocks(family, kind):
     assert rates == pytest.approx(torch.linspace(0, 0.3, family.num_blocks).tolist()[1:])
 
 
+# ---- layer-wise learning-rate decay ----
+
+
+@pytest.mark.parametrize('family,kind', CLASSIFIERS)
+def test_layer_depths_are_timms_layer_decay_groups(family, kind):
+    """get_layer_depth (mmpretrain's form, for layer-decay constructors) puts every parameter in the
+    group timm's own layer decay gives it through the classifier's group_matcher: the stem first, a
+    group per block in order, the head last."""
+    from timm.models import group_parameters
+
+    model = build(family, kind)
+    groups = group_parameters(model, model.group_matcher())
+    group_of = {name: index for index, names in groups.items() for name in names}
+    depths = {name: model.backbone.get_layer_depth(name, 'backbone.') for name, _ in model.named_parameters()}
+    assert depths == {name: (group_of[name], len(groups)) for name in depths}
+    assert len(groups) == sum(len(stage.blocks) for stage in model.backbone.stages) + 2
+
+
+@pytest.mark.parametrize('family,kind', BACKBONES)
+def test_layer_depth_of_a_dense_model(family, kind):
+    """In a detector, the backbone's parameters under their prefix and everything else (neck, heads) last."""
+    model = build(family, kind)
+    num_layers = sum(len(stage.blocks) for stage in model.stages) + 2
+    depths = [model.get_layer_depth(f'backbone.{name}', 'backbone.')[0] for name, _ in model.named_parameters()]
+    assert min(depths) == 0 and max(depths) == num_layers - 2
+    assert model.get_layer_depth('neck.lateral_convs.0.conv.weight', 'backbone.') == (num_layers - 1, num_layers)
+    assert model.get_layer_depth('stages.0.patch_embed.proj.weight') == (0, num_layers)
+
+
 # ---- init_cfg: a classifier's checkpoint initialises the dense backbone ----
 
 

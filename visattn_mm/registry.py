@@ -8,7 +8,13 @@ configs with ``default_scope='mmdet'`` and ``default_scope='mmseg'`` alike.
 from mmengine.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, RUNNERS
 
 from . import timm_models  # noqa: F401  (registers the timm.create_model names)
-from .engine import CheckpointPolicyRunner, PlainGroupsOptimWrapperConstructor, RandomShiftHook, RngStateHook
+from .engine import (
+    CheckpointPolicyRunner,
+    LayerDecayOptimWrapperConstructor,
+    PlainGroupsOptimWrapperConstructor,
+    RandomShiftHook,
+    RngStateHook,
+)
 from .models import PaleTransformer, ViL, ViLLS, VVT
 
 try:  # needs mmdet and mmcv's compiled ops; the backbones alone need neither
@@ -24,5 +30,6 @@ HOOKS.register_module(module=RandomShiftHook)
 HOOKS.register_module(module=RngStateHook)
 RUNNERS.register_module(module=CheckpointPolicyRunner)
 OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=PlainGroupsOptimWrapperConstructor)
+OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=LayerDecayOptimWrapperConstructor)
 if InstanceAwareDetTTAModel is not None:
     MODELS.register_module(module=InstanceAwareDetTTAModel)

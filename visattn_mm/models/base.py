@@ -262,6 +262,40 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
     def forward(self, x):
         return tuple(self.output_map(i, tokens, hw) for i, tokens, hw in self.iter_stages(x) if i in self.out_indices)
 
+    def get_layer_depth(self, param_name, prefix=''):
+        """The layer a parameter belongs to, for layer-wise learning-rate decay (mmpretrain's
+        ``get_layer_depth`` form, which its layer-decay constructor and ours,
+        :class:`visattn_mm.engine.LayerDecayOptimWrapperConstructor`, call).
+
+        Layer 0 is the first patch embedding; block ``j`` of stage ``i`` is layer
+        ``sum(blocks of stages < i) + j + 1``; a later stage's patch embedding joins its first
+        block, a stage norm or output norm its stage's last block (as the timm classifiers'
+        ``group_matcher`` groups them); anything else, e.g. the neck and heads, is the last layer,
+        ``num_layers - 1``, whose learning rate is not decayed.
+
+        Args:
+            param_name (str): A parameter's name, e.g. ``'backbone.stages.1.blocks.0.attn.qkv.weight'``.
+            prefix (str): The backbone's prefix in ``param_name`` (e.g. ``'backbone.'``).
+
+        Returns:
+            tuple[int, int]: The layer depth and the number of layers (blocks + 2).
+        """
+        depths = [len(stage.blocks) for stage in self.stages]
+        num_layers = sum(depths) + 2
+        name = param_name[len(prefix) :] if param_name.startswith(prefix) else None
+        found = re.match(r'stages\.(\d+)\.(patch_embed|blocks\.(\d+)|norm)\.|norm(\d+)\.', name or '')
+        if found is None:
+            return num_layers - 1, num_layers
+        stage, part, block, output_norm = found.groups()
+        if output_norm is not None:
+            return sum(depths[: int(output_norm) + 1]), num_layers
+        before = sum(depths[: int(stage)])
+        if part == 'patch_embed':
+            return (0 if stage == '0' else before + 1), num_layers
+        if block is not None:
+            return before + int(block) + 1, num_layers
+        return before + depths[int(stage)], num_layers  # the stage norm
+
     def truncate(self, num_stages, keep_output_norms=True):
         """Delete the stages after the first ``num_stages`` (and, optionally, all output norms).
 
