@@ -142,7 +142,7 @@ def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chun
     monkeypatch.setattr(layers, 'print_log', lambda msg, logger=None: lines.append(msg))
     models.PaleTransformer(arch='tiny')
     assert lines == [
-        f"PaleTransformer: attn_impl='auto': {impl_module.IMPL_SUMMARIES['auto']}; on CUDA: "
+        f"PaleTransformer: attn_impl='auto': {impl_module.SOFTMAX_SUMMARIES['auto']}; on CUDA: "
         f'pale fast on bf16, fp16, fp32 (defaults table: {UNMEASURED})'
     ]
 

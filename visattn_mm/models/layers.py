@@ -80,7 +80,10 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
             f'{name}: attn_impl={attn_impl!r}; allowed: {ATTENTION_IMPLS} '
             "(see visattn_mm.ops.impl; 'auto' picks per device)"
         )
-    line = f'{name}: {describe_impl(attn_impl)}'
+    # What the line speaks of: the backbone's softmax attentions and / or its vicinity attention (no bias).
+    softmax = any(has_bias is not None for _, has_bias in attention_ops) or not attention_ops
+    vicinity = any(has_bias is None for _, has_bias in attention_ops) or not attention_ops
+    line = f'{name}: {describe_impl(attn_impl, softmax, vicinity)}'
     if attn_impl == 'auto' and get_attention_impl() == 'auto' and attention_ops:
         line += '; on CUDA: ' + '; '.join(
             f'{op} ' + describe_cuda_defaults(op, 'torch ops' if has_bias is None else 'fast')

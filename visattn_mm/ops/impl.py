@@ -56,14 +56,21 @@ ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 FUSED_DEVICES = ('cpu', 'cuda')
 
 
-# One line per choice, for the log line a backbone writes at build (describe_impl).
-IMPL_SUMMARIES = dict(
+# What each choice runs, for the log line a backbone writes at build (describe_impl): for the
+# softmax attentions, and for vicinity attention (no softmax: its torch ops or its Triton kernels).
+SOFTMAX_SUMMARIES = dict(
     auto="per device: on CUDA the defaults table's path per op and dtype (visattn_mm.ops.cuda_defaults; "
     "'fast' until a GPU has measured 'triton' faster), on the CPU the fused softmax kernels ('fast'), or the "
-    'explicit softmax when a bias needs its gradient; vicinity attention in torch ops unless the table says triton',
-    fast='the fused softmax kernels of scaled_dot_product_attention; vicinity attention in torch ops',
-    math='the explicit softmax (the reference); vicinity attention in torch ops',
-    triton="fused Triton kernels for sliding-chunk, long-short, pale and vicinity attention on CUDA, 'auto' elsewhere",
+    'explicit softmax when a bias needs its gradient',
+    fast='the fused softmax kernels of scaled_dot_product_attention',
+    math='the explicit softmax (the reference)',
+    triton="fused Triton kernels on CUDA, 'auto' elsewhere",
+)
+VICINITY_SUMMARIES = dict(
+    auto='vicinity attention in torch ops, or on CUDA its Triton kernels where the defaults table says so',
+    fast='vicinity attention in torch ops',
+    math='vicinity attention in torch ops',
+    triton='vicinity attention in Triton kernels on CUDA, torch ops elsewhere',
 )
 
 
@@ -123,11 +130,18 @@ def resolve_impl(impl='auto'):
     return _selected if _checked(impl) == 'auto' else impl
 
 
-def describe_impl(impl):
-    """One line saying what ``impl`` computes, and what a process-wide selection makes of 'auto', if any."""
-    line = f'attn_impl={_checked(impl)!r}: {IMPL_SUMMARIES[impl]}'
+def summarize_impl(impl, softmax=True, vicinity=True):
+    """What ``impl`` runs, for a model with softmax attentions and / or vicinity attention."""
+    parts = ([SOFTMAX_SUMMARIES[impl]] if softmax else []) + ([VICINITY_SUMMARIES[impl]] if vicinity else [])
+    return '; '.join(parts)
+
+
+def describe_impl(impl, softmax=True, vicinity=True):
+    """One line saying what ``impl`` computes (for a model with softmax attentions and / or vicinity
+    attention), and what a process-wide selection makes of 'auto', if any."""
+    line = f'attn_impl={_checked(impl)!r}: {summarize_impl(impl, softmax, vicinity)}'
     if impl == 'auto' and _selected != 'auto':
-        line += f'; selected process-wide: {_selected!r}: {IMPL_SUMMARIES[_selected]}'
+        line += f'; selected process-wide: {_selected!r}: {summarize_impl(_selected, softmax, vicinity)}'
     return line
 
 
