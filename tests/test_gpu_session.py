@@ -103,9 +103,11 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r['model'], r['impl'], r['mode'], r['status']) for r in rows] == [
         ('swin-t', '-', 'fwd+bwd', 'ok'),
+        ('r50', '-', 'fwd+bwd', 'ok'),
         ('vil-t', 'fast', 'fwd+bwd', 'ok'),
         ('vil-t', 'triton', 'fwd+bwd', 'ok'),
         ('swin-t', '-', 'fwd', 'ok'),
+        ('r50', '-', 'fwd', 'ok'),
         ('vil-t', 'math', 'fwd', 'ok'),
     ]
     assert all(r['time_ms_vs_swin-t'] for r in rows)

@@ -57,7 +57,7 @@ TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_benchmark_tools.py}"
 COMPILE_TESTS=tests/test_compile.py
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
-    BENCH=(--models "${BENCH_MODELS:-swin-t,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
+    BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
     DEFAULT_GRIDS="batches=1 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 batches=1 dtypes=fp32 impls=math modes=fwd"
     # The interpreter runs the kernels (slowly): one candidate, one step.
