@@ -120,7 +120,7 @@ def test_checkpoint_of_another_detector_is_refused_as_such(build_detector, purpo
         load_model_checkpoint(detector, {'state_dict': mask_rcnn.state_dict(), 'meta': {}}, 'mask_rcnn.pth', purpose)
     message = str(err.value)
     assert (
-        "It holds another detector or segmentor: its parts are neck, rpn_head, roi_head, this config's "
+        "It holds another detector or segmentor: its parts are neck, rpn_head, roi_head; this config's are "
         "neck, bbox_head; its backbone fits this config's ViL"
     ) in message
     assert 'not in it: ' in message and 'bbox_head (20: bbox_head.cls_convs.0.conv.weight' in message
@@ -136,7 +136,7 @@ def test_detector_checkpoint_given_to_a_segmentor_is_not_called_backbone_only():
         load_model_checkpoint(segmentor, {'state_dict': retinanet.state_dict()}, 'retinanet.pth', 'test')
     message = str(err.value)
     assert (
-        "It holds another detector or segmentor: its parts are neck, bbox_head, this config's "
+        "It holds another detector or segmentor: its parts are neck, bbox_head; this config's are "
         "decode_head, auxiliary_head; its backbone fits this config's VVT" in message
     )
     assert 'backbone-only' not in message

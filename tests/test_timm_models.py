@@ -344,6 +344,15 @@ def test_official_load_is_reported_and_strict(tmp_path):
     finally:
         MMLogger.get_current_instance().removeHandler(handler)
     assert "layout 'vil_official'" in logged.getvalue() and 'missing: 0' in logged.getvalue()
+    # timm reads the file of pretrained_cfg_overlay itself; the report still names it.
+    logged.seek(0)
+    logged.truncate()
+    MMLogger.get_current_instance().addHandler(handler)
+    try:
+        timm.create_model('vil_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **_tiny('vil'))
+    finally:
+        MMLogger.get_current_instance().removeHandler(handler)
+    assert f'checkpoint {path}: container' in logged.getvalue()
     with pytest.raises(RuntimeError, match='did not load'):  # head of another size, strict
         timm.create_model('vil_tiny', num_classes=10, checkpoint_path=str(path), **_tiny('vil'))
     ours = timm.create_model('vil_tiny', **_tiny('vil'))

@@ -78,7 +78,9 @@ def _pretrained_filter(state_dict, model):
     """
     if is_classifier_layout(state_dict):
         return state_dict
-    load_pretrained(model, state_dict)
+    # timm has read the file already; its name, for the report, is in the pretrained cfg set before loading.
+    source = (getattr(model, 'pretrained_cfg', None) or {}).get('file')
+    load_pretrained(model, state_dict, source=source)
     return model.state_dict()
 
 

@@ -52,10 +52,13 @@ class LoadReport:
                 reasons.setdefault(reason, []).append(key)
             return '; '.join(f'{reason}: {len(ks)} ({keys(ks)})' for reason, ks in reasons.items())
 
-        def keys(items):
+        def keys(items, limit=max_keys):
             items = list(items)
-            shown = ', '.join(map(str, items[:max_keys]))
-            return shown + (f', ... (+{len(items) - max_keys})' if len(items) > max_keys else '')
+            shown = ', '.join(map(str, items[:limit]))
+            return shown + (f', ... (+{len(items) - limit})' if len(items) > limit else '')
+
+        # 'new <- old' pairs are long: a few examples keep their lines readable.
+        pairs = max(1, max_keys // 4)
 
         lines = [
             f'checkpoint {self.source}: container {self.container!r}, layout {self.layout!r}',
@@ -63,11 +66,11 @@ class LoadReport:
             f'({100 * self.loaded_fraction:.1f}%)',
             f'  loaded as-is: {len(self.loaded)}',
             f'  converted: {len(self.converted)}'
-            + (f' ({keys(f"{k} <- {v}" for k, v in self.converted.items())})' if self.converted else ''),
+            + (f' ({keys((f"{k} <- {v}" for k, v in self.converted.items()), pairs)})' if self.converted else ''),
             *(
                 [
                     f'  renamed from an older layout: {len(self.renamed)} '
-                    f'({keys(f"{k} <- {v}" for k, v in self.renamed.items())})'
+                    f'({keys((f"{k} <- {v}" for k, v in self.renamed.items()), pairs)})'
                 ]
                 if self.renamed
                 else []
@@ -150,7 +153,7 @@ def read_pretrained(model, checkpoint, map_location='cpu', source=None):
         CheckpointError: If the file cannot be read or holds no state_dict.
     """
     if source is None:
-        source = checkpoint if isinstance(checkpoint, str) else '<in-memory checkpoint>'
+        source = checkpoint if isinstance(checkpoint, str) else '<checkpoint given as an object, not a file>'
     if isinstance(checkpoint, str):
         checkpoint = read_checkpoint(checkpoint, map_location)
     try:

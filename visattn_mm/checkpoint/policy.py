@@ -204,8 +204,8 @@ def _what_it_holds(model, checkpoint, state_dict, report, purpose):
     )
     if parts and set(file_parts) != set(parts):
         holds = (
-            f'another detector or segmentor: its parts are {", ".join(file_parts) or "none"}, this '
-            f'config\'s {", ".join(parts)}; {backbone_note}'
+            f'another detector or segmentor: its parts are {", ".join(file_parts) or "none"}; this '
+            f'config\'s are {", ".join(parts)}; {backbone_note}'
         )
         fix = OTHER_MODEL_FIX[purpose]
         if not backbone_off:
