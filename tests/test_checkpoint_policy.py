@@ -105,6 +105,11 @@ def test_backbone_only_checkpoint_of_another_backbone_is_not_sent_to_init_cfg(bu
     assert '0 of ' in message and "parameter tensors match) of this config's ViL" not in message
     assert 'Neither init_cfg nor load_from can use it' in message and 'tools/convert_ckpt.py' in message
     assert 'load_from=r50.pth' not in message
+    # Not called a whole model, and no partial evaluation offered where nothing fits.
+    assert "layout 'not a whole model of this kind (top-level names conv1, bn1, layer1" in message
+    assert 'allow-partial' not in message
+    if purpose == 'test':
+        assert 'No tensor of it fits this model, so a partial evaluation has nothing to load.' in message
 
 
 @pytest.mark.parametrize('purpose', ['test', 'resume'])

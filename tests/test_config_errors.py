@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from mmdet.registry import MODELS as DET_MODELS
 from mmseg.registry import MODELS as SEG_MODELS
 
@@ -160,9 +161,18 @@ def test_pretrained_argument_is_deprecated(cls):
 
 
 @pytest.mark.parametrize('cls', BACKBONES)
-def test_edge_values_that_are_allowed_still_build(cls):
-    """The validator's bounds are inclusive where they should be (controls for the cases above)."""
+def test_edge_values_that_are_allowed_still_build(cls, monkeypatch):
+    """The validator's bounds are inclusive where they should be (controls for the cases above); out_indices
+    out of order are allowed, with a warning that the maps come in stage order."""
+    import visattn_mm.models.layers as layers
+
+    warnings = []
+    monkeypatch.setattr(layers, 'print_log', lambda msg, logger=None, level=None: warnings.append((msg, level)))
     model = cls(arch=TINY_ARCHS[cls], out_indices=[3, 0], frozen_stages=4, drop_path_rate=0)
+    assert (f'{cls.__name__}: out_indices=(3, 0): the maps come in stage order, (0, 3)', 30) in [
+        (msg.split(", as mmdet's")[0], level) for msg, level in warnings
+    ]
+    assert len(model(torch.zeros(1, 3, 64, 64))) == 2
     assert model.out_indices == (3, 0)
     assert not any(p.requires_grad for p in model.parameters())
 

@@ -99,7 +99,7 @@ def load_model_checkpoint(
             )
         report = LoadReport(source=str(source), container=container, layout='whole model')
         return load_state_dict_with_report(model, state_dict, report, allow_partial, LOAD_FROM_ADVICE, logger)
-    report = LoadReport(source=str(source), container=container, layout='whole model')
+    report = LoadReport(source=str(source), container=container, layout=_whole_model_layout(model, state_dict))
     usable = match_state_dict(model, state_dict, report)
     partial = allow_partial and purpose == 'test'
     if report.missing and not partial:
@@ -114,6 +114,17 @@ def load_model_checkpoint(
             f'(load_from_allow_partial): {_grouped(report.missing)}'
         )
     return report
+
+
+def _whole_model_layout(model, state_dict):
+    """The report's layout of a file given to a whole model: ``'whole model'`` where its top-level names are
+    the model's parts (``backbone``, ``neck``, ...), else what they are (a ResNet-50 ImageNet file: ``conv1,
+    bn1, layer1, ...``)."""
+    names = top_level_names(state_dict)
+    if set(names) & {name for name, _ in model.named_children()}:
+        return 'whole model'
+    shown = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+    return f'not a whole model of this kind (top-level names {shown})'
 
 
 def parts_besides_backbone(model):
@@ -162,7 +173,9 @@ def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_opt
             )
             + (f'; ... (+{len(report.mismatched) - MAX_LISTED})' if len(report.mismatched) > MAX_LISTED else '')
         )
-    if purpose == 'test':
+    if purpose == 'test' and len(report.missing) == len(model.state_dict()):
+        lines.append('No tensor of it fits this model, so a partial evaluation has nothing to load.')
+    elif purpose == 'test':
         lines.append(
             'To evaluate a partial match on purpose (tensors not from the checkpoint keep their '
             f'initial, random values), {partial_option}.'

@@ -1,5 +1,6 @@
 """Small building blocks shared by the backbone skeletons."""
 
+import logging
 import math
 
 import torch
@@ -188,6 +189,13 @@ def check_stage_args(name, num_stages, out_indices, frozen_stages, drop_path_rat
         raise ValueError(f'{name}: frozen_stages={frozen_stages!r} must be an int in [-1, {limit}]{built}')
     if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float)) or not 0 <= drop_path_rate < 1:
         raise ValueError(f'{name}: drop_path_rate={drop_path_rate!r} must be a number in [0, 1)')
+    if list(out_indices) != sorted(out_indices):
+        print_log(
+            f'{name}: out_indices={out_indices}: the maps come in stage order, {tuple(sorted(out_indices))}, '
+            "as mmdet's and mmseg's backbones return them",
+            logger='current',
+            level=logging.WARNING,
+        )
     return out_indices
 
 
