@@ -253,6 +253,27 @@ def test_mmengine_checkpoint_needs_compat_and_loads_with_it(det_trained):
     assert 'message_hub' in loaded and 'optimizer' in loaded
 
 
+def test_import_leaves_the_allowlist_and_our_reads_load_runner_checkpoints(det_trained):
+    """``import visattn_mm`` adds nothing to torch's weights-only allowlist (timm and mmengine add their
+    own); read_checkpoint still loads a Runner checkpoint weights-only, and leaves the allowlist as it was."""
+    code = f"""
+import torch, timm, mmengine.runner
+def allowed():
+    return sorted(map(repr, torch.serialization.get_safe_globals()))
+before = allowed()
+import visattn_mm
+from visattn_mm.checkpoint import read_checkpoint
+assert allowed() == before, 'import'
+checkpoint = read_checkpoint({str(det_trained / 'iter_4.pth')!r})
+assert checkpoint['meta']['iter'] == 4 and 'message_hub' in checkpoint
+assert allowed() == before, 'read'
+print('ok')
+"""
+    probe = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout.strip().endswith('ok'), probe.stderr[-3000:]
+    assert 'unpickling it fully' not in probe.stderr  # read weights-only, not through the fallback
+
+
 def test_det_resume_continues_from_checkpoint(det_trained, det_config, workspace):
     _run(
         _tool(

@@ -18,16 +18,12 @@ SUPPORTED_SCOPES = ('mmdet', 'mmseg')
 
 
 def import_plugin() -> None:
-    """Import visattn_mm and make mmengine checkpoints loadable.
+    """Import visattn_mm, before the config is read, so that config-dependent registrations exist.
 
-    Done before the config is read so that config-dependent registrations
-    exist; ``allow_mmengine_checkpoints`` is idempotent, so calling it here
-    as well as from the package costs nothing.
+    mmengine checkpoints load through the package's own reads (``visattn_mm.compat``), so the process's
+    weights-only allowlist stays as it is.
     """
     import visattn_mm  # noqa: F401
-    from visattn_mm.compat import allow_mmengine_checkpoints
-
-    allow_mmengine_checkpoints()
 
 
 def load_config(path: str, cfg_options: dict | None, launcher: str) -> Config:

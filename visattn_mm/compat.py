@@ -7,8 +7,13 @@ writes pickle more than tensors: the ``message_hub`` keeps
 ``runtime_info`` holds numpy scalars. Resuming, and ``load_from`` of such a
 file, therefore fails with ``UnpicklingError: Weights only load failed``.
 
-Rather than turning the check off, :func:`allow_mmengine_checkpoints` adds
-exactly what those checkpoints reference to torch's weights-only allowlist
+Rather than turning the check off, :func:`mmengine_checkpoint_globals` allows
+exactly what those checkpoints reference, for the loads inside it: every
+checkpoint the package reads (:func:`visattn_mm.checkpoint.read_checkpoint`,
+which the tools' Runner uses for ``load_from``, evaluation and ``--resume``).
+Importing the package leaves torch's allowlist as it was;
+:func:`allow_mmengine_checkpoints` adds the same entries process-wide, for code
+that calls ``torch.load`` on such files itself. The entries
 (found by saving real mmdet/mmseg Runner checkpoints, iteration- and
 epoch-based, SGD and AdamW with LR schedulers, and loading them until no
 ``Unsupported global`` remained):
@@ -27,13 +32,13 @@ epoch-based, SGD and AdamW with LR schedulers, and loading them until no
   :func:`_history_buffer_getattr`, which only resolves those methods on
   ``HistoryBuffer`` and raises for anything else.
 
-None of these can run arbitrary code. Note that the ``builtins.getattr``
-entry is process-wide: other weights-only loads that reference ``getattr``
-hit the same restricted function.
+None of these can run arbitrary code. While they are allowed, other weights-only
+loads that reference ``getattr`` hit the same restricted function.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 
 import torch
@@ -126,8 +131,22 @@ def mmengine_safe_globals() -> list:
     return entries
 
 
+@contextlib.contextmanager
+def mmengine_checkpoint_globals():
+    """Inside, weights-only ``torch.load`` reads mmengine Runner checkpoints (the entries of
+    :func:`mmengine_safe_globals`); outside, torch's allowlist is what it was. A torch without
+    ``safe_globals`` predates the weights-only default and needs nothing."""
+    safe_globals = getattr(torch.serialization, 'safe_globals', None)
+    if safe_globals is None:
+        yield
+        return
+    with safe_globals(mmengine_safe_globals()):
+        yield
+
+
 def allow_mmengine_checkpoints() -> bool:
-    """Allow weights-only ``torch.load`` of mmengine Runner checkpoints.
+    """Allow weights-only ``torch.load`` of mmengine Runner checkpoints, process-wide (for code that
+    calls ``torch.load`` on them itself; the package's own loads use :func:`mmengine_checkpoint_globals`).
 
     Safe to call any number of times; only the first call does work.
 

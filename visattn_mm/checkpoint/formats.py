@@ -12,6 +12,8 @@ import warnings
 
 import torch
 
+from ..compat import mmengine_checkpoint_globals
+
 CONTAINER_KEYS = ('state_dict', 'net', 'model', 'module')
 
 
@@ -81,7 +83,8 @@ def read_checkpoint(path, map_location='cpu'):
             f'save leaves such files). {REREAD_HELP}'
         )
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with mmengine_checkpoint_globals():  # the Runner's own checkpoints, allowed for this load only
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         message = str(err)
         if 'global' not in message.lower():  # e.g. "Unsupported operand": not a pickle of objects

@@ -5,6 +5,7 @@ from mmengine.runner import CheckpointLoader, Runner
 
 from ..checkpoint import load_model_checkpoint, read_checkpoint
 from ..checkpoint.policy import PARTIAL_LOAD_OPTION
+from ..compat import mmengine_checkpoint_globals
 
 MMENGINE_REVISE_KEYS = [(r'^module.', '')]
 
@@ -60,7 +61,8 @@ class CheckpointPolicyRunner(Runner):
             return super().load_checkpoint(filename, map_location, strict, revise_keys)
         filename = str(filename)
         if '://' in filename:
-            checkpoint = CheckpointLoader.load_checkpoint(filename, map_location, logger=self.logger)
+            with mmengine_checkpoint_globals():
+                checkpoint = CheckpointLoader.load_checkpoint(filename, map_location, logger=self.logger)
         else:
             checkpoint = read_checkpoint(filename, map_location)
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
