@@ -9,18 +9,18 @@ import re
 import sys
 from pathlib import Path
 
+import model_zoo
 import pytest
 import torch
 import torch.nn.functional as F
 
+import zoo_measure
+import zoo_paper
+import zoo_render
+
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / 'tools' / 'analysis'
-sys.path.insert(0, str(ANALYSIS))
-import model_zoo  # noqa: E402
 
-import zoo_measure  # noqa: E402
-import zoo_paper  # noqa: E402
-import zoo_render  # noqa: E402
 
 SEG_STEM = 'upernet_vvt_s_160k_ade20k'
 

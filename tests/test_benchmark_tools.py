@@ -9,14 +9,14 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import _bench_common as common
 import pytest
 import torch
 
-ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
-sys.path.insert(0, str(ANALYSIS))
-import _bench_common as common  # noqa: E402
+from test_tools_cli import DET_CONFIG, _run, toy
 
-from test_tools_cli import DET_CONFIG, _run, toy  # noqa: E402
+ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
+
 
 MIB = 2**20
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'

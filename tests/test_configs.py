@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import inspect
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +105,6 @@ def test_config_imports_plugin_and_points_at_checkpoint(name):
 @pytest.fixture(scope='module')
 def apply_amp():
     """tools/train.py's --amp switch, with the accelerator check answered 'yes' (CPU machine)."""
-    sys.path.insert(0, str(ROOT / 'tools'))
     spec = importlib.util.spec_from_file_location('_visattn_train_for_configs', ROOT / 'tools' / 'train.py')
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)

@@ -8,8 +8,9 @@ import dataclasses
 import importlib.util
 import shutil
 import sys
-from pathlib import Path
 
+import benchmark
+import cuda_defaults as defaults_tool  # the tool, not visattn_mm.ops.cuda_defaults
 import pytest
 import torch
 
@@ -19,11 +20,6 @@ from visattn_mm.models import BACKBONES
 from visattn_mm.ops import impl as impl_module
 from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, decide
 from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chosen_path, dispatch_as
-
-ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
-sys.path.insert(0, str(ANALYSIS))
-import benchmark  # noqa: E402
-import cuda_defaults as defaults_tool  # noqa: E402  (the tool, not visattn_mm.ops.cuda_defaults)
 
 DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
 

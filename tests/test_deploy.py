@@ -19,14 +19,13 @@ import torch
 from mmengine.config import Config
 from torch import nn
 
+import make_toy_data as toy
 from helpers import PALE_TINY_ARCH, VIL_TINY_ARCH, VVT_TINY_ARCH, build_tiny, use_tiny_backbone
 from visattn_mm import deploy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.impl import attention_impl
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-import make_toy_data as toy  # noqa: E402
 
 pytest.importorskip('onnxruntime', reason='the deploy extra (pip install .[deploy]) is not installed')
 pytest.importorskip('onnxscript', reason='the deploy extra (pip install .[deploy]) is not installed')

@@ -9,10 +9,10 @@ import pytest
 import torch
 from mmengine.config import Config
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
+from make_toy_data import make_coco_instances
 
-from make_toy_data import make_coco_instances  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 TINY = "dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))"
 

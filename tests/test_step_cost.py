@@ -4,21 +4,16 @@ CUDA's dispatch emulated, the calibration against the H100's measured peaks, and
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
+import step_cost as step_cost_tool
+import step_cost_calibration
 import torch
 import torch.nn.functional as F
 
 from helpers import build_tiny
 from visattn_mm.analysis.step_cost import ALLOCATION_ROUNDING, trace_step
 from visattn_mm.models import ViL
-
-ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
-sys.path.insert(0, str(ANALYSIS))
-import step_cost as step_cost_tool  # noqa: E402
-import step_cost_calibration  # noqa: E402
 
 SHAPE = (2, 3, 40, 64)
 ELEMENTS = 2 * 3 * 40 * 64

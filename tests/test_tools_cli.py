@@ -24,10 +24,10 @@ import pytest
 import torch
 from mmengine.config import Config
 
+import make_toy_data as toy
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / 'tools'
-sys.path.insert(0, str(TOOLS))
-import make_toy_data as toy  # noqa: E402
 
 DET_CONFIG = '''
 _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py',

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+import make_toy_data as toy
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-import make_toy_data as toy  # noqa: E402
 
 COCO_KW = dict(num_train=6, num_val=3)
 ADE_KW = dict(num_train=5, num_val=3)

@@ -6,20 +6,14 @@ tools/analysis/triton_tuning.py times each kernel under candidate settings on a 
 in Triton's interpreter, in a subprocess (this file run as a script, see :mod:`triton_harness`).
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+import triton_resources
+import triton_tuning
 
 from helpers import build_tiny
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools' / 'analysis'))
-import triton_resources  # noqa: E402
-import triton_tuning  # noqa: E402
-
-from visattn_mm.models import ViL  # noqa: E402
+from visattn_mm.models import ViL
 
 # Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype: bf16 trains on
 # tensor cores with next to no spills; fp32 products on CUDA cores hold more registers (the key-side
