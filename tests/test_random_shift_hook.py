@@ -10,6 +10,7 @@ from mmengine.runner import Runner
 from torch.utils.data import DataLoader, Dataset
 
 import visattn_mm  # noqa: F401  (registers the hook)
+from visattn_mm.compat import mmengine_checkpoint_globals
 from visattn_mm.models import SlidingChunkAttention, ViL
 
 TINY_ARCH = dict(depths=(1, 1, 1, 1), embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))
@@ -73,17 +74,24 @@ def make_runner(work_dir, record, by_epoch, resume_from=None, drop_path_rate=0.0
     )
 
 
+def train(runner):
+    """``runner.train()``: mmengine's plain Runner reads checkpoints with torch's weights-only default, which
+    needs mmengine's own globals allowed (our configs' CheckpointPolicyRunner allows them for its reads)."""
+    with mmengine_checkpoint_globals():
+        runner.train()
+
+
 @pytest.mark.parametrize('by_epoch', [False, True])
 def test_switch_point_and_resume_on_both_sides(tmp_path, by_epoch):
     record = RecordShift()
-    make_runner(tmp_path, record, by_epoch).train()
+    train(make_runner(tmp_path, record, by_epoch))
     # 8 iterations in both set-ups (4 epochs x 2 iterations); switch at 50%.
     assert record.states == {i: i < 4 for i in range(8)}
 
     name = 'epoch_{}.pth' if by_epoch else 'iter_{}.pth'
     for resume_at, saved in ((1 if by_epoch else 2, 2), (3 if by_epoch else 6, 6)):
         resumed = RecordShift()
-        make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name.format(resume_at))).train()
+        train(make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name.format(resume_at))))
         assert resumed.states == {i: i < 4 for i in range(saved, 8)}
 
 
@@ -92,13 +100,14 @@ def test_resume_continues_with_exactly_the_same_losses(tmp_path, by_epoch):
     """Resume while random shift is on, with drop path and numpy-random data: the hook's saved
     RNG states make every loss after the resume point equal to the uninterrupted run's."""
     full = RecordShift()
-    make_runner(tmp_path, full, by_epoch, drop_path_rate=0.2).train()
+    train(make_runner(tmp_path, full, by_epoch, drop_path_rate=0.2))
     name = 'epoch_1.pth' if by_epoch else 'iter_2.pth'  # both after iteration 2, before the switch
-    checkpoint = torch.load(tmp_path / name, weights_only=True)
+    with mmengine_checkpoint_globals():  # a Runner checkpoint: numpy and HistoryBuffer inside
+        checkpoint = torch.load(tmp_path / name, weights_only=True)
     assert len(checkpoint['rng_states']) == 1  # one process
 
     resumed = RecordShift()
-    make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name), drop_path_rate=0.2).train()
+    train(make_runner(tmp_path, resumed, by_epoch, str(tmp_path / name), drop_path_rate=0.2))
     assert sorted(resumed.losses) == list(range(2, 8))
     assert all(resumed.losses[step] == full.losses[step] for step in range(2, 8)), (resumed.losses, full.losses)
 
@@ -106,7 +115,7 @@ def test_resume_continues_with_exactly_the_same_losses(tmp_path, by_epoch):
     del checkpoint['rng_states']
     torch.save(checkpoint, tmp_path / 'no_rng.pth')
     unseeded = RecordShift()
-    make_runner(tmp_path, unseeded, by_epoch, str(tmp_path / 'no_rng.pth'), drop_path_rate=0.2).train()
+    train(make_runner(tmp_path, unseeded, by_epoch, str(tmp_path / 'no_rng.pth'), drop_path_rate=0.2))
     assert any(unseeded.losses[step] != full.losses[step] for step in range(2, 8))
 
 

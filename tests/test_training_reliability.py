@@ -19,6 +19,7 @@ from mmengine.config import Config
 import visattn_mm  # noqa: F401  (registration)
 from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_finite_grads, build_tiny
 from test_tools_cli import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool, toy
+from visattn_mm.compat import mmengine_checkpoint_globals
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 AMP_DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -223,7 +224,8 @@ def test_dist_train_with_frozen_stages(config, request, workspace):
     )
     log = _log_text(work_dir)
     assert 'Distributed training: True' in log and 'Iter(train) [2/2]' in log
-    checkpoint = torch.load(work_dir / 'iter_2.pth', weights_only=True)
+    with mmengine_checkpoint_globals():  # a Runner checkpoint: numpy and HistoryBuffer inside
+        checkpoint = torch.load(work_dir / 'iter_2.pth', weights_only=True)
     assert len(checkpoint['rng_states']) == 2
 
 
