@@ -457,7 +457,7 @@ def test_tool():
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU-only refusal')
 def test_amp_on_cpu_refuses_clearly(train_tool):
     cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='SGD'))))
-    with pytest.raises(SystemExit, match='--amp needs a GPU'):
+    with pytest.raises(SystemExit, match='--amp: mixed precision needs a GPU'):
         train_tool.apply_amp(cfg)
 
 
