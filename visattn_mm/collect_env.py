@@ -75,7 +75,7 @@ def attention_paths(device_type):
         parts = []
         for op, has_bias in cls.attention_ops:
             if follows_table:
-                parts.append(f'{op} ' + describe_cuda_defaults(op, 'torch ops' if has_bias is None else 'fast'))
+                parts.append(describe_cuda_defaults(op, has_bias))
                 continue
             if has_bias is None:  # no softmax: the Triton kernels or torch ops
                 parts.append(f'{op} ' + ('triton' if chosen_path(device_type, op=op) == 'triton' else 'torch ops'))

@@ -86,10 +86,7 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
     vicinity = any(has_bias is None for _, has_bias in attention_ops) or not attention_ops
     line = f'{name}: {describe_impl(attn_impl, softmax, vicinity)}'
     if attn_impl == 'auto' and get_attention_impl() == 'auto' and attention_ops:
-        line += '; on CUDA: ' + '; '.join(
-            f'{op} ' + describe_cuda_defaults(op, 'torch ops' if has_bias is None else 'fast')
-            for op, has_bias in attention_ops
-        )
+        line += '; on CUDA: ' + '; '.join(describe_cuda_defaults(op, has_bias) for op, has_bias in attention_ops)
     print_log(line, logger='current')
     return attn_impl
 

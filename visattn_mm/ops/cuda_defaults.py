@@ -151,19 +151,21 @@ def cuda_default(op, dtype, head_dim=None):
     return next((row for row in CUDA_DEFAULTS if row.covers(op, name, head_dim)), None)
 
 
-def describe_cuda_defaults(op, fast_label='fast'):
-    """What 'auto' runs for ``op`` on CUDA, per dtype, and why: e.g. ``'fast on bf16, fp16, fp32
+def describe_cuda_defaults(op, has_bias=False):
+    """What 'auto' runs for ``op`` on CUDA, per dtype, and why: e.g. ``'pale fast on bf16, fp16, fp32
     (defaults table: not measured on a GPU yet)'``, rows of equal path and reason merged.
 
     Args:
         op (str): One of :data:`OPS`.
-        fast_label (str): How to call the 'fast' path (vicinity attention: 'torch ops').
+        has_bias (bool | None): As in a backbone's ``attention_ops``; None for an attention without
+            softmax (vicinity attention), whose 'fast' path is its torch ops.
     """
     groups = {}
     for row in CUDA_DEFAULTS:
         if row.op == op:
             groups.setdefault((row.path, row.reason), []).append(row.name.split('/', 1)[1])
-    return '; '.join(
+    fast_label = 'torch ops' if has_bias is None else 'fast'
+    return f'{op} ' + '; '.join(
         f'{fast_label if path == "fast" else path} on {", ".join(labels)} (defaults table: {reason})'
         for (path, reason), labels in groups.items()
     )
