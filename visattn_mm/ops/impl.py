@@ -46,14 +46,12 @@ ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 TRITON_OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 
-# Device types on which 'auto' picks the fused path. Measured on CPU (torch
-# 2.12, forward + backward, stage-1 shapes; rerun with
-# tools/analysis/attention_benchmark.py): unless a bias needs a gradient
-# (see use_fast_path), the fused path is faster for all
-# three softmax attentions, and for Pale it turns the N^1.5 memory of the
-# stored scores into linear memory. On CUDA the fused kernels are the flash /
-# memory-efficient ones.
-FUSED_DEVICES = ('cpu', 'cuda')
+# Device types besides CUDA (whose 'auto' follows ops/cuda_defaults.py) on which 'auto' picks the
+# fused path. Measured on CPU (torch 2.12, forward + backward, stage-1 shapes; rerun with
+# tools/analysis/attention_benchmark.py): unless a bias needs a gradient (see chosen_path), the
+# fused path is faster for all three softmax attentions, and for Pale it turns the N^1.5 memory of
+# the stored scores into linear memory.
+FUSED_DEVICES = ('cpu',)
 
 
 # What each choice runs, for the log line a backbone writes at build (describe_impl): for the
