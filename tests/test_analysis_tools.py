@@ -1,5 +1,5 @@
-"""tools/analysis/model_zoo.py and its zoo_*.py modules (parameter / FLOPs counts, flagging, the generated page)
-and tools/analysis/plot_curves.py (scalar parsing, the PNG)."""
+"""tools/analysis/model_zoo.py and its zoo_*.py modules (parameter / FLOPs counts, flagging, the generated page),
+tools/analysis/get_flops.py and tools/analysis/plot_curves.py (scalar parsing, the PNG)."""
 
 from __future__ import annotations
 
@@ -204,6 +204,25 @@ def test_page_round_trips():
     page = (ROOT / 'docs' / 'model_zoo.md').read_text()
     command, _ = zoo_render.read_page(page)
     assert zoo_render.render(['upernet'], {}, command, page) == page
+
+
+# --------------------------------------------------------------------------
+# get_flops.py (mmseg 1.2.2's get_flops fails on every config; mmdet's has no --shape)
+# --------------------------------------------------------------------------
+def test_get_flops_counts_the_zoo_way_at_the_size_given(capsys):
+    get_flops = _load('get_flops')
+    config = ROOT / 'configs' / 'upernet_vvt_t_160k_ade20k.py'
+    get_flops.main([str(config), '--shape', '64', '96'])
+    printed = capsys.readouterr().out
+    expected = zoo_measure.measure(config, skip_flops=False, input_size=(64, 96))
+    assert 'Input shape: (3, 64, 96)' in printed
+    assert f'Flops: {expected.flops / 1e9:.2f} G multiply-adds' in printed
+    assert f'Params: {expected.params / 1e6:.2f} M' in printed
+    for part, macs in expected.flops_parts.items():
+        assert f'  {part}: {macs / 1e9:.2f} G' in printed
+    assert get_flops.parse_shape(None, 'mmseg') == (512, 512) and get_flops.parse_shape([96], 'mmdet') == (96, 96)
+    with pytest.raises(SystemExit, match='--shape takes H or H W'):
+        get_flops.parse_shape([1, 2, 3], 'mmdet')
 
 
 # --------------------------------------------------------------------------

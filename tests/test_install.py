@@ -247,14 +247,19 @@ def test_lock_pins_satisfy_the_compatible_ranges():
     assert accepted == ['3.11', '3.12'], python_requires
 
 
-def test_lock_pins_the_deploy_extra_within_its_ranges():
-    """The bootstrap installs the deploy extra (export tests run in CI) at versions its ranges allow."""
+def test_lock_pins_every_extra_within_its_ranges():
+    """The bootstrap installs the extras (export tests and mmdet's analyze_logs run in CI) at versions
+    their ranges allow."""
     setup_cfg = configparser.ConfigParser()
     setup_cfg.read(ROOT / 'setup.cfg')
-    extra = [Requirement(line) for line in setup_cfg['options.extras_require']['deploy'].strip().splitlines()]
-    assert {r.name for r in extra} == {'onnx', 'onnxruntime', 'onnxscript'}
+    extras = {
+        name: [Requirement(line) for line in lines.strip().splitlines() if not line.startswith('#')]
+        for name, lines in setup_cfg['options.extras_require'].items()
+    }
+    assert {r.name for r in extras['deploy']} == {'onnx', 'onnxruntime', 'onnxscript'}
+    assert {r.name for r in extras['analysis']} == {'seaborn'}
     pins = _lock_pins()
-    for requirement in extra:
+    for requirement in extras['deploy'] + extras['analysis'] + extras['tests']:
         assert requirement.specifier.contains(pins[requirement.name.lower()]), (str(requirement), pins)
 
 

@@ -601,3 +601,25 @@ def test_plot_curves_of_a_real_work_dir(det_trained, workspace):
         proc.stdout
     )
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def _mim_run(*args) -> list[str]:
+    return [sys.executable, '-m', 'mim', 'run', *map(str, args)]
+
+
+def test_mmdet_analyze_logs_and_browse_dataset_through_mim(det_trained, workspace):
+    """mmdet's own tools as users run them: ``analyze_logs`` (it imports seaborn, which the stack
+    installs) on our work dir's JSON log, ``browse_dataset`` on our demo config."""
+    log = sorted(det_trained.glob('*/vis_data/2*.json'))[0]
+    out = workspace / 'mmdet_curve.png'
+    _run(_mim_run('mmdet', 'analyze_logs', 'plot_curve', log, '--keys', 'loss', 'bbox_mAP', '--out', out), workspace)
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert 'average iter time' in _run(_mim_run('mmdet', 'analyze_logs', 'cal_train_time', log), workspace).stdout
+    # The demo config reads data/toy_coco/ under the working directory: the toy set of det_config.
+    (workspace / 'data').mkdir(exist_ok=True)
+    if not (workspace / 'data' / 'toy_coco').exists():
+        (workspace / 'data' / 'toy_coco').symlink_to(workspace / 'toy_coco')
+    browsed = workspace / 'browsed'
+    demo_config = ROOT / 'configs' / 'demo' / 'maskrcnn_vil_t_toy.py'
+    _run(_mim_run('mmdet', 'browse_dataset', demo_config, '--output-dir', browsed, '--not-show'), workspace)
+    assert len(list(browsed.glob('*.png'))) == 8

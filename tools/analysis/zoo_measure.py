@@ -16,14 +16,15 @@ if TOOLS_DIR not in sys.path:
     sys.path.insert(0, TOOLS_DIR)  # _cli_common, shared with tools/train.py, lives there
 
 
-def build_model(config_path: str | Path, device: str = 'cpu'):
-    """Build the config's model in eval mode (no weights loaded); returns (model, task scope)."""
+def build_model(config_path: str | Path, device: str = 'cpu', cfg_options: dict | None = None):
+    """Build the config's model (with ``cfg_options`` applied) in eval mode, no weights loaded;
+    returns (model, task scope)."""
     from mmengine.registry import MODELS, init_default_scope
 
     import _cli_common as common
 
     common.import_plugin()
-    cfg = common.load_config(str(config_path), None, 'none')
+    cfg = common.load_config(str(config_path), cfg_options, 'none')
     scope = common.register_scope_modules(cfg)
     init_default_scope(scope)
     return MODELS.build(cfg.model).to(device).eval(), scope
