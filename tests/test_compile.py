@@ -13,6 +13,7 @@ import importlib
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 from helpers import build_tiny
 from triton_harness import interpreted_fixture, launch_snapshot, launches_since, main, mismatches
@@ -31,6 +32,51 @@ def test_tiny_backbone_traces_without_graph_breaks(backbone):
     explanation = torch._dynamo.explain(model)(torch.randn(1, 3, 64, 96))
     assert explanation.graph_break_count == 0, [str(b.reason) for b in explanation.break_reasons]
     assert explanation.graph_count == 1
+
+
+# Image sizes as a multi-scale detection pipeline gives them (sides padded to multiples of 32): the
+# second differs from the first in both sides, so that dynamo makes both dynamic at once; the second
+# needs padding at every stage and the third none (its quarter-resolution sides are multiples of the
+# chunk and pale sizes), which is where a graph that guarded on the padding would compile again. At
+# least 320 pixels a side, as a detector's input has: every stage's map then spans two chunks or
+# pales (a side of one, dynamo would specialise on).
+CHANGING_SIZES = ((320, 384), (352, 416), (448, 448))
+
+
+def compile_count(cls, training, sizes=CHANGING_SIZES, impl='auto', device='cpu'):
+    """How often torch.compile (AOTAutograd, or dynamo alone for inference) compiles a tiny ``cls``
+    over ``sizes``: in ``training`` with its backward, else in eval mode without gradients."""
+    model = build_tiny(cls, attn_impl=impl, drop_path_rate=0.0).to(device).train(training)
+    counter = CompileCounterWithBackend('aot_eager') if training else CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    # On the CPU, PyTorch picks its convolution kernel (mkldnn or not) by the input's size, and
+    # dynamo guards on that choice: a tiny model's maps cross that threshold, a detector's do not.
+    with torch.backends.mkldnn.flags(enabled=False), torch.set_grad_enabled(training):
+        for size in sizes:
+            outs = compiled(torch.randn(1, 3, *size, device=device))
+            if training:
+                sum(o.sum() for o in outs).backward()
+    return counter.frame_count
+
+
+@pytest.mark.parametrize('training', (True, False), ids=('train', 'eval'))
+@pytest.mark.parametrize('backbone', (ViLLS, VVT, PaleTransformer), ids=lambda c: c.__name__)
+def test_compiled_at_most_twice_over_changing_sizes(backbone, training):
+    """The first size, then one dynamic graph for every other (ViL-LS's stages 3-4 are ViL's
+    sliding-chunk attention, so ViL's ops are counted there)."""
+    assert compile_count(backbone, training) <= 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('training', (True, False), ids=('train', 'eval'))
+@pytest.mark.parametrize('backbone', BACKBONES, ids=lambda c: c.__name__)
+def test_compiled_at_most_twice_over_changing_sizes_on_cuda(backbone, training):
+    """The same on a GPU, on the Triton path."""
+    from triton_harness import skip_unless_compiled
+
+    skip_unless_compiled()
+    assert compile_count(backbone, training, impl='triton', device='cuda') <= 2
 
 
 @pytest.mark.parametrize('backbone', BACKBONES, ids=lambda c: c.__name__)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from mmengine.logging import print_log
 from timm.layers import trunc_normal_
 
-from ..ops.common import is_symbolic
+from ..ops.common import builds_for_every_size
 from ..ops.cuda_defaults import describe_cuda_defaults
 from ..ops.impl import ATTENTION_IMPLS, describe_impl, get_attention_impl
 
@@ -32,8 +32,8 @@ def pad_to_multiple(x, multiple):
     """Zero-pad an NCHW map at the bottom/right so both sides divide ``multiple``."""
     h, w = x.shape[-2:]
     pad_h, pad_w = -h % multiple, -w % multiple
-    # An exported graph pads always (by zero where the sides divide): it serves every size.
-    if is_symbolic(pad_h, pad_w) or pad_h or pad_w:
+    # A graph traced for every size pads always (by zero where the sides divide).
+    if builds_for_every_size(pad_h, pad_w) or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 

@@ -146,3 +146,15 @@ class ChunkGather(torch.autograd.Function):
                 token_grads.append(grad[:, start : start + n, p].transpose(1, 2))
                 start += n
         return (None, None, None, *token_grads)
+
+
+def gather_chunk_rows(index, features, extra_row, *tokens):
+    """:class:`ChunkGather`, or its functional twin :func:`gather_rows` where a tracer needs one.
+
+    The twin while torch.export traces (functional ops only), and while torch.compile traces
+    without autograd (inference): dynamo then inlines the Function's forward and binds its
+    arguments wrongly (torch 2.12: a fake-tensor error in ``expand``).
+    """
+    if torch.compiler.is_exporting() or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
+        return gather_rows(index, features, extra_row, *tokens)
+    return ChunkGather.apply(index, features, extra_row, *tokens)

@@ -26,9 +26,9 @@ def device_cache(build):
 
     @functools.wraps(build)
     def lookup(*args, **kwargs):
-        # While torch.export traces, tensors are fake (a cached one would poison later
-        # eager calls) and dynamic sizes are symbols (unhashable): build in the graph.
-        if torch.compiler.is_exporting() or is_symbolic(*args, *kwargs.values()):
+        # While torch.export or torch.compile traces, tensors are fake (a cached one would poison
+        # later eager calls) and sizes may be symbols: build in the graph.
+        if builds_for_every_size(*args, *kwargs.values()):
             return build(*args, **kwargs)
         return cached(*args, **kwargs)
 
@@ -45,6 +45,17 @@ def is_symbolic(*values):
     the general branch for a symbol: the exported graph serves every size.
     """
     return any(isinstance(value, SYMBOLIC_TYPES) for value in values)
+
+
+def builds_for_every_size(*values):
+    """Whether the graph being traced must serve other sizes than ``values``' own.
+
+    So under torch.export with dynamic shapes (the sizes are symbols) and under torch.compile
+    (dynamo shows them as plain ints, yet makes them dynamic once a second size comes). Code that
+    skips work for some sizes must take the general branch then: under torch.compile a branch on
+    a size is a guard, and a new compilation whenever it flips.
+    """
+    return torch.compiler.is_compiling() or is_symbolic(*values)
 
 
 def clear_device_caches():
@@ -191,5 +202,11 @@ def from_chunks(x, height, width, window):
     b, heads, rows, cols, _, d = x.shape
     w = window
     x = x.reshape(b, heads, rows, cols, w, w, d).transpose(3, 4)
+    if builds_for_every_size(*x.shape, height, width):
+        # A gather is a new tensor whether or not anything is cropped, where a view's layout
+        # would depend on it (and dynamo and AOTAutograd guard on layouts).
+        x = x.clone(memory_format=torch.contiguous_format).view(b, heads, rows * w * cols * w, d)
+        kept = torch.arange(height, device=x.device)[:, None] * (cols * w) + torch.arange(width, device=x.device)
+        return x.index_select(2, kept.view(-1))
     x = x.reshape(b, heads, rows * w, cols * w, d)[:, :, :height, :width]
     return x.reshape(b, heads, height * width, d)

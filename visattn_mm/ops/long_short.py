@@ -33,7 +33,7 @@ share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows
+from .chunk_gather import chunk_query_index, chunk_token_positions, gather_chunk_rows, gather_fill_rows
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import segment_pad
@@ -249,8 +249,8 @@ def _fused_long_short_attention(
     kv_index = segment_key_index(height, width, w, num_bar, num_global, q.device)
 
     def attend(*tensors):
-        (q_seg,) = ChunkGather.apply(q_index, *q_rows, tensors[0])
-        k_win, v_win = ChunkGather.apply(kv_index, *kv_rows, *tensors[1:])
+        (q_seg,) = gather_chunk_rows(q_index, *q_rows, tensors[0])
+        k_win, v_win = gather_chunk_rows(kv_index, *kv_rows, *tensors[1:])
 
         def heads_first(t):
             return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)

@@ -41,7 +41,7 @@ regrouping and transposing took about 30 copies and a boolean mask.
 import torch
 import torch.nn.functional as F
 
-from .common import dense_attention, device_cache, fused_attention, is_symbolic
+from .common import builds_for_every_size, dense_attention, device_cache, fused_attention
 from .impl import attention_path, use_fast_path
 from .indexing import half_heads, interlace_stride, pale_size_pair
 
@@ -53,11 +53,11 @@ def padded_key_mask(side, length, pale_size, device):
     Returns ``None`` when the axis needs no padding, else a BoolTensor
     ``(stride, 1, s_eff * length)``: key ``k * length + x`` of group ``g`` is line
     ``k * stride + g`` of the padded axis, hidden when that line is ``>= side``.
-    A symbolic ``side`` (torch.export) always gets the mask, all False where nothing
-    is padded, so that one exported graph serves padded and unpadded sizes.
+    A graph traced for every size (:func:`~visattn_mm.ops.common.builds_for_every_size`) always
+    gets the mask, all False where nothing is padded, so that it serves padded and unpadded sizes.
     """
     size, stride, padded = interlace_stride(side, pale_size)
-    if not is_symbolic(side) and padded == side:
+    if not builds_for_every_size(side) and padded == side:
         return None
     line = torch.arange(size)[None, :] * stride + torch.arange(stride)[:, None]  # (stride, s)
     hidden = (line >= side)[:, :, None].expand(stride, size, length)
@@ -101,9 +101,9 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
     )
     d = v.shape[-1]
     out = out.reshape(b, heads, stride, size, width, d).transpose(2, 3).reshape(b, heads, padded * width, d)
-    if is_symbolic(n):
-        # One exported graph serves padded and unpadded maps: a gathered crop is a new tensor
-        # either way, where a slice's layout (and the graph's guards) would depend on it.
+    if builds_for_every_size(n):
+        # One graph serves padded and unpadded maps: a gathered crop is a new tensor either way,
+        # where a slice's layout (and the graph's guards) would depend on it.
         return out.index_select(2, torch.arange(n, device=out.device))
     return out[:, :, :n]
 
@@ -150,8 +150,8 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
     s_r, s_c = pale_size_pair(pale_size)
-    # Sizes are symbols under torch.export with dynamic shapes: the padded path's one graph serves every size.
-    if path == 'fast' and not is_symbolic(*q.shape, height, width):
+    # The gathered path's token order depends on the sizes; the padded path's one graph serves every size.
+    if path == 'fast' and not builds_for_every_size(*q.shape, height, width):
         return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
     # The path decided here (an explicit value) is what the row and column parts run.
     row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, path)

@@ -25,7 +25,7 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import ChunkGather, chunk_query_index, chunk_token_positions, gather_fill_rows, gather_rows
+from .chunk_gather import chunk_query_index, chunk_token_positions, gather_chunk_rows, gather_fill_rows
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
@@ -345,12 +345,10 @@ def _fused_sliding_chunk_attention(
     key_masking = 0 if masking_mode == 1 else masking_mode
     extra = 0 if bias is None else 8 - d % 8
     q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
-    # torch.export needs functional ops: there the gathers are plain concatenations + index_select.
-    chunk_gather = gather_rows if torch.compiler.is_exporting() else ChunkGather.apply
-    (q_chunks,) = chunk_gather(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
+    (q_chunks,) = gather_chunk_rows(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
     keys = (k,) if leading_global or not num_global else (global_k, k)
     values = (v,) if leading_global or not num_global else (global_v, v)
-    k_near, v_near = chunk_gather(
+    k_near, v_near = gather_chunk_rows(
         neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows, *keys, *values
     )
 
