@@ -54,9 +54,13 @@ COLUMNS = (
     'peak_gib_vs_r50',
     'launched',
     'launched_vs_swin-t',
+    'blocks',
+    'launched_per_block',
+    'launched_per_block_vs_swin-t',
     'layout_gb',
     'layout_gb_vs_swin-t',
     'moved_gb',
+    'moved_gb_vs_swin-t',
     'saved_gb',
     'tflops',
     'trace_s',
@@ -101,6 +105,16 @@ def build_config_model(config):
     return model, forward, parts
 
 
+def count_blocks(model):
+    """The backbone's residual blocks (``*Block``: ours and Swin's; ``Bottleneck``: ResNet's).
+
+    Launches per block compare backbones of different depths (Pale-T has 22 blocks, VVT-S 18,
+    Swin-T 12): a step's launches grow with depth, which is not waste.
+    """
+    backbone = getattr(model, 'backbone', model)
+    return sum(type(m).__name__.endswith(('Block', 'Bottleneck')) for m in backbone.modules())
+
+
 def _gb(value):
     return value / 1e9
 
@@ -109,6 +123,7 @@ def trace_rows(name, model, forward, parts, impls, args):
     """Traces ``model`` once per impl; returns (summary rows, class rows, op rows)."""
     rows, class_rows, op_rows = [], [], []
     model.train()
+    blocks = count_blocks(model)
     for impl in impls:
         begin = time.perf_counter()
         with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
@@ -133,6 +148,8 @@ def trace_rows(name, model, forward, parts, impls, args):
                 mode=args.mode,
                 peak_gib=summary['peak_bytes'] / common.GIB,
                 launched=summary['launched'],
+                blocks=blocks,
+                launched_per_block=summary['launched'] / blocks if blocks else None,
                 layout_gb=_gb(summary['layout_bytes']),
                 moved_gb=_gb(summary['bytes_moved']),
                 saved_gb=_gb(summary['bytes_saved']),
@@ -167,7 +184,9 @@ def trace_rows(name, model, forward, parts, impls, args):
 def add_ratios(rows):
     """Ratios to the baselines' rows of the same run (same batch, size, dtype, mode)."""
     keys = ('batch', 'height', 'width', 'dtype', 'mode')
-    common.add_ratio_columns(rows, 'swin-t', keys, ('peak_gib', 'launched', 'layout_gb'))
+    common.add_ratio_columns(
+        rows, 'swin-t', keys, ('peak_gib', 'launched', 'launched_per_block', 'layout_gb', 'moved_gb')
+    )
     common.add_ratio_columns(rows, 'r50', keys, ('peak_gib',))
     return rows
 
