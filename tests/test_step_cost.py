@@ -167,13 +167,26 @@ def test_step_cost_tool_end_to_end(tmp_path, capsys):
             str(tmp_path),
         ]
     )
-    assert [row['model'] for row in rows] == ['swin-t', 'r50', 'vil-t', 'retinanet_vil_t_1x']
+    swin_retina = 'mmdet:retinanet_swin-t-p4-w7_fpn_1x_coco'  # mmdet's own, the baseline of ours
+    assert [(row['model'], row['batch'], row['height']) for row in rows] == [
+        ('swin-t', 1, 256),
+        ('r50', 1, 256),
+        ('vil-t', 1, 256),
+        (swin_retina, 1, 256),
+        (swin_retina, 2, 800),  # the configs' training setting: 2 images of 800x1333
+        ('retinanet_vil_t_1x', 1, 256),
+        ('retinanet_vil_t_1x', 2, 800),
+    ]
     assert rows[0]['peak_gib_vs_swin-t'] == 1.0
     # Swin-T's 12 blocks, ResNet-50's 16 bottlenecks, ViL-T's 1 + 2 + 8 + 1; a config's backbone.
-    assert [row['blocks'] for row in rows] == [12, 16, 12, 12]
+    assert [row['blocks'] for row in rows] == [12, 16, 12, 12, 12, 12, 12]
     assert rows[2]['launched_per_block'] == rows[2]['launched'] / 12
     assert rows[2]['moved_gb_vs_swin-t'] == rows[2]['moved_gb'] / rows[0]['moved_gb']
-    retina = rows[-1]
+    for ours, baseline in ((rows[5], rows[3]), (rows[6], rows[4])):
+        assert ours['baseline'] == swin_retina
+        assert ours['peak_gib_vs_baseline'] == ours['peak_gib'] / baseline['peak_gib']
+        assert ours['moved_gb_vs_baseline'] == ours['moved_gb'] / baseline['moved_gb']
+    retina = rows[5]
     assert retina['parts'] == 'backbone+neck+bbox_head'
     assert retina['peak_gib'] > rows[2]['peak_gib'] and retina['launched'] > rows[2]['launched']
     with open(tmp_path / 'step_cost_ops.csv') as ops:
@@ -189,6 +202,7 @@ def test_step_cost_tool_end_to_end(tmp_path, capsys):
         (['--size', '8x8'], '--size'),
         (['--impls', 'fastest'], '--impls'),
         (['--batch', '0'], '--batch'),
+        (['--config-settings', 'train'], '--config-settings'),
     ],
 )
 def test_step_cost_tool_refuses_bad_options(argv, message):
@@ -236,4 +250,63 @@ def test_backbone_step_stays_under_its_ceilings(model, impl, swin_t_step):
     over = [
         f'{figure} {ratio} > {ceiling}' for figure, ratio, ceiling in zip(FIGURES, ratios, ceilings) if ratio > ceiling
     ]
+    assert not over, over
+
+
+# Ceilings of whole models at their configs' training settings (Mask R-CNN 2 images of 800x1333,
+# UperNet 4 crops of 512x512), bf16, forward + backward, as ratios to mmdet's / mmseg's own Swin-T
+# version of the same model traced alike: (peak memory, bytes moved), just above today's.
+WHOLE_MODEL_CEILINGS = {
+    ('maskrcnn_vil_s_1x', 'auto'): (1.47, 1.09),
+    ('maskrcnn_vil_s_1x', 'triton'): (0.87, 0.70),
+    ('upernet_vil_s_160k_ade20k', 'auto'): (1.33, 1.06),
+    ('upernet_vil_s_160k_ade20k', 'triton'): (0.90, 0.74),
+    ('maskrcnn_vil_ls_s_1x', 'auto'): (1.35, 1.06),
+    ('maskrcnn_vil_ls_s_1x', 'triton'): (0.90, 0.77),
+    ('upernet_vil_ls_s_160k_ade20k', 'auto'): (1.24, 1.03),
+    ('upernet_vil_ls_s_160k_ade20k', 'triton'): (0.92, 0.79),
+    ('maskrcnn_pale_t_1x', 'auto'): (1.16, 0.90),
+    ('maskrcnn_pale_t_1x', 'triton'): (1.12, 0.83),
+    ('upernet_pale_t_160k_ade20k', 'auto'): (1.08, 0.88),
+    ('upernet_pale_t_160k_ade20k', 'triton'): (1.06, 0.83),
+    ('maskrcnn_vvt_s_1x', 'auto'): (1.27, 2.05),
+    ('maskrcnn_vvt_s_1x', 'triton'): (1.27, 1.23),
+    ('upernet_vvt_s_160k_ade20k', 'auto'): (1.15, 1.77),
+    ('upernet_vvt_s_160k_ade20k', 'triton'): (1.16, 1.14),
+}
+
+
+def whole_model_figures(config, kind, impls=('auto',)):
+    """``{impl: (peak bytes, bytes moved)}`` of one traced training step of ``config`` at the training
+    setting of its ``kind`` ('maskrcnn', 'upernet'), per attention implementation."""
+    from visattn_mm.ops.impl import attention_impl
+
+    batch, size = step_cost_tool.TRAINING_SETTINGS[kind]
+    model, forward, _ = step_cost_tool.build_config_model(config)
+    figures = {}
+    for impl in impls:
+        with attention_impl(impl):
+            step = trace_step(model.train(), (batch, 3, *size), forward=forward).summary()
+        figures[impl] = (step['peak_bytes'], step['bytes_moved'])
+    return figures
+
+
+@pytest.fixture(scope='module')
+def swin_t_versions():
+    """mmdet's and mmseg's Swin-T Mask R-CNN and UperNet: their figures, by kind."""
+    return {
+        kind: whole_model_figures(step_cost_tool.swin_t_config(kind)[0], kind)['auto']
+        for kind in ('maskrcnn', 'upernet')
+    }
+
+
+@pytest.mark.parametrize('config', sorted({config for config, _ in WHOLE_MODEL_CEILINGS}))
+def test_whole_model_stays_under_its_ceilings(config, swin_t_versions):
+    kind = step_cost_tool.config_kind(config)
+    over = []
+    for impl, figures in whole_model_figures(config, kind, ('auto', 'triton')).items():
+        ratios = [round(ours / swin, 3) for ours, swin in zip(figures, swin_t_versions[kind])]
+        ceilings = WHOLE_MODEL_CEILINGS[config, impl]
+        names = ('peak memory', 'bytes moved')
+        over += [f'{impl} {name} {r} > {c}' for name, r, c in zip(names, ratios, ceilings) if r > c]
     assert not over, over

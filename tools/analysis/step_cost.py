@@ -11,8 +11,10 @@ The baselines are those of the H100 measurements in ``docs/benchmarks.md``: Swin
 timm's ``swin_tiny_patch4_window7_224`` as a dense backbone (any input size, four maps),
 ResNet-50 mmdet's Mask R-CNN backbone (stem and first stage frozen, BN in eval mode).
 
-``--configs`` adds whole models of configs (``configs/*.py``), in mmdet's / mmseg's tensor
-mode: backbone, neck and dense heads (a segmentor's decode and auxiliary heads, a
+``--configs`` adds whole models of configs (``configs/*.py``) and, as the baseline of each of
+ours, mmdet's or mmseg's own Swin-T version of the same detector or segmentor (from the installed
+package), at ``--batch`` / ``--size`` and at the configs' training settings (``--config-settings``);
+in mmdet's / mmseg's tensor mode: backbone, neck and dense heads (a segmentor's decode and auxiliary heads, a
 detector's RPN or RetinaNet head), with the sum of the outputs' means as the loss. A
 two-stage detector's RoI heads need proposals from NMS, which fake tensors cannot run:
 they are left out, and the row says so in ``parts``.
@@ -40,9 +42,19 @@ from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
 BASELINES = ('swin-t', 'r50')
+# mmdet's and mmseg's own Swin-T version of each kind of our configs, from the installed packages:
+# the baseline of every --configs row of that kind.
+SWIN_T_CONFIGS = {
+    'maskrcnn': ('mmdet', 'swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
+    'retinanet': ('mmdet', 'swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'),
+    'upernet': ('mmseg', 'swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
+}
+# The configs' training settings: images per GPU, input (crop) size.
+TRAINING_SETTINGS = {'maskrcnn': (2, (800, 1333)), 'retinanet': (2, (800, 1333)), 'upernet': (4, (512, 512))}
 COLUMNS = (
     'model',
     'impl',
+    'baseline',
     'parts',
     'batch',
     'height',
@@ -63,6 +75,9 @@ COLUMNS = (
     'moved_gb_vs_swin-t',
     'saved_gb',
     'tflops',
+    'peak_gib_vs_baseline',
+    'moved_gb_vs_baseline',
+    'launched_vs_baseline',
     'trace_s',
 )
 CLASS_COLUMNS = ('model', 'impl', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
@@ -74,6 +89,21 @@ def build_backbone(name):
     if name == 'swin-t':
         return benchmark._timm_swin_t()
     return benchmark.MODEL_ZOO[name][0]()
+
+
+def config_kind(config):
+    """``'maskrcnn'``, ``'retinanet'`` or ``'upernet'`` for one of our configs (by name), else None."""
+    kind = osp.basename(config).split('_', 1)[0]
+    return kind if kind in SWIN_T_CONFIGS else None
+
+
+def swin_t_config(kind):
+    """The path of mmdet's / mmseg's Swin-T config of ``kind`` in the installed package, and its row name."""
+    import importlib
+
+    package, relative = SWIN_T_CONFIGS[kind]
+    root = osp.dirname(importlib.import_module(package).__file__)
+    return osp.join(root, '.mim', 'configs', relative), f'{package}:{osp.splitext(osp.basename(relative))[0]}'
 
 
 def build_config_model(config):
@@ -119,8 +149,9 @@ def _gb(value):
     return value / 1e9
 
 
-def trace_rows(name, model, forward, parts, impls, args):
-    """Traces ``model`` once per impl; returns (summary rows, class rows, op rows)."""
+def trace_rows(name, model, forward, parts, impls, args, batch, size, baseline=None):
+    """Traces ``model`` once per impl on ``batch`` images of ``size``; returns (summary rows, class
+    rows, op rows). ``baseline``: the row name of the model to compare with (whole models)."""
     rows, class_rows, op_rows = [], [], []
     model.train()
     blocks = count_blocks(model)
@@ -129,7 +160,7 @@ def trace_rows(name, model, forward, parts, impls, args):
         with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
             cost = trace_step(
                 model,
-                (args.batch, 3, *args.size),
+                (batch, 3, *size),
                 dtype=args.dtype,
                 mode=args.mode,
                 device_type=args.device_type,
@@ -140,10 +171,11 @@ def trace_rows(name, model, forward, parts, impls, args):
             dict(
                 model=name,
                 impl=impl,
+                baseline=baseline,
                 parts=parts,
-                batch=args.batch,
-                height=args.size[0],
-                width=args.size[1],
+                batch=batch,
+                height=size[0],
+                width=size[1],
                 dtype=args.dtype,
                 mode=args.mode,
                 peak_gib=summary['peak_bytes'] / common.GIB,
@@ -174,7 +206,8 @@ def trace_rows(name, model, forward, parts, impls, args):
                     }
                 )
         print(
-            f"{name:>9} {impl:>6}: peak {rows[-1]['peak_gib']:.2f} GiB, {summary['launched']} ops, "
+            f"{name:>9} {impl:>6} {batch}x{size[0]}x{size[1]}: peak {rows[-1]['peak_gib']:.2f} GiB, "
+            f"{summary['launched']} ops, "
             f"layout {rows[-1]['layout_gb']:.1f} GB ({rows[-1]['trace_s']:.1f} s)",
             flush=True,
         )
@@ -188,6 +221,11 @@ def add_ratios(rows):
         rows, 'swin-t', keys, ('peak_gib', 'launched', 'launched_per_block', 'layout_gb', 'moved_gb')
     )
     common.add_ratio_columns(rows, 'r50', keys, ('peak_gib',))
+    reference = {(row['model'], *(row[k] for k in keys)): row for row in rows}
+    for row in rows:
+        base = reference.get((row.get('baseline'), *(row[k] for k in keys)))
+        for key in ('peak_gib', 'moved_gb', 'launched'):
+            row[f'{key}_vs_baseline'] = row[key] / base[key] if base and base[key] else None
     return rows
 
 
@@ -208,6 +246,12 @@ def parse_args(argv=None):
         default='auto,triton',
         help=f'attention implementations of our models, from {", ".join(ATTENTION_IMPLS)}',
     )
+    parser.add_argument(
+        '--config-settings',
+        default='args,training',
+        help="comma-separated: 'args' traces --configs at --batch and --size, 'training' at each config's "
+        'training setting (Mask R-CNN and RetinaNet 2 images of 800x1333, UperNet 4 crops of 512x512)',
+    )
     parser.add_argument('--batch', type=int, default=8)
     parser.add_argument('--size', default='800x1333', help='HEIGHTxWIDTH')
     parser.add_argument('--dtype', default='bf16', choices=list(AUTOCAST_DTYPES), help='fp32, or bf16 / fp16 autocast')
@@ -225,6 +269,9 @@ def parse_args(argv=None):
     else:
         args.models = common.check_choices(common.parse_list(args.models, option='--models'), ours, '--models')
     args.configs = [c.strip() for c in args.configs.split(',') if c.strip()]
+    args.config_settings = common.check_choices(
+        common.parse_list(args.config_settings, option='--config-settings'), ('args', 'training'), '--config-settings'
+    )
     args.impls = common.check_choices(common.parse_list(args.impls, option='--impls'), ATTENTION_IMPLS, '--impls')
     args.size = common.parse_size(args.size, '--size')
     if args.batch < 1:
@@ -236,21 +283,47 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(0)
     rows, class_rows, op_rows = [], [], []
-    jobs = [(name, lambda n=name: (build_backbone(n), None, 'backbone'), [common.NO_IMPL]) for name in BASELINES]
-    jobs += [(name, lambda n=name: (build_backbone(n), None, 'backbone'), args.impls) for name in args.models]
-    jobs += [(config, lambda c=config: build_config_model(c), args.impls) for config in args.configs]
-    for name, build, impls in jobs:
+    here = [(args.batch, args.size)]
+    jobs = [
+        (name, lambda n=name: (build_backbone(n), None, 'backbone'), [common.NO_IMPL], here, None) for name in BASELINES
+    ]
+    jobs += [
+        (name, lambda n=name: (build_backbone(n), None, 'backbone'), args.impls, here, None) for name in args.models
+    ]
+    config_jobs, baselines = [], {}
+    for config in args.configs:
+        kind = config_kind(config)
+        settings = (here if 'args' in args.config_settings else []) + (
+            [TRAINING_SETTINGS[kind]] if kind and 'training' in args.config_settings else []
+        )
+        baseline = None
+        if kind:
+            path, baseline = swin_t_config(kind)
+            baselines.setdefault(baseline, (path, set()))[1].update(settings)
+        config_jobs.append((config, lambda c=config: build_config_model(c), args.impls, settings or here, baseline))
+    jobs += [
+        (name, lambda p=path: build_config_model(p), [common.NO_IMPL], sorted(settings), None)
+        for name, (path, settings) in baselines.items()
+    ]
+    jobs += config_jobs
+    for name, build, impls, settings, baseline in jobs:
         model, forward, parts = build()
-        found = trace_rows(name, model, forward, parts, impls, args)
-        for table, new in zip((rows, class_rows, op_rows), found):
-            table += new
+        for batch, size in settings:
+            found = trace_rows(name, model, forward, parts, impls, args, batch, size, baseline)
+            for table, new in zip((rows, class_rows, op_rows), found):
+                table += new
         del model
     add_ratios(rows)
     print(
         f'\nstep costs, {args.mode}, batch {args.batch}, {args.size[0]}x{args.size[1]}, {args.dtype}, '
         f'{args.device_type} dispatch (traced on fake tensors)\n'
     )
-    print(common.format_table(rows, [c for c in COLUMNS if c not in ('batch', 'height', 'width', 'dtype', 'mode')]))
+    shown = [c for c in COLUMNS if c not in ('dtype', 'mode')]
+    if not args.configs:
+        shown = [
+            c for c in shown if c not in ('batch', 'height', 'width', 'baseline') and not c.endswith('_vs_baseline')
+        ]
+    print(common.format_table(rows, shown))
     for file_name, table, columns in (
         ('step_cost.csv', rows, COLUMNS),
         ('step_cost_classes.csv', class_rows, CLASS_COLUMNS),
