@@ -14,8 +14,8 @@ ResNet-50 mmdet's Mask R-CNN backbone (stem and first stage frozen, BN in eval m
 ``--configs`` adds whole models of configs (``configs/*.py``) and, as the baseline of each of
 ours, mmdet's or mmseg's own Swin-T version of the same detector or segmentor (from the installed
 package), at ``--batch`` / ``--size`` and at the configs' training settings (``--config-settings``);
-in mmdet's / mmseg's tensor mode: backbone, neck and dense heads (a segmentor's decode and auxiliary heads, a
-detector's RPN or RetinaNet head), with the sum of the outputs' means as the loss. A
+in mmdet's / mmseg's tensor mode: backbone, neck and dense heads (a segmentor's decode and
+auxiliary heads, a detector's RPN or RetinaNet head), with the sum of the outputs' means as the loss. A
 two-stage detector's RoI heads need proposals from NMS, which fake tensors cannot run:
 they are left out, and the row says so in ``parts``.
 
