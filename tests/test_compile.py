@@ -45,7 +45,9 @@ CHANGING_SIZES = ((320, 384), (352, 416), (448, 448))
 
 def compile_count(cls, training, sizes=CHANGING_SIZES, impl='auto', device='cpu'):
     """How often torch.compile (AOTAutograd, or dynamo alone for inference) compiles a tiny ``cls``
-    over ``sizes``: in ``training`` with its backward, else in eval mode without gradients."""
+    over ``sizes``: in ``training`` with its backward, else in eval mode without gradients. The
+    compiled outputs must equal the eager ones at every size (the general branches that compiled
+    code takes compute what eager mode's size-specific ones do)."""
     model = build_tiny(cls, attn_impl=impl, drop_path_rate=0.0).to(device).train(training)
     counter = CompileCounterWithBackend('aot_eager') if training else CompileCounter()
     torch._dynamo.reset()
@@ -54,7 +56,10 @@ def compile_count(cls, training, sizes=CHANGING_SIZES, impl='auto', device='cpu'
     # dynamo guards on that choice: a tiny model's maps cross that threshold, a detector's do not.
     with torch.backends.mkldnn.flags(enabled=False), torch.set_grad_enabled(training):
         for size in sizes:
-            outs = compiled(torch.randn(1, 3, *size, device=device))
+            image = torch.randn(1, 3, *size, device=device)
+            outs = compiled(image)
+            for out, expected in zip(outs, model(image)):
+                torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
             if training:
                 sum(o.sum() for o in outs).backward()
     return counter.frame_count
