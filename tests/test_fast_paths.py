@@ -284,13 +284,15 @@ def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
     from visattn_mm.models.vvt import VicinityAttention
 
     operands = []
-    run = vicinity._vicinity_parts  # the products of every path but Triton's, forward and recomputed
+    # The products of every path but Triton's: forward (and its recomputation under checkpoint),
+    # and the fp32 path's hand-written backward.
+    for name in ('_vicinity_parts', '_vicinity_grads'):
 
-    def spy(q, k, v, height, width, eps, clamp, dtype, **kwargs):
-        operands.append(dtype)
-        return run(q, k, v, height, width, eps, clamp, dtype, **kwargs)
+        def spy(*args, run=getattr(vicinity, name), **kwargs):
+            operands.append(args[-1])
+            return run(*args, **kwargs)
 
-    monkeypatch.setattr(vicinity, '_vicinity_parts', spy)
+        monkeypatch.setattr(vicinity, name, spy)
     images = torch.randn(1, 3, 45, 61)
     outputs = {}
     for attn_impl, bf16_products in [(impl, False) for impl in ATTENTION_IMPLS] + [('auto', True)]:
@@ -302,7 +304,7 @@ def test_vvt_bf16_products_sets_the_precision_of_its_products(monkeypatch):
         sum(o.float().sum() for o in out).backward()
         blocks = sum(isinstance(m, VicinityAttention) for m in model.modules())
         assert set(operands) == {torch.bfloat16 if bf16_products else torch.float32}, (attn_impl, operands)
-        assert len(operands) == 2 * blocks  # forward, and recomputed in backward
+        assert len(operands) == 2 * blocks  # forward, and backward's recomputation
     for bf16, fp32 in zip(outputs['auto', True], outputs['auto', False]):
         torch.testing.assert_close(bf16.float(), fp32.float(), rtol=0.05, atol=0.05)
 

@@ -183,10 +183,12 @@ def test_memory_is_linear_in_the_number_of_tokens():
     assert _peak(vicinity_attention_dense, 16, 16) >= 256 * 256
 
 
-def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradients():
-    """Recompute mode saves the three inputs alone (not the fp32 4d-wide features) and gives
-    the stored mode's outputs bit for bit and its gradients to round-off (its backward is
-    written by hand, autograd's is not)."""
+def test_training_keeps_q_k_v_and_the_small_sums_and_recomputes_the_same_gradients():
+    """Recompute mode saves the three inputs, the small sums (``[KV | sum k']`` (B, h, 4d, d+1),
+    where KV's clamp acted, ``1 / den`` (B, h, N)) and where the output's clamp acted (a boolean
+    per output element) alone; not the fp32 4d-wide features (B, h, N, 4d). It gives the stored
+    mode's outputs bit for bit and its gradients to round-off (its backward is written by hand,
+    autograd's is not)."""
     q, k, v = (t.requires_grad_() for t in inputs(8, 8, seed=4))
     weights = torch.linspace(-1, 1, q.numel(), dtype=q.dtype).reshape(q.shape)
     results = {}
@@ -200,8 +202,10 @@ def test_training_keeps_only_q_k_v_for_backward_and_recomputes_the_same_gradient
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = vicinity_attention(q, k, v, 8, 8, recompute=recompute)
         results[recompute] = (out, torch.autograd.grad((out * weights).sum(), (q, k, v)), sum(saved))
+    batch, heads, tokens, dim = q.shape
     input_bytes = 3 * q.numel() * q.element_size()
-    assert results[True][2] == input_bytes
+    sums_bytes = batch * heads * (4 * dim * (dim + 1) * 8 + 4 * dim * dim + tokens * 8 + tokens * dim)
+    assert results[True][2] == input_bytes + sums_bytes
     assert results[False][2] > 4 * input_bytes
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
     for a, b in zip(results[True][1], results[False][1]):

@@ -223,32 +223,3 @@ def test_backbone_memory_is_linear_in_pixels():
         tokens = (side // 4) ** 2
         assert recorder.max_numel < tokens**2, (side, recorder.max_numel)
     assert peaks[1] / peaks[0] == pytest.approx(4, rel=0.05)
-
-
-def test_conv_mlp_training_function_keeps_only_the_conv_input():
-    """In training the depthwise conv + GELU run as one autograd function: the eval path's
-    outputs bit for bit (fp32), float64 gradcheck, and the hidden-wide tensors kept for backward
-    are the conv's input and fc2's input only (autograd would also keep the GELU's input)."""
-    from visattn_mm.models.vvt import ConvMlp, _DepthwiseConvGelu
-
-    torch.manual_seed(0)
-    mlp = ConvMlp(4, 16)
-    x = torch.randn(2, 12, 4, requires_grad=True)
-    with torch.no_grad():
-        expected = mlp(x, (3, 4))
-    hidden_saved = []
-
-    def pack(t):
-        hidden_saved.extend([t.numel()] if t.numel() == 2 * 12 * 16 else [])
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = mlp(x, (3, 4))
-    assert torch.equal(out, expected)
-    assert len(hidden_saved) == 2, hidden_saved
-    args = (
-        torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True),
-        torch.randn(3, 1, 3, 3, dtype=torch.float64, requires_grad=True),
-        torch.randn(3, dtype=torch.float64, requires_grad=True),
-    )
-    assert torch.autograd.gradcheck(_DepthwiseConvGelu.apply, args)

@@ -14,8 +14,73 @@ from ..ops.cuda_defaults import describe_cuda_defaults
 from ..ops.impl import ATTENTION_IMPLS, describe_impl, get_attention_impl
 
 
+def autocast_dtype(x):
+    """The dtype autocast would run a matrix product of ``x`` in: its autocast dtype for a
+    16/32-bit float ``x`` under autocast on ``x``'s device, else ``x.dtype``."""
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def summed_over_tokens(grad, x):
+    """``sum over tokens of grad^T x`` for ``(..., C_out)`` and ``(..., C_in)`` tensors: a linear
+    layer's weight gradient, without copying a ``(B, N, C)`` pair into rows where no ``(B*N, C)``
+    view can show them (gradients reach the blocks channel-first, from the NCHW outputs): a
+    batched product reads them as they are."""
+    rows = lambda t: t.stride(0) == t.shape[1] * t.stride(1)  # noqa: E731
+    if grad.dim() == 3 and not (rows(grad) and rows(x)):
+        return (grad.transpose(1, 2) @ x).sum(0)
+    return grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+
+
+def gelu_linear_grads(grad, gelu_input, weight, needs_input_grad):
+    """The gradients of ``linear(gelu(gelu_input), weight, bias)`` (input, weight, bias; ``None``
+    where ``needs_input_grad`` says no), recomputing the GELU from its input."""
+    needs_input, needs_weight, needs_bias = needs_input_grad
+    grad_input = torch.ops.aten.gelu_backward(grad @ weight, gelu_input) if needs_input else None
+    grad_weight = summed_over_tokens(grad, F.gelu(gelu_input)) if needs_weight else None
+    grad_bias = grad.sum(tuple(range(grad.dim() - 1))) if needs_bias else None
+    return grad_input, grad_weight, grad_bias
+
+
+class GeluLinear(torch.autograd.Function):
+    """``linear(gelu(x), weight, bias)`` keeping ``x`` and ``weight`` for backward, not the GELU's
+    output: autograd would keep both hidden-wide tensors; backward here recomputes the GELU
+    (one elementwise pass). The forward computes exactly what the modules do. All tensors share
+    one dtype (the caller casts, as autocast would)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(F.gelu(x), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            return gelu_linear_grads(grad, x, weight, ctx.needs_input_grad)
+
+
+def keeps_gelu_input_only(mlp):
+    """Whether an MLP (``act``, ``fc2``, ``drop``) may run its GELU and ``fc2`` as
+    :class:`GeluLinear` now: a gradient will be taken, the activation is the exact GELU, ``fc2``
+    has a bias and no dropout acts between them."""
+    return (
+        torch.is_grad_enabled()
+        and type(mlp.act) is nn.GELU
+        and mlp.act.approximate == 'none'
+        and mlp.fc2.bias is not None
+        and not (mlp.training and mlp.drop.p > 0)
+    )
+
+
 class Mlp(nn.Module):
-    """fc1 -> GELU -> dropout -> fc2 -> dropout (official key names ``fc1``/``fc2``)."""
+    """fc1 -> GELU -> dropout -> fc2 -> dropout (official key names ``fc1``/``fc2``).
+
+    In training (without dropout) the GELU and ``fc2`` run as :class:`GeluLinear`, which keeps one
+    hidden-wide tensor for backward instead of two.
+    """
 
     def __init__(self, dim, hidden_dim, drop=0.0):
         super().__init__()
@@ -25,7 +90,11 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x):
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        x = self.fc1(x)
+        if not keeps_gelu_input_only(self):
+            return self.drop(self.fc2(self.drop(self.act(x))))
+        dtype = autocast_dtype(x)
+        return GeluLinear.apply(x.to(dtype), self.fc2.weight.to(dtype), self.fc2.bias.to(dtype))
 
 
 def pad_to_multiple(x, multiple):

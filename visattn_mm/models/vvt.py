@@ -21,7 +21,15 @@ from timm.layers import DropPath
 
 from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attention
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
-from .layers import OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
+from .layers import (
+    OverlapPatchEmbed,
+    autocast_dtype,
+    check_attn_impl,
+    check_int,
+    gelu_linear_grads,
+    init_transformer_weights,
+    keeps_gelu_input_only,
+)
 
 ARCH_ZOO = with_aliases(
     {
@@ -44,14 +52,6 @@ ARCH_ZOO = with_aliases(
 DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
 EMBED_LN_EPS = 1e-5  # patch-embedding LayerNorm (official: nn.LayerNorm default)
 LN_EPS = 1e-6  # every other LayerNorm of the official code
-
-
-def autocast_dtype(x):
-    """The dtype autocast would run a matrix product of ``x`` in: its autocast dtype for a
-    16/32-bit float ``x`` under autocast on ``x``'s device, else ``x.dtype``."""
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
 
 
 def init_vvt_weights(module):
@@ -111,13 +111,13 @@ class VicinityAttention(nn.Module):
         """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
         b, n, _ = x.shape
         gate = self.se_fc(x.mean(dim=1))
-        # One cast for the three projections: autocast would cast (and keep for backward)
-        # a copy of x per projection.
-        x = x.to(autocast_dtype(x))
-        q, k, v = (
-            proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        # The three projections as one product (weights concatenated, checkpoint keys unchanged):
+        # x is read, cast and kept for backward once, and backward runs one product for x's gradient.
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = F.linear(x, torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections]))
+        # Unbound along the (B, N, 3, heads, d) layout, so that backward stacks the three gradients
+        # straight into the product's layout (one copy).
+        q, k, v = (t.transpose(1, 2) for t in qkv.reshape(b, n, 3, self.num_heads, -1).unbind(2))
         out = vicinity_attention(q, k, v, *hw, impl=self.attn_impl, bf16_products=self.bf16_products)
         out = lean_signed_clamp(self.out_proj(out.transpose(1, 2).reshape(b, n, -1)))
         return self.proj_drop(preserve_features(out, gate))
@@ -136,53 +136,64 @@ class DWConv(nn.Module):
         return x.flatten(2).transpose(1, 2)
 
 
-class _DepthwiseConvGelu(torch.autograd.Function):
-    """``gelu(conv2d(x, weight, bias))`` (3x3 depthwise, padding 1) as ``(B, H*W, C)`` tokens, keeping
-    only the ``(B, C, H, W)`` map ``x`` for backward.
+class _DepthwiseConvGeluLinear(torch.autograd.Function):
+    """``linear(gelu(conv2d(x, conv_weight, conv_bias)), weight, bias)``: the 3x3 depthwise
+    convolution (padding 1) of the ``(B, hidden, H, W)`` map ``x``, the GELU on its ``(B, H*W, hidden)``
+    tokens and ``fc2``, keeping only ``x`` (and the weights) for backward.
 
-    Autograd would keep the convolution's input and output (the GELU's input), both
-    ``hidden``-wide maps, besides the GELU output that ``fc2`` keeps; backward here
-    recomputes the convolution (one depthwise pass over ``x``) instead. ``x``,
-    ``weight`` and ``bias`` share one dtype (the caller casts, as autocast would).
+    Autograd would keep three ``hidden``-wide tensors per block: the convolution's input and
+    output (the GELU's input) and the GELU's output (``fc2``'s input). Backward here recomputes
+    the convolution and the GELU from ``x`` (one depthwise pass and one elementwise pass) and
+    then runs the products autograd would. The forward computes exactly what the modules do.
+    All tensors share one dtype (the caller casts, as autocast would).
     """
 
     @staticmethod
-    def _tokens(x, weight, bias):
+    def _gelu_input(x, conv_weight, conv_bias):
         # The GELU runs on the tokens' (transposed) view, as in DWConv + GELU: its CPU kernel
         # rounds differently on a contiguous map.
-        return F.conv2d(x, weight, bias, padding=1, groups=x.shape[1]).flatten(2).transpose(1, 2)
+        return F.conv2d(x, conv_weight, conv_bias, padding=1, groups=x.shape[1]).flatten(2).transpose(1, 2)
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight, bias)
+    def forward(ctx, x, conv_weight, conv_bias, weight, bias):
+        ctx.save_for_backward(x, conv_weight, conv_bias, weight)
         with torch.autocast(x.device.type, enabled=False):
-            return F.gelu(_DepthwiseConvGelu._tokens(x, weight, bias))
+            return F.linear(F.gelu(_DepthwiseConvGeluLinear._gelu_input(x, conv_weight, conv_bias)), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, bias = ctx.saved_tensors
+        x, conv_weight, conv_bias, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # x, conv weight, conv bias, weight, bias
         with torch.autocast(x.device.type, enabled=False):
-            grad = torch.ops.aten.gelu_backward(grad, _DepthwiseConvGelu._tokens(x, weight, bias))
-            return torch.ops.aten.convolution_backward(
-                grad.transpose(1, 2).reshape(x.shape),
-                x,
-                weight,
-                [weight.shape[0]],
-                [1, 1],
-                [1, 1],
-                [1, 1],
-                False,
-                [0, 0],
-                x.shape[1],
-                list(ctx.needs_input_grad),
+            gelu_input = _DepthwiseConvGeluLinear._gelu_input(x, conv_weight, conv_bias)
+            through_conv = any(needs[:3])
+            grad_hidden, grad_weight, grad_bias = gelu_linear_grads(
+                grad, gelu_input, weight, (through_conv, *needs[3:])
             )
+            grad_conv = (None, None, None)
+            if through_conv:
+                grad_conv = torch.ops.aten.convolution_backward(
+                    grad_hidden.transpose(1, 2).reshape(x.shape),
+                    x,
+                    conv_weight,
+                    [conv_weight.shape[0]],
+                    [1, 1],
+                    [1, 1],
+                    [1, 1],
+                    False,
+                    [0, 0],
+                    x.shape[1],
+                    list(needs[:3]),
+                )
+        return (*grad_conv, grad_weight, grad_bias)
 
 
 class ConvMlp(nn.Module):
     """PVTv2 conv-FFN: fc1 -> 3x3 depthwise conv -> GELU -> dropout -> fc2 -> dropout.
 
-    In training the convolution and GELU run as one autograd function that keeps only
-    the convolution's input (:class:`_DepthwiseConvGelu`).
+    In training (without dropout inside) the convolution, GELU and ``fc2`` run as one autograd
+    function that keeps only the convolution's input of the hidden-wide tensors
+    (:class:`_DepthwiseConvGeluLinear`).
     """
 
     def __init__(self, dim, hidden_dim, drop=0.0):
@@ -196,23 +207,15 @@ class ConvMlp(nn.Module):
     def forward(self, x, hw):
         x = self.fc1(x)
         conv = self.dwconv.dwconv
-        lean = (
-            torch.is_grad_enabled()
-            and type(self.act) is nn.GELU
-            and self.act.approximate == 'none'
-            and conv.bias is not None
-        )
-        if not lean:
+        if conv.bias is None or not keeps_gelu_input_only(self):
             x = self.drop(self.act(self.dwconv(x, hw)))
             return self.drop(self.fc2(x))
         b, n, c = x.shape
         dtype = autocast_dtype(x)
-        x = self.drop(
-            _DepthwiseConvGelu.apply(
-                x.transpose(1, 2).reshape(b, c, *hw).to(dtype), conv.weight.to(dtype), conv.bias.to(dtype)
-            )
+        return _DepthwiseConvGeluLinear.apply(
+            x.transpose(1, 2).reshape(b, c, *hw).to(dtype),
+            *(t.to(dtype) for t in (conv.weight, conv.bias, self.fc2.weight, self.fc2.bias)),
         )
-        return self.drop(self.fc2(x))
 
 
 class VVTBlock(nn.Module):

@@ -35,8 +35,10 @@ Precision (autocast is switched off inside; the input dtype and ``bf16_products`
   Not the default until a GPU benchmark shows what the speed is worth.
 
 Nothing of size ``N x N`` is built: the largest intermediates are the
-``(B, heads, N, 4d)`` features, and in training only ``q``, ``k`` and ``v`` are
-kept for backward (the rest is recomputed there).
+``(B, heads, N, 4d)`` features, and in training only ``q``, ``k``, ``v``, the small
+sums and the output clamp's mask are kept for backward (the rest is recomputed there).
+KV and the key features' sum come from one product (``k'^T [v | 1]``), the numerator and
+the normaliser from another (``q' [KV | sum k']``): each feature tensor is read once.
 
 ``impl='triton'`` (opt-in) runs the same function, in at least fp32, as fused
 Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
@@ -115,8 +117,9 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
         eps (float): Added to the normaliser's denominator. Default: 1e-4.
         clamp (bool): Apply the official signed clamps (after KV, Z, ``q' KV`` and
             the multiplication by Z). Default: True.
-        recompute (bool): When a gradient is needed, keep only ``q``, ``k``, ``v``
-            for backward and recompute the ``4d``-wide features there, instead
+        recompute (bool): When a gradient is needed, keep only ``q``, ``k``, ``v``, the
+            small sums and the output clamp's mask for backward and recompute the ``4d``-wide
+            features there, instead
             of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
             The Triton path always keeps only those and the small sums. Default: True.
@@ -166,46 +169,54 @@ def _clamp_keeping_mask(t, clamp):
     return t.sign() * clamped, clamped != magnitude
 
 
-def _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=False):
-    """The forward of :func:`vicinity_attention` (autocast off), returning ``(out, parts)``.
+def _with_ones_column(x, dtype):
+    """``[x | 1]`` in ``dtype``: one more column of ones, so that a product with it also gives the
+    column sums of the other factor (one pass over that factor instead of two)."""
+    ones = torch.ones((), dtype=dtype, device=x.device).expand(*x.shape[:-1], 1)
+    if torch.promote_types(x.dtype, dtype) != dtype:
+        x = x.to(dtype)
+    return torch.cat([x, ones], dim=-1)  # casts x on the way where it promotes: one pass
 
-    ``parts`` is ``None``, or with ``keep`` the intermediates and clamp masks that
-    :class:`_VicinityAttention`'s backward needs. The ReLU runs on the inputs' dtype
-    and the products with the (``operands``-dtype) weights promote: the same values as
-    casting first, one op fewer per input.
+
+def _weighted_blocks_sum(features, weights):
+    """``sum_j weights[:, j] * block_j`` of ``(..., N, 4d)`` features (the four ``d``-wide blocks of
+    :func:`vicinity_features`): the gradient through the re-weighting, as one batched product that
+    reads the features once."""
+    blocks = features.unflatten(-1, (4, -1))  # (..., N, 4, d)
+    return (weights[:, None, :] @ blocks).squeeze(-2)
+
+
+def _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=False):
+    """The forward of :func:`vicinity_attention` (autocast off), returning ``(out, saved)``.
+
+    ``saved`` is ``None``, or with ``keep`` what :class:`_VicinityAttention`'s backward keeps
+    besides ``q``, ``k``, ``v``: ``[KV | sum of k']`` ``(B, h, 4d, d + 1)``, where the clamp acted
+    on KV, ``1 / den`` ``(B, h, N)`` and where the output's clamp acted (one boolean per output
+    element); none is as large as the inputs.
+
+    Each product carries one more column: ``k'^T [v | 1]`` gives KV and the key features' sum,
+    ``q' [KV | sum k']`` the numerator and the normaliser, so each 4d-wide feature tensor is read
+    once. The ReLU runs on the inputs' dtype and the products with the (``operands``-dtype)
+    weights promote: the same values as casting first, one op fewer per input.
     """
     compute = torch.promote_types(q.dtype, torch.float32)
-    clamped = (lambda t: _clamp_keeping_mask(t, clamp)) if keep else (lambda t: (lean_signed_clamp(t, clamp), None))
     weights = vicinity_weights(height, width, q.device, operands)
-    qf = vicinity_features(F.relu(q), weights)  # (B, h, N, 4d)
-    kf = vicinity_features(F.relu(k), weights)
-    # Contiguous: the products would copy a strided v anyway (in forward and in backward).
-    values = v.to(operands, memory_format=torch.contiguous_format)
-    kv, kv_acted = clamped((kf.transpose(-1, -2) @ values).to(compute))  # (B, h, 4d, d)
-    k_sum = kf.sum(dim=-2, dtype=compute)  # (B, h, 4d)
-    reciprocal = 1.0 / ((qf @ k_sum.to(operands)[..., None]).squeeze(-1).to(compute) + eps)  # (B, h, N)
-    z, z_acted = clamped(reciprocal)
-    numerator, numerator_acted = clamped((qf @ kv.to(operands)).to(compute))  # (B, h, N, d)
+    kf = vicinity_features(F.relu(k), weights)  # (B, h, N, 4d)
+    kv_and_sum = (kf.transpose(-1, -2) @ _with_ones_column(v, operands)).to(compute)  # (B, h, 4d, d + 1)
+    if keep:
+        kv, kv_acted = _clamp_keeping_mask(kv_and_sum[..., :-1], clamp)
+    else:
+        kv, kv_acted = lean_signed_clamp(kv_and_sum[..., :-1], clamp), None
+    kv_ext = torch.cat([kv, kv_and_sum[..., -1:]], dim=-1)
+    qf = vicinity_features(F.relu(q), weights)
+    numerator_and_den = (qf @ kv_ext.to(operands)).to(compute)  # (B, h, N, d + 1)
+    reciprocal = 1.0 / (numerator_and_den[..., -1] + eps)  # (B, h, N)
+    z = lean_signed_clamp(reciprocal, clamp)
+    numerator = lean_signed_clamp(numerator_and_den[..., :-1], clamp)
     if not keep:
         return lean_signed_clamp(numerator * z[..., None], clamp).to(q.dtype), None
-    out = numerator * z[..., None]
-    # Only where the last clamp acts is needed, not its values.
-    out_acted = out.abs().clamp(CLAMP_MIN, CLAMP_MAX) != out.abs() if clamp else None
-    return None, dict(
-        qf=qf,
-        kf=kf,
-        values=values,
-        kv=kv,
-        kv_acted=kv_acted,
-        k_sum=k_sum,
-        reciprocal=reciprocal,
-        z=z,
-        z_acted=z_acted,
-        numerator=numerator,
-        numerator_acted=numerator_acted,
-        out_acted=out_acted,
-        weights=weights,
-    )
+    out, out_acted = _clamp_keeping_mask(numerator * z[..., None], clamp)
+    return out.to(q.dtype), (kv_ext, kv_acted, reciprocal, out_acted)
 
 
 def _vicinity_attention(q, k, v, height, width, eps, clamp, operands):
@@ -217,50 +228,69 @@ def _masked(grad, acted):
     return grad if acted is None else grad.masked_fill(acted, 0)
 
 
+def _vicinity_grads(grad, q, k, v, saved, height, width, clamp, operands):
+    """The gradients of ``q``, ``k``, ``v`` (in ``compute`` dtype) from the output's, given what
+    :func:`_vicinity_parts` kept (``keep=True``).
+
+    The 4d-wide features are recomputed (``q'``, ``k'``) and the numerator with its clamp masks
+    (one product, as in forward). The products carry the normaliser's terms as one more column,
+    as the forward's do: ``q'^T [g_num | g_den]`` gives the gradients of KV and of the key features'
+    sum, ``[g_num | g_den] [KV | sum k']^T`` that of ``q'``, ``[v | 1] [g_KV | g_sum]^T`` that of
+    ``k'``.
+    """
+    kv_ext, kv_acted, reciprocal, out_acted = saved
+    compute = kv_ext.dtype
+    weights = vicinity_weights(height, width, q.device, operands)
+    qf = vicinity_features(F.relu(q), weights)
+    numerator, numerator_acted = _clamp_keeping_mask((qf @ kv_ext.to(operands)).to(compute)[..., :-1], clamp)
+    z, z_acted = _clamp_keeping_mask(reciprocal, clamp)
+    grad = _masked(grad, out_acted)  # through out = numerator * z
+    grad_z = _masked((grad * numerator).sum(dim=-1), z_acted)
+    # z = 1 / den: d den = -d z / den^2 (z unclamped).
+    grad_den = -grad_z * reciprocal * reciprocal
+    grad_ext = torch.cat([_masked(grad * z[..., None], numerator_acted), grad_den[..., None]], dim=-1)
+    grad_kv_ext = (qf.transpose(-1, -2) @ grad_ext.to(operands)).to(compute)  # (B, h, 4d, d + 1)
+    grad_kv = _masked(grad_kv_ext[..., :-1], kv_acted)
+    grad_qf = grad_ext.to(operands) @ kv_ext.transpose(-1, -2).to(operands)  # (B, h, N, 4d)
+    grad_kv_ext = torch.cat([grad_kv, grad_kv_ext[..., -1:]], dim=-1).to(operands)
+    grad_kf = _with_ones_column(v, operands) @ grad_kv_ext.transpose(-1, -2)
+    grad_v = vicinity_features(F.relu(k), weights) @ grad_kv.to(operands)
+    # Through x' = relu(x) w: the four weighted blocks summed, then the ReLU's mask.
+    grad_q, grad_k = (
+        torch.ops.aten.threshold_backward(_weighted_blocks_sum(g, weights).to(compute), x, 0)
+        for g, x in ((grad_qf, q), (grad_kf, k))
+    )
+    return grad_q, grad_k, grad_v.to(compute)
+
+
 class _VicinityAttention(torch.autograd.Function):
     """Vicinity attention computed in ``q``'s dtype promoted to at least fp32 ('auto', 'math'),
-    keeping only ``q``, ``k``, ``v`` for backward.
+    keeping ``q``, ``k``, ``v``, the small sums (``[KV | sum k']``, ``1 / den``) and the output clamp's
+    mask for backward.
 
-    Backward recomputes the forward's intermediates (with the clamps' masks) and
-    applies the chain rule by hand: about half the ops of autograd through a
-    recomputed forward (its clamps alone run ten ops each), the same ``4d``-wide
-    tensors, none of them kept between forward and backward.
+    Backward recomputes the 4d-wide features and the numerator and applies the chain rule by
+    hand (:func:`_vicinity_grads`): about a third of the ops of autograd through a recomputed
+    forward (its clamps alone run ten ops each), none of the 4d-wide tensors kept between
+    forward and backward.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, height, width, eps, clamp):
-        ctx.save_for_backward(q, k, v)
-        ctx.map_args = (height, width, eps, clamp)
         operands = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return _vicinity_parts(q, k, v, height, width, eps, clamp, operands)[0]
+            out, saved = _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=True)
+        ctx.save_for_backward(q, k, v, *saved)
+        ctx.map_args = (height, width, clamp)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        height, width, eps, clamp = ctx.map_args
+        q, k, v, *saved = ctx.saved_tensors
+        height, width, clamp = ctx.map_args
         operands = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            _, p = _vicinity_parts(q, k, v, height, width, eps, clamp, operands, keep=True)
-            grad = _masked(grad, p['out_acted'])  # through out = numerator * z
-            grad_z = _masked((grad * p['numerator']).sum(dim=-1), p['z_acted'])
-            grad_numerator = _masked(grad * p['z'][..., None], p['numerator_acted'])
-            # z = 1 / den: d den = -grad_z / den^2 = -grad_z * z^2 (z unclamped).
-            grad_den = grad_z * p['reciprocal'] * p['reciprocal']  # negated below
-            qf, kf = p['qf'], p['kf']
-            grad_qf = torch.addcmul(
-                grad_numerator @ p['kv'].transpose(-1, -2), grad_den[..., None], p['k_sum'][..., None, :], value=-1
-            )
-            grad_kv = _masked(qf.transpose(-1, -2) @ grad_numerator, p['kv_acted'])
-            grad_k_sum = grad_den[..., None, :] @ qf  # negated below
-            grad_kf = torch.sub(p['values'] @ grad_kv.transpose(-1, -2), grad_k_sum)
-            grad_v = kf @ grad_kv
-            grads = []
-            for x, grad_features in ((q, grad_qf), (k, grad_kf)):
-                # Through x' = relu(x) w: sum the four weighted blocks, then the ReLU's mask.
-                grad_x = (grad_features.unflatten(-1, (4, -1)) * p['weights'][:, :, None]).sum(dim=-2)
-                grads.append(torch.ops.aten.threshold_backward(grad_x, x, 0).to(x.dtype))
-        return grads[0], grads[1], grad_v.to(v.dtype), None, None, None, None
+            grads = _vicinity_grads(grad, q, k, v, saved, height, width, clamp, operands)
+        return *(g.to(x.dtype) for g, x in zip(grads, (q, k, v))), None, None, None, None
 
 
 class _PreservedFeatures(torch.autograd.Function):
@@ -286,7 +316,7 @@ class _PreservedFeatures(torch.autograd.Function):
         grad = grad.masked_fill(acted, 0)
         grad_out = grad_gate = None
         if ctx.needs_input_grad[0]:
-            grad_out = grad + grad * gate
+            grad_out = torch.addcmul(grad, grad, gate)
         if ctx.needs_input_grad[1]:
             grad_gate = (grad * out).sum(dim=1, dtype=gate.dtype)
         return grad_out, grad_gate
