@@ -326,3 +326,74 @@ def test_backbone_logs_its_attention_implementation_once_at_build(backbone, monk
         getattr(models, backbone)(arch='tiny', attn_impl='auto')
     assert len(lines) == 2 and 'process-wide' not in lines[0], lines
     assert "selected process-wide: 'fast'" in lines[1], lines
+
+
+@pytest.mark.parametrize('op_name', ['sliding_chunk', 'long_short'])
+def test_fused_paths_gather_keys_again_in_backward(op_name, monkeypatch):
+    """The fused ViL and ViL-LS paths keep the tokens, not their gathered neighbour keys and values,
+    for the attention's backward (``RegatherInBackward``): the rows are gathered again there, the
+    outputs and every gradient are those of keeping them, bit for bit, the step's peak memory is
+    lower, and a token tensor changed in place in between is refused. The bias needs no gradient
+    here: with one, PyTorch's CPU SDPA takes its math path, which keeps copies of the keys (CUDA's
+    memory-efficient kernel keeps them as given, as the traced step shows)."""
+    import contextlib
+
+    import visattn_mm.ops.chunk_gather as chunk_gather
+    from visattn_mm.analysis.step_cost import trace_step
+    from visattn_mm.ops import long_short, sliding_chunk
+
+    height, width, window = 9, 10, 3
+    module = sliding_chunk if op_name == 'sliding_chunk' else long_short
+
+    def op(q, k, v, bias):
+        if op_name == 'sliding_chunk':
+            return sliding_chunk_attention(q, k, v, height, width, window, local_bias=bias, impl='fast')
+        return long_short_attention(q, k, v, height, width, window, local_bias=bias, impl='fast')
+
+    patch = 9 * window**2 if op_name == 'sliding_chunk' else (window + 2 * segment_pad(window)) ** 2
+    shapes = [(2, HEADS, height * width, DIM)] * 3 + [(HEADS, window**2, patch)]
+    gathers = []
+    gathered = chunk_gather._gathered
+    monkeypatch.setattr(chunk_gather, '_gathered', lambda *a: gathers.append(len(a)) or gathered(*a))
+    results = {}
+    for regather in (True, False):
+        if not regather:
+            monkeypatch.setattr(module, 'regathered_in_backward', lambda *a: contextlib.nullcontext())
+        inputs = random_tensors(shapes, torch.float64)
+        inputs[3].requires_grad_(False)
+        gathers.clear()
+        out = op(*inputs)
+        forward_gathers = len(gathers)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+        grads = torch.autograd.grad((out * weights).sum(), inputs[:3])
+        results[regather] = (out, grads, forward_gathers, len(gathers) - forward_gathers)
+    assert results[True][2:] == (2, 1) and results[False][2:] == (2, 0)  # queries, keys + values; again
+    for a, b in zip((results[True][0], *results[True][1]), (results[False][0], *results[False][1])):
+        assert torch.equal(a, b)
+
+    class Blocks(torch.nn.Module):  # what one op keeps adds up over blocks until backward
+        def __init__(self):
+            super().__init__()
+            self.inputs = torch.nn.ParameterList(random_tensors(shapes, torch.float32))
+
+        def forward(self, images):
+            q, k, v, bias = self.inputs
+            for _ in range(4):
+                q = op(q, k, v, bias)
+            return q
+
+    peaks = {}
+    for regather in (False, True):
+        if regather:
+            monkeypatch.undo()
+        peaks[regather] = trace_step(Blocks(), (1,), dtype='fp32').peak_bytes
+    assert peaks[True] < peaks[False], peaks
+
+    inputs = random_tensors(shapes, torch.float64)
+    inputs[3].requires_grad_(False)
+    k = inputs[1] * 1.0  # a non-leaf token tensor, changed in place after the forward pass
+    out = op(inputs[0], k, inputs[2], inputs[3])
+    with torch.no_grad():
+        k.add_(1)
+    with pytest.raises(RuntimeError, match='modified in place'):
+        out.sum().backward()

@@ -8,6 +8,8 @@ the gather, its functional form for torch.export, the constant rows it appends, 
 the query-side indices both ops share (the key indices are each op's own).
 """
 
+import contextlib
+
 import torch
 
 from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache
@@ -86,6 +88,26 @@ def gather_rows(index, features, extra_row, *tokens):
     return tuple(gathered)
 
 
+def _gathered(index, features, extra_row, *tokens):
+    """What :class:`ChunkGather` returns (see there), without autograd: the rows of every output
+    written into one buffer, then one ``index_select`` per output."""
+    outputs, extra = features.shape
+    per_output = len(tokens) // outputs
+    b, heads, _, d = tokens[0].shape
+    counts = [t.shape[2] for t in tokens[:per_output]]
+    total = sum(counts)
+    source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
+    for p in range(outputs):
+        start = 0
+        for t, n in zip(tokens[p * per_output : (p + 1) * per_output], counts):
+            source[:, start : start + n, p, :, :d].copy_(t.transpose(1, 2))
+            start += n
+    if extra:
+        source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
+    source[:, total].copy_(extra_row[:, None, :].expand(b, outputs, heads, d + extra))
+    return tuple(source[:, :, p].index_select(1, index) for p in range(outputs))
+
+
 class ChunkGather(torch.autograd.Function):
     """Rows of token tensors gathered by one index: chunks, their neighbours, global tokens.
 
@@ -110,23 +132,10 @@ class ChunkGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, index, features, extra_row, *tokens):
-        outputs, extra = features.shape
-        per_output = len(tokens) // outputs
-        b, heads, _, d = tokens[0].shape
-        counts = [t.shape[2] for t in tokens[:per_output]]
-        total = sum(counts)
-        source = tokens[0].new_empty(b, total + 1, outputs, heads, d + extra)
-        for p in range(outputs):
-            start = 0
-            for t, n in zip(tokens[p * per_output : (p + 1) * per_output], counts):
-                source[:, start : start + n, p, :, :d].copy_(t.transpose(1, 2))
-                start += n
-        if extra:
-            source[:, :total, :, :, d:].copy_(features[:, None, :].expand(b, total, outputs, heads, extra))
-        source[:, total].copy_(extra_row[:, None, :].expand(b, outputs, heads, d + extra))
         ctx.save_for_backward(index)
-        ctx.counts, ctx.outputs, ctx.d = counts, outputs, d
-        return tuple(source[:, :, p].index_select(1, index) for p in range(outputs))
+        ctx.counts = [t.shape[2] for t in tokens[: len(tokens) // features.shape[0]]]
+        ctx.outputs, ctx.d = features.shape[0], tokens[0].shape[-1]
+        return _gathered(index, features, extra_row, *tokens)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -158,3 +167,67 @@ def gather_chunk_rows(index, features, extra_row, *tokens):
     if torch.compiler.is_exporting() or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
         return gather_rows(index, features, extra_row, *tokens)
     return ChunkGather.apply(index, features, extra_row, *tokens)
+
+
+class _Regathered:
+    """What :class:`RegatherInBackward` keeps in place of a saved view of a gathered tensor."""
+
+    def __init__(self, output, view):
+        self.output = output
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+
+class RegatherInBackward(torch.autograd.graph.saved_tensors_hooks):
+    """Within this context, autograd keeps, in place of the gathered rows of :func:`gather_chunk_rows`
+    (or views of them), the way to gather them again: the token tensors and the index, which are
+    about ``1 / (rows per token)`` of their size. Backward gathers them again (the same copies,
+    so the same values) when the op that saved them needs them, e.g. the fused attention's own
+    backward, which keeps its output and log-sum-exp as it would.
+
+    The neighbour keys and values of ViL's and ViL-LS's fused paths hold each token about nine
+    times; kept by the attention for backward, they are most of these backbones' activation
+    memory. Other saved tensors pass through unchanged, and so does a gathered one that an op
+    copies before saving it (it is then kept as a copy).
+
+    Args:
+        gathered (Sequence[Tensor]): The outputs of one :func:`gather_chunk_rows` call.
+        args (tuple): The arguments of that call: ``(index, features, extra_row, *tokens)``.
+    """
+
+    def __init__(self, gathered, args):
+        self.storages = {_storage_key(t): i for i, t in enumerate(gathered)}
+        self.args = tuple(a.detach() for a in args)
+        self.versions = [a._version for a in args]
+        self.cache = {}
+        super().__init__(self.pack, self.unpack)
+
+    def pack(self, tensor):
+        output = self.storages.get(_storage_key(tensor))
+        return tensor if output is None else _Regathered(output, tensor)
+
+    def unpack(self, saved):
+        if not isinstance(saved, _Regathered):
+            return saved
+        if saved.output not in self.cache:  # the first of a backward's unpacks: gather every output again
+            if [a._version for a in self.args] != self.versions:
+                raise RuntimeError(
+                    'RegatherInBackward: a tensor the gather reads was modified in place after the forward pass; '
+                    'its gathered rows cannot be rebuilt for backward'
+                )
+            with torch.no_grad():
+                self.cache = dict(enumerate(_gathered(*self.args)))
+        # Popped: the rows live no longer than the op that needs them.
+        return self.cache.pop(saved.output).as_strided(saved.size, saved.stride, saved.offset)
+
+
+def _storage_key(tensor):
+    return tensor.untyped_storage()._cdata
+
+
+def regathered_in_backward(gathered, args):
+    """:class:`RegatherInBackward` for the outputs of ``gather_chunk_rows(*args)`` while autograd
+    records (not under torch.compile or torch.export, whose graphs decide what to keep), else a
+    context that does nothing."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return RegatherInBackward(gathered, args)
+    return contextlib.nullcontext()

@@ -33,7 +33,13 @@ share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import chunk_query_index, chunk_token_positions, gather_chunk_rows, gather_fill_rows
+from .chunk_gather import (
+    chunk_query_index,
+    chunk_token_positions,
+    gather_chunk_rows,
+    gather_fill_rows,
+    regathered_in_backward,
+)
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import segment_pad
@@ -250,7 +256,8 @@ def _fused_long_short_attention(
 
     def attend(*tensors):
         (q_seg,) = gather_chunk_rows(q_index, *q_rows, tensors[0])
-        k_win, v_win = gather_chunk_rows(kv_index, *kv_rows, *tensors[1:])
+        kv_args = (kv_index, *kv_rows, *tensors[1:])
+        k_win, v_win = gather_chunk_rows(*kv_args)
 
         def heads_first(t):
             return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
@@ -259,7 +266,8 @@ def _fused_long_short_attention(
         if bias is None:
             hidden = window_key_mask(height, width, w, q.device)
             hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
-        return fused_attention(heads_first(q_seg), heads_first(k_win), heads_first(v_win), bias, hidden, dropout_p)
+        with regathered_in_backward((k_win, v_win), kv_args):
+            return fused_attention(heads_first(q_seg), heads_first(k_win), heads_first(v_win), bias, hidden, dropout_p)
 
     out = attend(q, *keys, *values)
     # Back to map tokens: one gather of the in-image query positions (the padding dropped).

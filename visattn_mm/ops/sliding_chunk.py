@@ -25,7 +25,13 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import chunk_query_index, chunk_token_positions, gather_chunk_rows, gather_fill_rows
+from .chunk_gather import (
+    chunk_query_index,
+    chunk_token_positions,
+    gather_chunk_rows,
+    gather_fill_rows,
+    regathered_in_backward,
+)
 from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
@@ -348,9 +354,9 @@ def _fused_sliding_chunk_attention(
     (q_chunks,) = gather_chunk_rows(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
     keys = (k,) if leading_global or not num_global else (global_k, k)
     values = (v,) if leading_global or not num_global else (global_v, v)
-    k_near, v_near = gather_chunk_rows(
-        neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device), *kv_rows, *keys, *values
-    )
+    kv_index = neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device)
+    kv_args = (kv_index, *kv_rows, *keys, *values)
+    k_near, v_near = gather_chunk_rows(*kv_args)
 
     def heads_first(t):
         return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
@@ -359,7 +365,9 @@ def _fused_sliding_chunk_attention(
     if bias is None:
         hidden = key_mask(height, width, w, key_masking, shift_mode, q.device)
         hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
-    out = fused_attention(heads_first(q_chunks), heads_first(k_near), heads_first(v_near), bias, hidden, dropout_p)
+    # The attention keeps, in place of the neighbour keys and values, the tokens to gather them from.
+    with regathered_in_backward((k_near, v_near), kv_args):
+        out = fused_attention(heads_first(q_chunks), heads_first(k_near), heads_first(v_near), bias, hidden, dropout_p)
     # Back to map tokens: one gather of the in-image query positions (the padding dropped).
     out = out.transpose(1, 2).reshape(b, rows * cols * chunk, heads, d + extra)
     out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
