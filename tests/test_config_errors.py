@@ -230,8 +230,7 @@ def test_data_check_follows_data_root_wrappers_and_evaluators(tmp_path):
     dataset wrappers; nothing once they exist."""
     from mmengine.config import Config
 
-    import _cli_common as common
-    from test_tools_cli import TOOLS  # noqa: F401  (puts tools/ on the path)
+    from visattn_mm import cli as common
 
     cfg = Config.fromfile(str(Path(__file__).resolve().parents[1] / 'configs' / 'upernet_vil_t_160k_ade20k.py'))
     root = tmp_path / 'ade'

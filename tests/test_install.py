@@ -309,7 +309,7 @@ def test_mim_search_lists_every_config():
 
 
 def test_mim_train_finds_the_config_by_name_and_runs_the_package_train_script(tmp_path):
-    import make_toy_data as toy
+    from visattn_mm import toy_data as toy
 
     toy.make_coco_instances(tmp_path / 'data' / 'toy_coco', num_train=2, num_val=1)
     work_dir = tmp_path / 'work'

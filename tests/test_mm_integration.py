@@ -9,7 +9,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from make_toy_data import make_coco_instances
+from visattn_mm.toy_data import make_coco_instances
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-import make_toy_data as toy
+from visattn_mm import cli
+from visattn_mm import toy_data as toy
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / 'tools'
@@ -462,7 +463,6 @@ def test_amp_on_cpu_refuses_clearly(train_tool):
 
 
 def test_resume_and_work_dir_options(train_tool):
-    common = sys.modules['_cli_common']
     cfg = Config(dict(resume=False, load_from='pretrained.pth'))
     train_tool.apply_resume(cfg, None)
     assert cfg.resume is False and cfg.load_from == 'pretrained.pth'
@@ -471,9 +471,9 @@ def test_resume_and_work_dir_options(train_tool):
     train_tool.apply_resume(cfg, 'x/iter_4.pth')
     assert cfg.resume is True and cfg.load_from == 'x/iter_4.pth'
 
-    common.set_work_dir(cfg, None, 'configs/some/vil_s_mask-rcnn.py')
+    cli.set_work_dir(cfg, None, 'configs/some/vil_s_mask-rcnn.py')
     assert cfg.work_dir == os.path.join('./work_dirs', 'vil_s_mask-rcnn')
-    common.set_work_dir(cfg, 'elsewhere', 'configs/x.py')
+    cli.set_work_dir(cfg, 'elsewhere', 'configs/x.py')
     assert cfg.work_dir == 'elsewhere'
 
     with pytest.raises(SystemExit, match='auto_scale_lr'):
@@ -484,9 +484,8 @@ def test_resume_and_work_dir_options(train_tool):
 
 
 def test_unknown_scope_is_rejected(train_tool):
-    common = sys.modules['_cli_common']
     with pytest.raises(SystemExit, match='default_scope'):
-        common.register_scope_modules(Config(dict(default_scope='mmpretrain')))
+        cli.register_scope_modules(Config(dict(default_scope='mmpretrain')))
 
 
 def test_show_dir_follows_each_library(test_tool):

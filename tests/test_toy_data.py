@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import make_toy_data as toy
+from visattn_mm import toy_data as toy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import MODELS
 
-import _cli_common as common
 import visattn_mm  # noqa: F401  (registers the backbones)
+from visattn_mm import cli as common
 from visattn_mm.checkpoint import load_pretrained
 
 CONVERT_ADVICE = (

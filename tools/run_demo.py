@@ -21,14 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from analysis import plot_curves  # tools/analysis, next to this script
+
+from visattn_mm.toy_data import make_coco_instances
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
-
-import plot_curves  # noqa: E402
-
-from make_toy_data import make_coco_instances  # noqa: E402
-
 CONFIG = ROOT / 'configs' / 'demo' / 'maskrcnn_vil_t_toy.py'
 DATA_ROOT = ROOT / 'data' / 'toy_coco'
 METRIC = re.compile(r'coco/(bbox|segm)_mAP(_50)?: (-?[0-9.]+)')

@@ -33,7 +33,7 @@ import copy
 
 from mmengine.config import Config, ConfigDict, DictAction
 
-import _cli_common as common
+from visattn_mm import cli as common
 
 
 def parse_args(argv=None) -> argparse.Namespace:

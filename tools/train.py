@@ -15,7 +15,7 @@ import argparse
 import torch
 from mmengine.config import Config, DictAction
 
-import _cli_common as common
+from visattn_mm import cli as common
 from visattn_mm.collect_env import format_env, plugin_env
 
 

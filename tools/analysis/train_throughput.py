@@ -35,19 +35,14 @@ import argparse
 import gc
 import os.path as osp
 import statistics
-import sys
 import time
 
 import _bench_common as common
 import torch
 from mmengine.hooks import Hook
 
-TOOLS_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if TOOLS_DIR not in sys.path:
-    sys.path.insert(0, TOOLS_DIR)
-
-import _cli_common as cli  # noqa: E402
-import make_toy_data as toy  # noqa: E402
+from visattn_mm import cli
+from visattn_mm import toy_data as toy
 
 SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 AMP_DTYPES = dict(fp16='float16', bf16='bfloat16')

@@ -6,14 +6,9 @@ it generates.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-TOOLS_DIR = str(Path(__file__).resolve().parents[1])
-if TOOLS_DIR not in sys.path:
-    sys.path.insert(0, TOOLS_DIR)  # _cli_common, shared with tools/train.py, lives there
 
 
 def build_model(config_path: str | Path, device: str = 'cpu', cfg_options: dict | None = None):
@@ -21,7 +16,7 @@ def build_model(config_path: str | Path, device: str = 'cpu', cfg_options: dict 
     returns (model, task scope)."""
     from mmengine.registry import MODELS, init_default_scope
 
-    import _cli_common as common
+    from visattn_mm import cli as common
 
     common.import_plugin()
     cfg = common.load_config(str(config_path), cfg_options, 'none')

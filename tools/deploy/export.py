@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os.path as osp
 import sys
 from pathlib import Path
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-from mmengine.config import DictAction  # noqa: E402
+from mmengine.config import DictAction
 
-import _cli_common as common  # noqa: E402
+from visattn_mm import cli as common
 
 
 def parse_args(argv=None) -> argparse.Namespace:

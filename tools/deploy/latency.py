@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os.path as osp
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-import _cli_common as common  # noqa: E402
+from visattn_mm import cli as common
 
 FAMILIES = ('ViL', 'ViLLS', 'PaleTransformer', 'VVT')
 

@@ -59,6 +59,16 @@ def _global_token_bias(g2l_bias, g2g_bias, num_local):
     )
 
 
+def _split_heads(tokens, parts, heads):
+    """``parts`` tensors ``(B, heads, n, d)`` from ``(B, n, parts * heads * d)`` tokens (or ``(B, n, parts, C)``).
+
+    Unbound where the parts lie, so that backward stacks their gradients straight into the
+    tokens' layout (one copy; unbinding a permuted view needs a second copy back).
+    """
+    b, n = tokens.shape[:2]
+    return tuple(t.transpose(1, 2) for t in tokens.reshape(b, n, parts, heads, -1).unbind(2))
+
+
 def _merge_heads(glob, local, shape):
     """``(B, G + N, C)`` tokens from the ``(B, heads, ., d)`` outputs of the global queries (or None) and
     the local ones, concatenated heads-last: one copy at most (none for the Triton ops' outputs, which
@@ -171,7 +181,7 @@ class SlidingChunkAttention(RelativePositionBias):
         b, n, c = x.shape
         g, heads, (h, w) = self.num_global, self.num_heads, hw
         q = (self.query(x) * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
-        k, v = self.kv(x).reshape(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4)
+        k, v = _split_heads(self.kv(x), 2, heads)
         local_bias = l2g_bias = global_bias = None
         if self.use_rpb:
             w2 = self.window**2
@@ -270,7 +280,7 @@ class FullAttention(RelativePositionBias):
                     ],
                     dim=1,
                 )
-        q, k, v = self.qkv(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = _split_heads(self.qkv(x), 3, heads)
         out = dense_attention(q * self.scale, k, v, bias=bias, dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
@@ -382,10 +392,12 @@ class LongShortAttention(RelativePositionBias):
         if torch.is_autocast_enabled(device):
             # Cast once for both products of x below (autocast would cast it once per product).
             x = x.to(torch.get_autocast_dtype(device))
-        qkv = self.qkv(x)
-        kv = self._dual_ln_full(qkv[..., c:].unflatten(-1, (2, c)))  # (B, n, 2, C)
-        q = (qkv[..., :c] * self.scale).reshape(b, n, heads, -1).transpose(1, 2)
-        k, v = (kv[:, :, i].reshape(b, n, heads, -1).transpose(1, 2) for i in range(2))
+        # Split, not sliced: backward joins the parts' gradients in one copy (slices' and
+        # selections' gradients are zero-filled full-size tensors, then added).
+        q, kv = self.qkv(x).split([c, 2 * c], dim=-1)
+        kv = self._dual_ln_full(kv.unflatten(-1, (2, c)))  # (B, n, 2, C)
+        (q,) = _split_heads(q * self.scale, 1, heads)
+        k, v = _split_heads(kv, 2, heads)
         # The projection's logits of every token, global ones dropped after the product (a
         # slice of its small output, not a copy of x's local tokens).
         weights = dynamic_projection(self.to_dynamic_projection(x)[:, g:], heads)

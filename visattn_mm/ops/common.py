@@ -158,6 +158,15 @@ def dense_attention(q, k, v, bias=None, hidden=None, dropout_p=0.0):
     return attn @ v
 
 
+def split_leading(tokens, count):
+    """``(tokens[:, :, :count], tokens[:, :, count:])`` of ``(B, heads, n, d)`` tokens, as one split.
+
+    Views, as slices are; but backward joins the two gradients with one copy, where two
+    slices each make a zero-filled full-size gradient and then add them.
+    """
+    return tokens.split([count, tokens.shape[2] - count], dim=2)
+
+
 def chunk_grid(height, width, window):
     """Rows and columns ``(R, C)`` of ``w x w`` chunks covering an ``H x W`` map (the last ones padded)."""
     return -(-height // window), -(-width // window)

@@ -40,7 +40,7 @@ from .chunk_gather import (
     gather_fill_rows,
     regathered_in_backward,
 )
-from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, split_leading, to_chunks
 from .impl import attention_path
 from .indexing import segment_pad
 
@@ -173,7 +173,7 @@ def long_short_attention(
                 q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias, dropout_p, leading_global
             )
         g = leading_global
-        q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
+        (_, q), (global_k, k), (global_v, v) = (split_leading(t, g) for t in (q, k, v))
     if path == 'triton':
         from .triton.long_short import triton_long_short_attention
 

@@ -32,7 +32,7 @@ from .chunk_gather import (
     gather_fill_rows,
     regathered_in_backward,
 )
-from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, to_chunks
+from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, split_leading, to_chunks
 from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
@@ -224,7 +224,7 @@ def sliding_chunk_attention(
                 leading_global,
             )
         g = leading_global
-        q, global_k, global_v, k, v = q[:, :, g:], k[:, :, :g], v[:, :, :g], k[:, :, g:], v[:, :, g:]
+        (_, q), (global_k, k), (global_v, v) = (split_leading(t, g) for t in (q, k, v))
     if path == 'triton':
         from .triton.sliding_chunk import triton_sliding_chunk_attention
 

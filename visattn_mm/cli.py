@@ -1,4 +1,5 @@
-"""Shared plumbing for ``tools/train.py`` and ``tools/test.py``.
+"""Shared plumbing of the command-line tools (``tools/train.py``, ``tools/test.py``, the deploy
+and analysis tools), in the package so that every tool imports it without editing ``sys.path``.
 
 Both tools accept mmdet (``default_scope='mmdet'``) and mmseg
 (``default_scope='mmseg'``) configs; the helpers here pick the library from
