@@ -324,6 +324,8 @@ def _distinct_bytes(tensor):
 
 
 def _storage_key(tensor):
+    # ops.common.storage_key's twin: the calibration runs this tracer over older package trees,
+    # which lack it (tools/analysis/step_cost_calibration.py).
     return tensor.untyped_storage()._cdata
 
 

@@ -27,8 +27,7 @@ def summed_over_tokens(grad, x):
     layer's weight gradient, without copying a ``(B, N, C)`` pair into rows where no ``(B*N, C)``
     view can show them (gradients reach the blocks channel-first, from the NCHW outputs): a
     batched product reads them as they are."""
-    rows = lambda t: t.stride(0) == t.shape[1] * t.stride(1)  # noqa: E731
-    if grad.dim() == 3 and not (rows(grad) and rows(x)):
+    if grad.dim() == 3 and not all(t.stride(0) == t.shape[1] * t.stride(1) for t in (grad, x)):
         return (grad.transpose(1, 2) @ x).sum(0)
     return grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
 

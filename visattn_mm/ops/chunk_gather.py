@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache
+from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache, storage_key
 
 
 @device_cache
@@ -195,14 +195,14 @@ class RegatherInBackward(torch.autograd.graph.saved_tensors_hooks):
     """
 
     def __init__(self, gathered, args):
-        self.storages = {_storage_key(t): i for i, t in enumerate(gathered)}
+        self.storages = {storage_key(t): i for i, t in enumerate(gathered)}
         self.args = tuple(a.detach() for a in args)
         self.versions = [a._version for a in args]
         self.cache = {}
         super().__init__(self.pack, self.unpack)
 
     def pack(self, tensor):
-        output = self.storages.get(_storage_key(tensor))
+        output = self.storages.get(storage_key(tensor))
         return tensor if output is None else _Regathered(output, tensor)
 
     def unpack(self, saved):
@@ -218,10 +218,6 @@ class RegatherInBackward(torch.autograd.graph.saved_tensors_hooks):
                 self.cache = dict(enumerate(_gathered(*self.args)))
         # Popped: the rows live no longer than the op that needs them.
         return self.cache.pop(saved.output).as_strided(saved.size, saved.stride, saved.offset)
-
-
-def _storage_key(tensor):
-    return tensor.untyped_storage()._cdata
 
 
 def regathered_in_backward(gathered, args):

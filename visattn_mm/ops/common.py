@@ -58,6 +58,11 @@ def builds_for_every_size(*values):
     return torch.compiler.is_compiling() or is_symbolic(*values)
 
 
+def storage_key(tensor):
+    """An id of the memory ``tensor`` views, the same for every view of it (fake tensors included)."""
+    return tensor.untyped_storage()._cdata
+
+
 def clear_device_caches():
     """Drops every constant cached by :func:`device_cache` (frees their device memory)."""
     for cached in _DEVICE_CACHES:

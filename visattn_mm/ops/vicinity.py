@@ -249,10 +249,10 @@ def _vicinity_grads(grad, q, k, v, saved, height, width, clamp, operands):
     # z = 1 / den: d den = -d z / den^2 (z unclamped).
     grad_den = -grad_z * reciprocal * reciprocal
     grad_ext = torch.cat([_masked(grad * z[..., None], numerator_acted), grad_den[..., None]], dim=-1)
-    grad_kv_ext = (qf.transpose(-1, -2) @ grad_ext.to(operands)).to(compute)  # (B, h, 4d, d + 1)
-    grad_kv = _masked(grad_kv_ext[..., :-1], kv_acted)
+    grad_kv_and_sum = (qf.transpose(-1, -2) @ grad_ext.to(operands)).to(compute)  # (B, h, 4d, d + 1)
+    grad_kv = _masked(grad_kv_and_sum[..., :-1], kv_acted)
     grad_qf = grad_ext.to(operands) @ kv_ext.transpose(-1, -2).to(operands)  # (B, h, N, 4d)
-    grad_kv_ext = torch.cat([grad_kv, grad_kv_ext[..., -1:]], dim=-1).to(operands)
+    grad_kv_ext = torch.cat([grad_kv, grad_kv_and_sum[..., -1:]], dim=-1).to(operands)
     grad_kf = _with_ones_column(v, operands) @ grad_kv_ext.transpose(-1, -2)
     grad_v = vicinity_features(F.relu(k), weights) @ grad_kv.to(operands)
     # Through x' = relu(x) w: the four weighted blocks summed, then the ReLU's mask.
