@@ -29,7 +29,9 @@
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (150),
-#   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
+#   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
+#   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
+#   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
 #   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py
 #   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_gpu_session.py runs it),
 #   REHEARSAL_VENV (/tmp/visattn_gpu_rehearsal), REHEARSAL_PYTHON (a Python 3.12; else found on PATH or pyenv).
@@ -43,6 +45,7 @@ WHEEL_DIR="${WHEEL_DIR:-.whl}"
 BUDGET="${BUDGET:-480}"
 TESTS_BUDGET="${TESTS_BUDGET:-150}"
 TESTS_MARKS="${TESTS_MARKS-cuda}"
+TEST_WORKERS="${TEST_WORKERS:-8}"
 SMOKE="${SMOKE:-0}"
 HOST_PINS=requirements/gpu_host.txt
 # What importing visattn_mm needs beyond torch, timm, numpy and opencv: mmengine, and what its import
@@ -175,10 +178,16 @@ assert os.environ["DEVICE"] == "cpu" or torch.cuda.is_available(), "CUDA is not 
 print("setup: the backbones import; triton", triton.__version__, "timm", timm.__version__)'
 }
 
+# pytest-xdist's options when the interpreter has it (the GPU host does): most of a CUDA test's time is
+# Triton's and Inductor's compiling, which the host's 16 cores do side by side.
+parallel() {
+    if [[ "$TEST_WORKERS" != 0 ]] && "$PY" -c 'import xdist' 2>/dev/null; then echo "-n $TEST_WORKERS"; fi
+}
+
 stage_tests() {
     # shellcheck disable=SC2086  # TESTS is a list of targets
-    CAP=$TESTS_BUDGET limited "$PY" -m pytest -p no:cacheprovider ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE \
-        --durations=20 --junitxml="$OUT/tests.xml" $TESTS
+    CAP=$TESTS_BUDGET limited "$PY" -m pytest -p no:cacheprovider $(parallel) ${TESTS_MARKS:+-m "$TESTS_MARKS"} \
+        -q -rfE --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
 stage_bench() {
@@ -190,7 +199,8 @@ stage_bench() {
 }
 
 stage_compile() {
-    limited "$PY" -m pytest -p no:cacheprovider -m cuda -q -rfE --junitxml="$OUT/compile.xml" $COMPILE_TESTS
+    limited "$PY" -m pytest -p no:cacheprovider $(parallel) -m cuda -q -rfE --junitxml="$OUT/compile.xml" \
+        $COMPILE_TESTS
 }
 
 stage_tune() {
