@@ -32,6 +32,8 @@ The tensors are CPU ones; the GPU's dispatch decisions are emulated
   ``layer_norm``, ``group_norm``, ``exp``, ``pow``, ... is computed in float32,
   ``softmax`` / ``log_softmax`` / ``sum`` / ``cumsum`` / ``prod`` get a float32 result
   (softmax as ``_softmax(half_to_float=True)``), as in PyTorch's CUDA autocast lists;
+* CUDA's ``layer_norm`` takes its weight and bias only in its input's dtype (the CPU kernel
+  also takes float32 ones with a 16-bit input): a mixed call raises, as on the GPU;
 * ``scaled_dot_product_attention`` runs the kernel CUDA picks: with a mask or bias,
   or in float32, the memory-efficient kernel (a boolean mask turned into a bias, a bias
   not aligned to 8 elements padded, then expanded to ``(B, heads, L, S)``); otherwise
@@ -244,6 +246,7 @@ _SOFTMAXES = {
     torch.Tensor.log_softmax: aten._log_softmax,
 }
 # Ops CUDA autocast runs in 16 bits that CPU autocast leaves alone.
+_LAYER_NORMS = (F.layer_norm, torch.layer_norm)
 _LOW_PRECISION = (torch.einsum, torch.mv, torch.Tensor.mv, torch.addmv, torch.addr, torch.chain_matmul)
 _HALVES = (torch.float16, torch.bfloat16)
 _TENSOR_BACKWARD = torch.Tensor.backward
@@ -417,6 +420,15 @@ class _Recorder(TorchDispatchMode):
         return tensor
 
 
+def _check_layer_norm_dtypes(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    for name, param in (('weight', weight), ('bias', bias)):
+        if param is not None and param.dtype != input.dtype:
+            raise RuntimeError(
+                f'expected scalar type {input.dtype} but found {param.dtype}: CUDA\'s layer_norm takes its '
+                f'{name} only in its input\'s dtype (the CPU kernel accepts {param.dtype}); cast it'
+            )
+
+
 def _cast_halves(values, dtype):
     return [
         v.to(dtype)
@@ -441,6 +453,8 @@ class CudaDispatchEmulation(TorchFunctionMode):
         if func is _TENSOR_BACKWARD:
             with self:  # backward's recomputations (checkpoints) run under the same emulation
                 return _run_backward(*args, **kwargs)
+        if func in _LAYER_NORMS and not (autocasting and args[0].dtype in _HALVES):
+            _check_layer_norm_dtypes(*args, **kwargs)
         if not autocasting:
             return func(*args, **kwargs)
         halves = any(isinstance(a, torch.Tensor) and a.dtype in _HALVES for a in args)

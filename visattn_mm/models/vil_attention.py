@@ -375,13 +375,15 @@ class LongShortAttention(RelativePositionBias):
         accumulate in float32) into a low-precision output, which is all that its users,
         the autocast matrix products and fused attention, read: autocast's float32
         layer norm would keep a float32 copy for backward and a float32 output, each
-        twice the size, to be cast back.
+        twice the size, to be cast back. Its weight and bias are cast too: CUDA's kernel
+        takes them only in the input's dtype.
         """
         device = kv.device.type
         if torch.is_autocast_enabled(device) and kv.dtype == torch.get_autocast_dtype(device):
             norm = self.dual_ln_full
             with torch.autocast(device, enabled=False):
-                return F.layer_norm(kv, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+                weight, bias = norm.weight.to(kv.dtype), norm.bias.to(kv.dtype)
+                return F.layer_norm(kv, norm.normalized_shape, weight, bias, norm.eps)
         return self.dual_ln_full(kv)
 
     def forward(self, x, hw):
