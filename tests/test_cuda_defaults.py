@@ -150,11 +150,11 @@ BENCH_HEADER = (
 )
 
 
-def _session(folder, times, failing=(), failing_backbone=None):
+def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(BACKBONES)):
     """A device call's files: benchmark rows of ``times`` ({(model, impl, batch): ms}, bf16, fwd+bwd,
     800x1333), tests.xml with one passing kernel test per op and dtype (``failing``: (module, dtype)
-    that fail instead) and a passing bf16 backbone test on 'triton' (``failing_backbone``: the class
-    whose one fails), and the environment report's lines."""
+    that fail instead) and a passing bf16 backbone test on 'triton' for each of ``backbones``
+    (``failing_backbone``: the class whose one fails), and the environment report's lines."""
     folder.mkdir(exist_ok=True)
     lines = [BENCH_HEADER]
     for batch in (8, 2):
@@ -171,7 +171,7 @@ def _session(folder, times, failing=(), failing_backbone=None):
                 f'<testcase classname="tests.{module}" name="test_cuda_kernels_match_float64_math[{dtype}-0-0]">'
                 f'{failure}</testcase>'
             )
-    for name in BACKBONES:
+    for name in backbones:
         failure = '<failure message="y"/>' if name == failing_backbone else ''
         cases.append(
             '<testcase classname="tests.test_cuda" name="test_backbone_matches_float64_reference'
@@ -204,7 +204,7 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     session = _session(tmp_path / 'session', times, failing=[('test_triton_long_short', 'bf16')])
     table = tmp_path / 'cuda_defaults.py'
     shutil.copy(defaults_tool.TABLE_FILE, table)
-    rows, gaps = defaults_tool.measured_rows(str(session), 'abc1234', '2026-11-26')
+    rows, gaps = defaults_tool.measured_rows([str(session)], 'abc1234', '2026-11-26')
     decided = {(row.op, row.dtype): (row.path, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
     assert decided == {
         ('sliding_chunk', 'bf16'): ('triton', 0.75, 0.833),
@@ -216,9 +216,16 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert rows[0].measured.device == 'NVIDIA H100 80GB HBM3' and rows[0].measured.triton == '3.6.0'
     assert 'vicinity/bf16: vvt-s lacks fast and triton rows at batch 8 and 2: stays unmeasured' in gaps
     # A failed backbone test on 'triton' counts against every op the backbone runs.
-    _session(session, times, failing_backbone='ViLLS')
-    paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows(str(session), 'c', 'd')[0]}
+    later = _session(tmp_path / 'later', times, failing_backbone='ViLLS')
+    paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
     assert paths['sliding_chunk', 'bf16'] == paths['long_short', 'bf16'] == 'fast'
+    # Over two calls a test that failed in either counts as failed.
+    both = defaults_tool.measured_rows([str(session), str(later)], 'c', 'd')[0]
+    assert {(row.op, row.dtype): row.path for row in both} == paths
+    # Kernel tests alone are not enough: each backbone that runs the op needs a passing test of its own.
+    without_vil = _session(tmp_path / 'without-vil', times, backbones=('ViLLS', 'PaleTransformer', 'VVT'))
+    rows_without = defaults_tool.measured_rows([str(without_vil)], 'c', 'd')[0]
+    assert {(row.op, row.dtype): row.path for row in rows_without}['sliding_chunk', 'bf16'] == 'fast'
     # --write: the rows land between the markers, and the module built from them holds them.
     defaults_tool.write_rows(rows, str(table))
     spec = importlib.util.spec_from_file_location('written_cuda_defaults', table)
@@ -231,7 +238,7 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert written['sliding_chunk', 'fp32'].measured is None and written['sliding_chunk', 'fp32'].path == 'fast'
     assert len(module.CUDA_DEFAULTS) == len(cuda_defaults.OPS) * len(DTYPES)
     # The GPU table: every bf16 fwd+bwd row, batch 8 first, with the ratios the benchmark wrote.
-    markdown = defaults_tool.gpu_table(str(session), predict=False).splitlines()
+    markdown = defaults_tool.gpu_table([str(session)], predict=False).splitlines()
     assert markdown[0].startswith('| model | path | batch | time (ms) | x Swin-T |')
     assert len(markdown) == 2 + 2 + len(times)
     assert '| vil-s | triton | 8 | 150.0 | 1.5 | 2000 | 2 |  |  |' in markdown

@@ -5,9 +5,12 @@ the kernel is defined, from ``TRITON_INTERPRET``. A test file's CPU comparisons
 therefore run in one subprocess that starts with ``TRITON_INTERPRET=1`` and runs
 the file as a script (:func:`interpreter_results`, :func:`main`); the pytest
 process keeps the kernels compiled for the compile check and the GPU tests.
-Every comparison counts the launches of each kernel to prove which path ran.
+Every comparison counts the launches of each kernel to prove which path ran, and
+every load, store and atomic the interpreter runs must address a tensor argument's
+storage (:func:`bounds_checked`).
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -95,10 +98,117 @@ def main(case_inputs, cases, **comparisons):
     results = {}
     for name, compare in comparisons.items():
         try:
-            results[name] = compare()
+            with bounds_checked():
+                results[name] = compare()
         except Exception:  # reported per case by the parent
             results[name] = dict(error=traceback.format_exc())
     print(json.dumps(results))
+
+
+class OutOfBounds(AssertionError):
+    """A kernel addressed memory outside every tensor argument (:func:`bounds_checked`)."""
+
+
+@contextlib.contextmanager
+def bounds_checked():
+    """Makes Triton's interpreter check every address a kernel loads, stores or updates atomically
+    (where its mask lets it) against the storages of the launch's tensor arguments, raising
+    :class:`OutOfBounds` on the first access outside them. On the GPU such an access is an illegal
+    address at best and a silent read of a neighbour's memory at worst; the interpreter would read
+    host memory there without a word."""
+    import numpy as np
+    import triton
+    from triton.runtime import interpreter
+
+    triton_dir = os.path.dirname(triton.__file__)
+
+    spans = []  # (first byte, end) of each tensor argument's storage in the running launch, sorted
+    kernel = ['']  # the running launch's kernel
+    executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
+    saved = {
+        (owner, name): getattr(owner, name)
+        for owner, name in [
+            (executor, '_init_args_hst'),
+            (builder, 'create_masked_load'),
+            (builder, 'create_masked_store'),
+            (builder, 'create_atomic_rmw'),
+            (builder, 'create_atomic_cas'),
+        ]
+    }
+
+    def init_args(self, args, kwargs):
+        host_args, host_kwargs = saved[executor, '_init_args_hst'](self, args, kwargs)
+        storages = [a.untyped_storage() for a in (*host_args, *host_kwargs.values()) if hasattr(a, 'untyped_storage')]
+        spans[:] = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages)
+        kernel[:] = [self.fn.__name__]
+        return host_args, host_kwargs
+
+    def check(kind, pointers, mask):
+        addresses = pointers.data.astype(np.uint64)
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(mask.data.astype(bool), addresses.shape)]
+        if not addresses.size:
+            return
+        item = np.uint64(np.dtype(interpreter._get_np_dtype(pointers.get_element_ty())).itemsize)
+        starts = np.array([start for start, _ in spans], dtype=np.uint64)
+        ends = np.array([end for _, end in spans], dtype=np.uint64)
+        span = np.searchsorted(starts, addresses, side='right') - 1
+        inside = (span >= 0) & (addresses + item <= ends[np.maximum(span, 0)])
+        if not inside.all():
+            first = int(addresses[~inside][0])
+            nearest = min(spans, key=lambda span: min(abs(first - span[0]), abs(first - span[1])))
+            # The interpreter runs the kernel's Python: the innermost frame neither Triton's nor this
+            # file's is the access.
+            frame = next(
+                f for f in reversed(traceback.extract_stack()) if not f.filename.startswith((triton_dir, __file__))
+            )
+            raise OutOfBounds(
+                f'{kernel[0]}: a {kind} of {int((~inside).sum())} of {addresses.size} elements addressed memory '
+                f'outside every tensor argument; the first at byte {first - nearest[0]} of the nearest argument '
+                f'storage, {nearest[1] - nearest[0]} bytes long ({frame.filename}:{frame.lineno}: {frame.line})'
+            )
+
+    def load(self, pointers, mask, *rest):
+        check('load', pointers, mask)
+        return saved[builder, 'create_masked_load'](self, pointers, mask, *rest)
+
+    def store(self, pointers, value, mask, *rest):
+        check('store', pointers, mask)
+        return saved[builder, 'create_masked_store'](self, pointers, value, mask, *rest)
+
+    def atomic_rmw(self, op, pointers, value, mask, *rest):
+        check('atomic update', pointers, mask)
+        return saved[builder, 'create_atomic_rmw'](self, op, pointers, value, mask, *rest)
+
+    def atomic_cas(self, pointers, *rest):
+        check('atomic compare-and-swap', pointers, None)
+        return saved[builder, 'create_atomic_cas'](self, pointers, *rest)
+
+    executor._init_args_hst = init_args
+    builder.create_masked_load, builder.create_masked_store = load, store
+    builder.create_atomic_rmw, builder.create_atomic_cas = atomic_rmw, atomic_cas
+    try:
+        yield
+    finally:
+        for (owner, name), original in saved.items():
+            setattr(owner, name, original)
+
+
+def stray_load():
+    """A kernel that loads one element past the end of its input: :func:`bounds_checked` must refuse it
+    (the interpreter itself reads on)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _copy_shifted(source, target, SIZE: tl.constexpr):
+        offsets = tl.arange(0, SIZE)
+        tl.store(target + offsets, tl.load(source + offsets + 1))
+
+    source = torch.arange(8.0)
+    target = torch.empty_like(source)
+    _copy_shifted[(1,)](source, target, SIZE=8)
+    return dict(copied=target.tolist())
 
 
 def launches_since(before):

@@ -1,14 +1,17 @@
 """The CUDA defaults table from a GPU session: rows for ``visattn_mm/ops/cuda_defaults.py`` and the GPU
 table of docs/benchmarks.md.
 
-Reads what one device call of ``tools/gpu_session.sh`` brings back (``SESSION``: its ``$OUT`` folder):
-``benchmark.csv`` (the bench stage), ``tests.xml`` (the CUDA-marked tests) and ``session.log`` (the
-GPU and the versions). For each op of ``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
+Reads what device calls of ``tools/gpu_session.sh`` bring back (``SESSION ...``: their ``$OUT`` folders,
+in the order they ran): ``benchmark.csv`` (the bench stage; a later call's row replaces an earlier one's),
+``tests.xml`` (the CUDA-marked tests; a test that failed in any call counts as failed) and ``session.log``
+(the GPU and the versions, from the first call that reported them). For each op of
+``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
 
 * the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
   at 800x1333, at batch 8 and at batch 2;
-* whether the op's CUDA tests of that dtype passed: its kernels' file, and the backbone tests on
-  ``'triton'`` of every backbone that runs the op (at least one passed, none failed);
+* whether the op's CUDA tests of that dtype passed: its kernels' file (at least one passed, none
+  failed), and the backbone tests on ``'triton'`` of every backbone that runs the op (for each such
+  backbone, at least one passed and none failed);
 
 and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured.
 
@@ -17,9 +20,9 @@ table: per model, path and batch, time and peak memory x Swin-T, with the step-c
 predicted peak (``visattn_mm.analysis.step_cost``, CUDA emulated on the CPU) beside the measured
 one (``--no-predict`` leaves the tracing out).
 
-Example (after a device call whose files came back to DIR)::
+Example (after two device calls whose files came back to DIR1 and DIR2)::
 
-    .venv/bin/python tools/analysis/cuda_defaults.py DIR --commit 3cb5f65 --date 2026-11-26 --write
+    .venv/bin/python tools/analysis/cuda_defaults.py DIR1 DIR2 --commit 3cb5f65 --date 2026-11-26 --write
 """
 
 from __future__ import annotations
@@ -52,15 +55,22 @@ KERNEL_TESTS = dict(
 BACKBONE_TEST = 'test_backbone_matches_float64_reference'
 
 
-def read_benchmark(path):
-    """``{(model, impl, dtype, batch): row}`` of the forward + backward rows at :data:`SIZE` that ran."""
-    with open(path, newline='') as file:
-        rows = list(csv.DictReader(file))
-    return {
-        (row['model'], row['impl'], row['dtype'], int(row['batch'])): row
-        for row in rows
-        if row['mode'] == 'fwd+bwd' and (int(row['height']), int(row['width'])) == SIZE and row['status'] == 'ok'
-    }
+def read_benchmark(sessions):
+    """``{(model, impl, dtype, batch): row}`` of the forward + backward rows at :data:`SIZE` that ran, over
+    ``sessions`` in order (a later row replaces an earlier one)."""
+    found = {}
+    for session in sessions:
+        path = osp.join(session, 'benchmark.csv')
+        if not osp.exists(path):
+            continue
+        with open(path, newline='') as file:
+            rows = list(csv.DictReader(file))
+        found.update(
+            ((row['model'], row['impl'], row['dtype'], int(row['batch'])), row)
+            for row in rows
+            if row['mode'] == 'fwd+bwd' and (int(row['height']), int(row['width'])) == SIZE and row['status'] == 'ok'
+        )
+    return found
 
 
 def read_tests(path):
@@ -78,9 +88,10 @@ def read_tests(path):
     return outcomes
 
 
-def read_versions(path):
-    """The GPU, torch and Triton of a session, from its ``session.log`` (the environment report)."""
-    text = open(path).read()
+def read_versions(sessions):
+    """The GPU, torch and Triton, from the first ``session.log`` of ``sessions`` with the environment report."""
+    logs = [open(osp.join(session, 'session.log')).read() for session in sessions]
+    text = next((log for log in logs if re.search(r'^GPU 0: ', log, re.M)), '')
 
     def first(pattern):
         found = re.search(pattern, text, re.M)
@@ -94,26 +105,33 @@ def read_versions(path):
 
 
 def op_tests_passed(op, dtype, outcomes):
-    """Whether the CUDA tests of ``op`` in ``dtype`` passed: at least one ran, none failed."""
+    """Whether the CUDA tests of ``op`` in ``dtype`` passed: its kernel tests, and the backbone tests on
+    'triton' of each backbone that runs it, each group with at least one passed and none failed."""
     classes = [name for name, cls in BACKBONES.items() if any(o == op for o, _ in cls.attention_ops)]
 
-    def concerns(test_id):
+    def group(test_id):
         module, name = test_id.split('::', 1)
         params = re.split(r'[-\[\]]', name)
         if module == KERNEL_TESTS[op]:
-            return dtype in params
-        return name.startswith(BACKBONE_TEST) and 'triton' in params and dtype in params and params[2] in classes
+            return 'kernels' if dtype in params else None
+        if name.startswith(BACKBONE_TEST) and 'triton' in params and dtype in params and params[2] in classes:
+            return params[2]
+        return None
 
-    relevant = [outcome for test_id, outcome in outcomes if concerns(test_id)]
-    return 'passed' in relevant and 'failed' not in relevant
+    groups = {name: [] for name in ('kernels', *classes)}
+    for test_id, outcome in outcomes:
+        name = group(test_id)
+        if name:
+            groups[name].append(outcome)
+    return all('passed' in found and 'failed' not in found for found in groups.values())
 
 
-def measured_rows(session, commit, date):
-    """The table rows a session's files decide, and a line for each op and dtype they leave unmeasured."""
-    bench = read_benchmark(osp.join(session, 'benchmark.csv'))
-    tests_path = osp.join(session, 'tests.xml')
-    outcomes = read_tests(tests_path) if osp.exists(tests_path) else []
-    versions = read_versions(osp.join(session, 'session.log'))
+def measured_rows(sessions, commit, date):
+    """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured."""
+    bench = read_benchmark(sessions)
+    tests = [osp.join(session, 'tests.xml') for session in sessions]
+    outcomes = [outcome for path in tests if osp.exists(path) for outcome in read_tests(path)]
+    versions = read_versions(sessions)
     rows, gaps = [], []
     for op in cuda_defaults.OPS:
         model = cuda_defaults.DECIDED_BY[op]
@@ -164,14 +182,16 @@ def predicted_peak_gib(model, impl, batch):
     from visattn_mm.analysis.step_cost import trace_step
     from visattn_mm.ops.impl import attention_impl
 
+    backbone = build_backbone(model)
+    backbone.train()  # not chained: mmdet's ResNet.train returns None
     with attention_impl('auto' if impl == common.NO_IMPL else impl):
-        cost = trace_step(build_backbone(model).train(), (batch, 3, *SIZE), dtype='bf16')
+        cost = trace_step(backbone, (batch, 3, *SIZE), dtype='bf16')
     return cost.peak_bytes / common.GIB
 
 
-def gpu_table(session, predict=True):
+def gpu_table(sessions, predict=True):
     """Markdown: the bf16 rows of each model, path and batch, x Swin-T, measured and predicted peak."""
-    bench = read_benchmark(osp.join(session, 'benchmark.csv'))
+    bench = read_benchmark(sessions)
     lines = [
         '| model | path | batch | time (ms) | x Swin-T | peak (MiB) | x Swin-T | tracer peak (MiB) '
         '| tracer / measured |',
@@ -192,7 +212,9 @@ def gpu_table(session, predict=True):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('session', help="the folder of a device call's files (benchmark.csv, tests.xml, session.log)")
+    parser.add_argument(
+        'sessions', nargs='+', help="the folders of device calls' files (benchmark.csv, tests.xml, session.log)"
+    )
     parser.add_argument('--commit', required=True, help='the commit the device call ran')
     parser.add_argument('--date', required=True, help='the day it ran, YYYY-MM-DD')
     parser.add_argument('--write', action='store_true', help='put the measured rows into ' + TABLE_FILE)
@@ -202,12 +224,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    rows, gaps = measured_rows(args.session, args.commit, args.date)
+    rows, gaps = measured_rows(args.sessions, args.commit, args.date)
     print(rows_source(rows))
     for gap in gaps:
         print(f'# {gap}')
     print()
-    print(gpu_table(args.session, predict=not args.no_predict))
+    print(gpu_table(args.sessions, predict=not args.no_predict))
     if args.write:
         write_rows(rows)
         print(f'\nwrote {len(rows)} measured rows into {TABLE_FILE}')
