@@ -82,9 +82,9 @@ def test_a_row_says_why():
 
 @pytest.fixture
 def triton_bf16_sliding_chunk(monkeypatch):
-    """A table whose sliding-chunk bf16 row (head dims up to 32) says 'triton'."""
+    """A table whose one measured row, sliding-chunk bf16 for head dims up to 32, says 'triton'."""
     row = CudaDefault('sliding_chunk', 'bf16', 'triton', _measurement(0.5, 0.8), head_dims=(None, 32))
-    monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.CUDA_DEFAULTS))
+    monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.unmeasured_rows()))
     return row
 
 

@@ -160,9 +160,11 @@ def measured_rows(sessions, commit, date):
 def rows_source(rows):
     """The rows as the Python that stands between the markers of the table file."""
     lines = [BEGIN + ' (tools/analysis/cuda_defaults.py --write)', 'MEASURED = (']
-    for row in rows:
-        fields = ', '.join(f'{key}={value!r}' for key, value in dataclasses.asdict(row.measured).items())
-        lines.append(f'    CudaDefault({row.op!r}, {row.dtype!r}, {row.path!r}, Measurement({fields})),')
+    for row in rows:  # laid out as the repository's formatter lays out calls too long for one line
+        lines += ['    CudaDefault(', *(f'        {value!r},' for value in (row.op, row.dtype, row.path))]
+        lines.append('        Measurement(')
+        lines += [f'            {key}={value!r},' for key, value in dataclasses.asdict(row.measured).items()]
+        lines += ['        ),', '    ),']
     lines += [')', END]
     return '\n'.join(lines)
 

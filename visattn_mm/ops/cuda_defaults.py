@@ -2,17 +2,17 @@
 
 On a CUDA tensor, 'auto' (with no process-wide selection, see :mod:`visattn_mm.ops.impl`) takes
 the path of the row of :data:`CUDA_DEFAULTS` that matches the op, the dtype of its query and its
-head dim. A row names ``'triton'`` only where one GPU session showed both (:func:`decide`):
+head dim. A row names ``'triton'`` only where GPU measurements showed both (:func:`decide`):
 
-* the CUDA-marked tests of the op's Triton kernels passed (outputs and every gradient against the
-  float64 reference), and
+* the CUDA-marked tests of the op's Triton kernels passed, and those of every backbone that runs the
+  op on ``'triton'`` (outputs and every gradient against the float64 reference), and
 * the backbone that runs the op trained (forward + backward, 800x1333) faster on ``'triton'``
   than on ``'fast'`` at batch 8 and at batch 2 (the configs' images per GPU): a ``triton / fast``
   time ratio under 1 at both.
 
 Every other row says ``'fast'``: a measured one with the ratio that kept it there, an unmeasured
 one because nothing has measured it. ``tools/analysis/cuda_defaults.py`` turns the files of a
-GPU session (``tools/gpu_session.sh``) into rows for this table; docs/benchmarks.md keeps the
+GPU session's device calls (``tools/gpu_session.sh``) into rows for this table; docs/benchmarks.md keeps the
 measurements behind them.
 """
 
@@ -32,7 +32,7 @@ UNMEASURED = 'not measured on a GPU yet'
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """One GPU session's evidence for one row.
+    """A GPU session's evidence for one row.
 
     Args:
         device (str): The GPU, as torch names it.
@@ -44,7 +44,8 @@ class Measurement:
             ``'vil-s'``.
         ratio_batch8 (float): ``triton / fast`` median time, forward + backward, 800x1333, batch 8.
         ratio_batch2 (float): The same at batch 2.
-        tests_passed (bool): Whether every CUDA-marked test of the op's kernels passed.
+        tests_passed (bool): Whether the CUDA-marked tests of the op's kernels, and those on ``'triton'``
+            of each backbone that runs the op, passed (each group ran and none failed).
     """
 
     device: str
@@ -122,18 +123,154 @@ def decide(measured):
 #: The backbone (its ``tools/analysis/benchmark.py`` name) whose step decides each op's rows.
 DECIDED_BY = dict(sliding_chunk='vil-s', long_short='vil-ls-s', pale='pale-t', vicinity='vvt-s')
 
-# The rows a GPU session measured (none yet: nothing has run on a GPU since the Triton kernels were
-# written); docs/benchmarks.md ("GPU") has the measurements and the command that wrote them.
+
+def unmeasured_rows(measured=()):
+    """An unmeasured 'fast' row for every op and dtype that the rows ``measured`` leave out."""
+    return tuple(
+        CudaDefault(op, dtype, 'fast')
+        for op in OPS
+        for dtype in DTYPE_NAMES.values()
+        if not any(row.op == op and row.dtype == dtype for row in measured)
+    )
+
+
+# The rows the GPU sessions measured; docs/benchmarks.md ("GPU") has the measurements and the command
+# that wrote them.
 # BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
-MEASURED = ()
-# END measured rows
-#: The table: the measured rows first, then 'fast' for every op and dtype they leave out.
-CUDA_DEFAULTS = MEASURED + tuple(
-    CudaDefault(op, dtype, 'fast')
-    for op in OPS
-    for dtype in DTYPE_NAMES.values()
-    if not any(row.op == op and row.dtype == dtype for row in MEASURED)
+MEASURED = (
+    CudaDefault(
+        'sliding_chunk',
+        'bf16',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vil-s',
+            ratio_batch8=0.485,
+            ratio_batch2=0.845,
+            tests_passed=False,
+        ),
+    ),
+    CudaDefault(
+        'sliding_chunk',
+        'fp32',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vil-s',
+            ratio_batch8=1.104,
+            ratio_batch2=1.046,
+            tests_passed=True,
+        ),
+    ),
+    CudaDefault(
+        'long_short',
+        'bf16',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vil-ls-s',
+            ratio_batch8=0.571,
+            ratio_batch2=0.927,
+            tests_passed=False,
+        ),
+    ),
+    CudaDefault(
+        'long_short',
+        'fp32',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vil-ls-s',
+            ratio_batch8=1.198,
+            ratio_batch2=1.138,
+            tests_passed=True,
+        ),
+    ),
+    CudaDefault(
+        'pale',
+        'bf16',
+        'triton',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='pale-t',
+            ratio_batch8=0.876,
+            ratio_batch2=0.873,
+            tests_passed=True,
+        ),
+    ),
+    CudaDefault(
+        'pale',
+        'fp32',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='pale-t',
+            ratio_batch8=1.84,
+            ratio_batch2=1.349,
+            tests_passed=True,
+        ),
+    ),
+    CudaDefault(
+        'vicinity',
+        'bf16',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vvt-s',
+            ratio_batch8=0.865,
+            ratio_batch2=0.908,
+            tests_passed=False,
+        ),
+    ),
+    CudaDefault(
+        'vicinity',
+        'fp32',
+        'fast',
+        Measurement(
+            device='NVIDIA H100 80GB HBM3',
+            torch='2.11.0+cu130',
+            triton='3.6.0',
+            commit='479525b,603c4b6',
+            date='2026-11-26',
+            model='vvt-s',
+            ratio_batch8=0.946,
+            ratio_batch2=0.966,
+            tests_passed=False,
+        ),
+    ),
 )
+# END measured rows
+
+#: The table: the measured rows first, then 'fast' for every op and dtype they leave out.
+CUDA_DEFAULTS = MEASURED + unmeasured_rows(MEASURED)
 
 
 def cuda_default(op, dtype, head_dim=None):
