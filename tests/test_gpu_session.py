@@ -60,6 +60,12 @@ def _write_probe_wheel(directory):
             wheel.writestr(name, text)
 
 
+def _path_without_sanitizer():
+    """PATH without the folders that hold a compute-sanitizer (a CUDA toolkit on this machine)."""
+    folders = os.environ.get('PATH', '').split(os.pathsep)
+    return os.pathsep.join(f for f in folders if not (Path(f) / 'compute-sanitizer').exists())
+
+
 def test_script_is_bash_without_syntax_errors():
     assert SCRIPT.stat().st_mode & 0o111, 'tools/gpu_session.sh should be executable'
     subprocess.run(['bash', '-n', str(SCRIPT)], check=True)
@@ -69,12 +75,13 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     """The device call's stages in their CPU smoke mode (the tuning stage's interpreter run is
     tests/test_triton_resources.py's): its files, the order of the benchmark's grids, a summary."""
     _write_probe_wheel(tmp_path / 'wheels')
-    result = _run(tmp_path, 'setup', 'tests', 'bench', 'compile', SMOKE='1')
+    result = _run(tmp_path, 'setup', 'tests', 'sanitize', 'bench', 'compile', SMOKE='1', PATH=_path_without_sanitizer())
     out = tmp_path / 'out'
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
     assert re.fullmatch(
-        rf'gpu_session: setup ok, tests ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)', summary
+        rf'gpu_session: setup ok, tests ok, sanitize ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)',
+        summary,
     )
     assert result.stdout.strip().endswith(summary)
     # What a device call brings back: at most 8 files, none in a folder.
@@ -83,7 +90,8 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert all((out / name).is_file() for name in files)
 
     log = (out / 'session.log').read_text()
-    assert re.findall(r'^=== (\w+)', log, re.M) == ['install', 'setup', 'tests', 'bench', 'compile']
+    assert re.findall(r'^=== (\w+)', log, re.M) == ['install', 'setup', 'tests', 'sanitize', 'bench', 'compile']
+    assert 'no compute-sanitizer here: sanitize skipped' in log
     # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
     # and this environment's versions against the rehearsal's pins.
     assert (tmp_path / 'site' / PROBE / '__init__.py').exists()
@@ -120,7 +128,7 @@ def test_device_call_fits_its_budget_and_carry():
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
     assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-150}"' in text
-    assert 'stages=(setup tests bench compile tune)' in text
+    assert 'stages=(setup tests sanitize bench compile tune)' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
     assert size < 48 * 2**20, f'the tracked files are {size / 2**20:.1f} MiB; a device call carries 64 MiB in all'

@@ -5,9 +5,9 @@
 #
 #   bash tools/gpu_session.sh wheels      # beforehand, here: the pure-Python wheels into .whl/ (carried)
 #   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
-#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): setup tests bench compile tune
+#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): setup tests sanitize bench compile tune
 #
-# Stages (run in the order given; none given: setup tests bench compile tune):
+# Stages (run in the order given; none given: setup tests sanitize bench compile tune):
 #   wheels    download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
 #   rehearse  on this machine: a throw-away Python 3.12 environment with the host's own versions
 #             (requirements/gpu_host.txt: torch, triton, timm, numpy, ...), the carried wheels installed as the
@@ -17,6 +17,9 @@
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
 #             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
+#   sanitize  SANITIZE_TESTS under compute-sanitizer's memcheck, one process, at most SANITIZE_BUDGET seconds: the
+#             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
+#             skipped, saying so, where compute-sanitizer is missing (the CPU)
 #   bench     tools/analysis/benchmark.py grid by grid (BENCH_GRIDS): the decision rows first (batch 8, 800x1333,
 #             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp32, the other paths, forward alone
 #             (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
@@ -29,6 +32,7 @@
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (150),
+#   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (60),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
@@ -58,6 +62,11 @@ BACKBONE_TESTS="tests/test_cuda.py::test_backbone_matches_float64_reference
     tests/test_cuda.py::test_training_step_never_waits_for_the_gpu"
 TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_benchmark_tools.py}"
 COMPILE_TESTS=tests/test_compile.py
+# Where the H100 met an illegal address (2026-11-26): the sliding-chunk kernels at a tiny backbone's third
+# stage in 16 bits, and the backbone test that first showed it.
+SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_triton_kernels.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
+    tests/test_cuda.py::test_backbone_matches_float64_reference[cuda-ViL-triton-bf16-45x71]}"
+SANITIZE_BUDGET="${SANITIZE_BUDGET:-60}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
@@ -198,6 +207,16 @@ stage_tests() {
         ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
+stage_sanitize() {
+    if ! command -v compute-sanitizer >/dev/null; then
+        echo "no compute-sanitizer here: sanitize skipped"
+        return 0
+    fi
+    # shellcheck disable=SC2086  # SANITIZE_TESTS is a list of targets
+    CAP=$SANITIZE_BUDGET limited compute-sanitizer --tool memcheck --print-limit 5 "$PY" -m pytest \
+        -p no:cacheprovider -p no:xdist -q -x -rfE $SANITIZE_TESTS
+}
+
 stage_bench() {
     local grids=() grid
     while IFS= read -r grid; do [[ -n "$grid" ]] && grids+=(--grid "$grid"); done <<< "$BENCH_GRIDS"
@@ -221,10 +240,10 @@ stage_tune() {
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests bench compile tune)
+((${#stages[@]})) || stages=(setup tests sanitize bench compile tune)
 for stage in "${stages[@]}"; do
-    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|bench|compile|tune)$ ]]; then
-        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, bench, compile, tune" >&2
+    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|sanitize|bench|compile|tune)$ ]]; then
+        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, sanitize, bench, compile, tune" >&2
         exit 2
     fi
 done
