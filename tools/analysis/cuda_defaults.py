@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import os.path as osp
 import re
 import xml.etree.ElementTree as ElementTree
@@ -43,6 +42,7 @@ from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
+ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, tests passed'
 SIZE = (800, 1333)
 BATCHES = (8, 2)
 # The test file of each op's kernels.
@@ -158,13 +158,20 @@ def measured_rows(sessions, commit, date):
 
 
 def rows_source(rows):
-    """The rows as the Python that stands between the markers of the table file."""
-    lines = [BEGIN + ' (tools/analysis/cuda_defaults.py --write)', 'MEASURED = (']
-    for row in rows:  # laid out as the repository's formatter lays out calls too long for one line
-        lines += ['    CudaDefault(', *(f'        {value!r},' for value in (row.op, row.dtype, row.path))]
-        lines.append('        Measurement(')
-        lines += [f'            {key}={value!r},' for key, value in dataclasses.asdict(row.measured).items()]
-        lines += ['        ),', '    ),']
+    """The rows as the Python that stands between the markers of the table file: what all rows were
+    measured on (one invocation's versions, commit and date), then one line per row."""
+    begin = BEGIN + ' (tools/analysis/cuda_defaults.py --write)'
+    if not rows:
+        return '\n'.join([begin, 'MEASURED_ON = dict()', f'MEASURED_ROWS = ()  # {ROW_FIELDS}', END])
+    measured_on = {key: getattr(rows[0].measured, key) for key in ('device', 'torch', 'triton', 'commit', 'date')}
+    lines = [begin, 'MEASURED_ON = dict(']
+    lines += [f'    {key}={value!r},' for key, value in measured_on.items()]
+    lines += [')', f'MEASURED_ROWS = (  # {ROW_FIELDS}']
+    for row in rows:
+        m = row.measured
+        assert all(getattr(m, key) == value for key, value in measured_on.items()), 'one invocation, one origin'
+        fields = (row.op, row.dtype, row.path, m.model, m.ratio_batch8, m.ratio_batch2, m.tests_passed)
+        lines.append(f'    ({", ".join(map(repr, fields))}),')
     lines += [')', END]
     return '\n'.join(lines)
 

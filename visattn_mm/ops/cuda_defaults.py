@@ -137,137 +137,33 @@ def unmeasured_rows(measured=()):
 # The rows the GPU sessions measured; docs/benchmarks.md ("GPU") has the measurements and the command
 # that wrote them.
 # BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
-MEASURED = (
-    CudaDefault(
-        'sliding_chunk',
-        'bf16',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vil-s',
-            ratio_batch8=0.485,
-            ratio_batch2=0.845,
-            tests_passed=False,
-        ),
-    ),
-    CudaDefault(
-        'sliding_chunk',
-        'fp32',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vil-s',
-            ratio_batch8=1.104,
-            ratio_batch2=1.046,
-            tests_passed=True,
-        ),
-    ),
-    CudaDefault(
-        'long_short',
-        'bf16',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vil-ls-s',
-            ratio_batch8=0.571,
-            ratio_batch2=0.927,
-            tests_passed=False,
-        ),
-    ),
-    CudaDefault(
-        'long_short',
-        'fp32',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vil-ls-s',
-            ratio_batch8=1.198,
-            ratio_batch2=1.138,
-            tests_passed=True,
-        ),
-    ),
-    CudaDefault(
-        'pale',
-        'bf16',
-        'triton',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='pale-t',
-            ratio_batch8=0.876,
-            ratio_batch2=0.873,
-            tests_passed=True,
-        ),
-    ),
-    CudaDefault(
-        'pale',
-        'fp32',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='pale-t',
-            ratio_batch8=1.84,
-            ratio_batch2=1.349,
-            tests_passed=True,
-        ),
-    ),
-    CudaDefault(
-        'vicinity',
-        'bf16',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vvt-s',
-            ratio_batch8=0.865,
-            ratio_batch2=0.908,
-            tests_passed=False,
-        ),
-    ),
-    CudaDefault(
-        'vicinity',
-        'fp32',
-        'fast',
-        Measurement(
-            device='NVIDIA H100 80GB HBM3',
-            torch='2.11.0+cu130',
-            triton='3.6.0',
-            commit='479525b,603c4b6',
-            date='2026-11-26',
-            model='vvt-s',
-            ratio_batch8=0.946,
-            ratio_batch2=0.966,
-            tests_passed=False,
-        ),
-    ),
+MEASURED_ON = dict(
+    device='NVIDIA H100 80GB HBM3',
+    torch='2.11.0+cu130',
+    triton='3.6.0',
+    commit='479525b,603c4b6',
+    date='2026-11-26',
+)
+MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, tests passed
+    ('sliding_chunk', 'bf16', 'fast', 'vil-s', 0.485, 0.845, False),
+    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.104, 1.046, True),
+    ('long_short', 'bf16', 'fast', 'vil-ls-s', 0.571, 0.927, False),
+    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.198, 1.138, True),
+    ('pale', 'bf16', 'triton', 'pale-t', 0.876, 0.873, True),
+    ('pale', 'fp32', 'fast', 'pale-t', 1.84, 1.349, True),
+    ('vicinity', 'bf16', 'fast', 'vvt-s', 0.865, 0.908, False),
+    ('vicinity', 'fp32', 'fast', 'vvt-s', 0.946, 0.966, False),
 )
 # END measured rows
+MEASURED = tuple(
+    CudaDefault(
+        op,
+        dtype,
+        path,
+        Measurement(**MEASURED_ON, model=model, ratio_batch8=ratio8, ratio_batch2=ratio2, tests_passed=passed),
+    )
+    for op, dtype, path, model, ratio8, ratio2, passed in MEASURED_ROWS
+)
 
 #: The table: the measured rows first, then 'fast' for every op and dtype they leave out.
 CUDA_DEFAULTS = MEASURED + unmeasured_rows(MEASURED)
