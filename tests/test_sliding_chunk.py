@@ -177,13 +177,13 @@ def test_masks_are_cached_per_shape():
     assert info.hits == 1 and info.misses == 1
 
 
-def test_invalid_modes_raise_clear_errors():
-    with pytest.raises(ValueError, match='masking_mode'):
-        key_mask(8, 8, 3, 2, 0, torch.device('cpu'))
-    with pytest.raises(ValueError, match='shift_mode'):
-        key_mask(8, 8, 3, 0, 9, torch.device('cpu'))
-    with pytest.raises(ValueError, match='exact'):
-        key_mask(8, 8, 3, 1, 4, torch.device('cpu'))
+@pytest.mark.parametrize('impl', ['auto', 'fast', 'math'])
+def test_invalid_modes_raise_clear_errors(impl):
+    """The op checks its modes once, at its entry, whichever path would run."""
+    q = torch.randn(1, 1, 64, 4)
+    for modes, match in [((2, 0), 'masking_mode'), ((0, 9), 'shift_mode'), ((1, 4), 'exact')]:
+        with pytest.raises(ValueError, match=match):
+            sliding_chunk_attention(q, q, q, 8, 8, 3, masking_mode=modes[0], shift_mode=modes[1], impl=impl)
 
 
 @pytest.mark.parametrize('impl', ['fast', 'math'])

@@ -147,7 +147,8 @@ class SlidingChunkAttention(RelativePositionBias):
     ):
         super().__init__()
         check_modes(masking_mode, shift_mode)
-        check_modes(masking_mode, 1 if random_shift else shift_mode)
+        if random_shift:  # every draw must work with the masking mode (shift 1 stands for them all)
+            check_modes(masking_mode, 1)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5

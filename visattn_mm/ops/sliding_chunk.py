@@ -83,7 +83,6 @@ def key_mask(height, width, window, masking_mode, shift_mode, device):
         BoolTensor: ``(R*C, nb*w*w)`` for masking modes 0/-1 (the same for every
         query of a chunk), ``(R*C, w*w, nb*w*w)`` for mode 1.
     """
-    check_modes(masking_mode, shift_mode)
     w = window
     rows, cols = chunk_grid(height, width, w)
     key_y, key_x, in_grid = neighbour_key_coords(height, width, w, shift_mode)
@@ -200,6 +199,7 @@ def sliding_chunk_attention(
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
+    check_modes(masking_mode, shift_mode)
     path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl)
     if leading_global:
         if global_k is not None or global_v is not None:
@@ -329,7 +329,6 @@ def _fused_sliding_chunk_attention(
     (see :func:`sliding_chunk_attention`) the global keys and values are the first rows
     of ``k`` and ``v``, and the queries are gathered past them.
     """
-    check_modes(masking_mode, shift_mode)
     w = window
     blocks = neighbour_blocks(shift_mode)
     b, heads, _, d = q.shape
