@@ -14,6 +14,6 @@ pale_backbone = dict(
     frozen_stages=-1,
     norm_eval=False,
     with_cp=False,
-    # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
+    # 'auto', 'fast', 'math' or 'triton': what each runs, visattn_mm/ops/impl.py
     attn_impl='auto',
 )

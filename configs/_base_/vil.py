@@ -19,7 +19,7 @@ vil_backbone = dict(
     frozen_stages=-1,
     norm_eval=False,
     with_cp=False,
-    # 'auto' (per device, see visattn_mm.ops.impl), 'fast' (fused SDPA) or 'math' (explicit softmax)
+    # 'auto', 'fast', 'math' or 'triton': what each runs, visattn_mm/ops/impl.py
     attn_impl='auto',
 )
 # dynamic projection rank 8 (Transformer-LS paper, Sec. 4.3)

@@ -12,8 +12,7 @@ vvt_backbone = dict(
     frozen_stages=-1,
     norm_eval=False,
     with_cp=False,
-    # 'triton': fused Triton kernels in fp32 on CUDA; 'auto': those where the CUDA defaults table
-    # (visattn_mm/ops/cuda_defaults.py) says so, else torch ops; 'fast', 'math': torch ops
+    # 'auto', 'fast', 'math' or 'triton': what each runs, visattn_mm/ops/impl.py
     attn_impl='auto',
     # True: the attention's matrix products on bf16 operands under bf16 AMP (tensor cores,
     # coarser gradients; see visattn_mm.ops.vicinity); False: fp32 products

@@ -84,7 +84,8 @@ class PaleAttention(nn.Module):
         qkv_bias (bool): Bias of the pointwise q/k/v convs. Default: True.
         attn_drop (float): Dropout on the attention probabilities. Default: 0.
         proj_drop (float): Dropout after ``proj``. Default: 0.
-        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
     def __init__(self, dim, num_heads, pale_size=7, qkv_bias=True, attn_drop=0.0, proj_drop=0.0, attn_impl='auto'):
@@ -220,10 +221,8 @@ class PaleTransformer(DenseBackbone):
             more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
             with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
-        attn_impl (str): Attention implementation: 'fast' (fused
-            ``scaled_dot_product_attention``), 'math' (explicit softmax, the reference),
-            'auto' (per device, as measured) or 'triton' (fused Triton kernels on CUDA,
-            opt-in; see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
             classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg

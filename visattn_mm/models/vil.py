@@ -291,11 +291,8 @@ class ViL(DenseBackbone):
         norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
             only LayerNorms, so this only affects BatchNorms added by subclasses).
         with_cp (bool): Gradient checkpointing per block, saving memory.
-        attn_impl (str): Implementation of the sliding-chunk and long-short attention:
-            'fast' (fused ``scaled_dot_product_attention``), 'math' (explicit softmax,
-            the reference), 'auto' (per device, as measured) or 'triton' (fused Triton
-            kernels on CUDA, opt-in; see :mod:`visattn_mm.ops.impl`). Full attention has
-            one path. Default: 'auto'.
+        attn_impl (str): The sliding-chunk and long-short attentions' path: 'auto', 'fast', 'math' or
+            'triton' (what each runs: :mod:`visattn_mm.ops.impl`); full attention has one. Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
     """

@@ -127,7 +127,8 @@ class SlidingChunkAttention(RelativePositionBias):
             every forward pass. Toggled by :class:`RandomShiftHook`.
         attn_drop (float): Dropout on attention probabilities.
         proj_drop (float): Dropout after ``proj``.
-        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
     def __init__(
@@ -317,7 +318,8 @@ class LongShortAttention(RelativePositionBias):
             ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
         attn_drop (float): Dropout on the local queries' attention probabilities.
         proj_drop (float): Dropout after ``proj``.
-        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`).
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
     """
 
     def __init__(

@@ -81,9 +81,8 @@ class VicinityAttention(nn.Module):
         se_ratio (int): Hidden-width reduction of the gate's ``se_fc`` MLP
             (official models: 1, i.e. ``Linear(C, C)`` twice, without bias). Default: 1.
         proj_drop (float): Dropout on the output. Default: 0.
-        attn_impl (str): 'triton' runs the attention through fused Triton kernels on
-            CUDA tensors; every other value of :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`
-            through torch ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         bf16_products (bool): bf16 operands for the torch path's matrix products of
             bf16 inputs (tensor cores, coarser gradients); False: fp32. Default: False.
     """
@@ -294,11 +293,8 @@ class VVT(DenseBackbone):
             has only LayerNorms, so this only affects BatchNorms added by
             subclasses). Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
-        attn_impl (str): 'auto', 'fast', 'math' or 'triton' (see
-            :mod:`visattn_mm.ops.impl`). Vicinity attention has no softmax: 'triton'
-            runs it through fused Triton kernels in fp32 on CUDA tensors (opt-in,
-            :mod:`visattn_mm.ops.triton.vicinity`), the other values through torch
-            ops (see :mod:`visattn_mm.ops.vicinity`). Default: 'auto'.
+        attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         bf16_products (bool): Run the torch path's matrix products on bf16 operands
             when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
             opt-in. False: fp32 products. Default: False.

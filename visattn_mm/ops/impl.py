@@ -1,7 +1,8 @@
-"""Choice between the explicit (math) and fused (fast) attention paths.
+"""The attention paths an op can run, and the one place that says what each value of ``impl`` /
+``attn_impl`` runs (the ops' and backbones' docstrings refer here).
 
-Every softmax attention op in this package has two implementations computing the same
-function:
+Every softmax attention op in this package has two torch implementations computing the same
+function, and Triton kernels:
 
 * ``'math'``: explicit ``logits -> softmax (fp32) -> @ v`` over the gathered
   neighbours; the reference the fast path is tested against.

@@ -152,7 +152,8 @@ def long_short_attention(
         local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
             ``table[long_short_rpb_index(w)]`` (:mod:`visattn_mm.ops.rel_pos`) with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
             ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
             ``global_v`` must then be None), their queries are not attended with. The fused

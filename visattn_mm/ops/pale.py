@@ -75,7 +75,8 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
         width (int): Map width ``W``.
         pale_size (int): Rows per group ``s`` (``min(s, H)`` is used).
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast' or 'math' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d_v)``.
@@ -138,7 +139,8 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
         width (int): Map width ``W``.
         pale_size (int | tuple[int, int]): ``s`` or ``(s_r, s_c)``.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.

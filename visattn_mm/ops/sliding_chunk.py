@@ -189,7 +189,8 @@ def sliding_chunk_attention(
         masking_mode (int): 0, -1 or 1, see the module docstring.
         shift_mode (int): 0, -1 or 1..8, see the module docstring.
         dropout_p (float): Dropout on the attention probabilities.
-        impl (str): 'auto', 'fast', 'math' or 'triton' (see :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
             ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
             ``global_v`` must then be None), their queries are not attended with. The fused

@@ -123,11 +123,8 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             of storing about a dozen ``(B, heads, N, 4d)`` intermediates
             (same numbers; one more cheap elementwise forward in backward).
             The Triton path always keeps only those and the small sums. Default: True.
-        impl (str): 'triton' runs the Triton kernels on CUDA tensors, and 'auto' does where
-            :mod:`~visattn_mm.ops.cuda_defaults` says so (:func:`~visattn_mm.ops.impl.chosen_path`);
-            every other value of
-            :data:`~visattn_mm.ops.impl.ATTENTION_IMPLS`, and 'triton' elsewhere, runs
-            the torch ops (this attention has no softmax to fuse). Default: 'auto'.
+        impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
+            :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         bf16_products (bool): Give bf16 inputs bf16 matrix products on the torch path
             (tensor cores, coarser gradients; see the module docstring). False: at least
             fp32. The Triton kernels compute in at least fp32 either way. Default: False.
