@@ -16,7 +16,7 @@ import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
 from visattn_mm.collect_env import attention_paths
-from visattn_mm.models import BACKBONES
+from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
 from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, decide
 from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chosen_path, dispatch_as
@@ -257,6 +257,8 @@ def test_tool_predicts_peaks_with_the_tracer(monkeypatch):
 
 
 def test_each_op_is_decided_by_a_backbone_that_runs_it():
+    """By the size of a family that runs the op which the tools set beside Swin-T."""
+    compared = {family.compared_model: family for family in FAMILIES}
     for op, model in cuda_defaults.DECIDED_BY.items():
-        class_name = benchmark.MODEL_ZOO[model][0].args[0]  # functools.partial(_ours, class_name, arch)
-        assert op in [name for name, _ in BACKBONES[class_name].attention_ops], (op, model)
+        assert model in benchmark.MODEL_ZOO and model in compared, model
+        assert op in [name for name, _ in compared[model].cls.attention_ops], (op, model)

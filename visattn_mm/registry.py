@@ -15,17 +15,15 @@ from .engine import (
     RandomShiftHook,
     RngStateHook,
 )
-from .models import PaleTransformer, ViL, ViLLS, VVT
+from .models import FAMILIES
 
 try:  # needs mmdet and mmcv's compiled ops; the backbones alone need neither
     from .engine.det_tta import InstanceAwareDetTTAModel
 except ImportError:
     InstanceAwareDetTTAModel = None
 
-MODELS.register_module(module=ViL)
-MODELS.register_module(module=ViLLS)
-MODELS.register_module(module=VVT)
-MODELS.register_module(module=PaleTransformer)
+for family in FAMILIES:
+    MODELS.register_module(module=family.cls)
 HOOKS.register_module(module=RandomShiftHook)
 HOOKS.register_module(module=RngStateHook)
 RUNNERS.register_module(module=CheckpointPolicyRunner)

@@ -28,22 +28,17 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from .checkpoint import load_pretrained
-from .models.classifier import BACKBONES, Classifier, is_classifier_layout
+from .models.classifier import Classifier, is_classifier_layout
+from .models.family import BACKBONES, FAMILIES
 
-VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # official classification layout
-VIL_LS_CLS_ATTN = ('long_short', 'long_short', 'full', 'full')
-
-# timm name -> (backbone_type, default backbone kwargs). create_model kwargs override them
-# (e.g. ``drop_path_rate``, or a small ``arch`` dict for tests); ``num_classes``,
+# timm name -> (backbone_type, default backbone kwargs), from the family table. create_model kwargs
+# override them (e.g. ``drop_path_rate``, or a small ``arch`` dict for tests); ``num_classes``,
 # ``in_chans`` and ``global_pool`` go to the Classifier.
-VARIANTS = {}
-for _size in ('tiny', 'small', 'medium', 'base'):
-    VARIANTS[f'vil_{_size}'] = ('ViL', dict(arch=_size, attn_types=VIL_CLS_ATTN))
-    VARIANTS[f'vil_ls_{_size}'] = ('ViLLS', dict(arch=_size, attn_types=VIL_LS_CLS_ATTN))
-for _size in ('tiny', 'small', 'medium', 'large'):
-    VARIANTS[f'vvt_{_size}'] = ('VVT', dict(arch=_size))
-for _size, _drop_path in (('tiny', 0.1), ('small', 0.3), ('base', 0.5)):  # Pale paper's ImageNet drop path
-    VARIANTS[f'pale_{_size}'] = ('PaleTransformer', dict(arch=_size, drop_path_rate=_drop_path))
+VARIANTS = {
+    family.timm_name(size): (family.cls.__name__, family.classifier_kwargs(size))
+    for family in FAMILIES
+    for size in family.sizes
+}
 
 
 def _cfg(backbone_type):
@@ -100,91 +95,18 @@ def _create(variant, pretrained=False, **kwargs):
     )
 
 
-@register_model
-def vil_tiny(pretrained=False, **kwargs) -> Classifier:
-    """ViL-Tiny classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_tiny', pretrained, **kwargs)
+def _entry_point(family, size):
+    """timm's entry point of a family's size: ``create_model(name, ...)`` calls it."""
+    variant = family.timm_name(size)
+
+    def create(pretrained=False, **kwargs) -> Classifier:
+        return _create(variant, pretrained, **kwargs)
+
+    create.__name__ = create.__qualname__ = variant
+    create.__doc__ = f'{family.title}-{size.capitalize()} classifier, ImageNet layout, trained at 224x224.'
+    return register_model(create)
 
 
-@register_model
-def vil_small(pretrained=False, **kwargs) -> Classifier:
-    """ViL-Small classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_small', pretrained, **kwargs)
-
-
-@register_model
-def vil_medium(pretrained=False, **kwargs) -> Classifier:
-    """ViL-Medium classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_medium', pretrained, **kwargs)
-
-
-@register_model
-def vil_base(pretrained=False, **kwargs) -> Classifier:
-    """ViL-Base classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_base', pretrained, **kwargs)
-
-
-@register_model
-def vil_ls_tiny(pretrained=False, **kwargs) -> Classifier:
-    """ViL-LS-Tiny classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_ls_tiny', pretrained, **kwargs)
-
-
-@register_model
-def vil_ls_small(pretrained=False, **kwargs) -> Classifier:
-    """ViL-LS-Small classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_ls_small', pretrained, **kwargs)
-
-
-@register_model
-def vil_ls_medium(pretrained=False, **kwargs) -> Classifier:
-    """ViL-LS-Medium classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_ls_medium', pretrained, **kwargs)
-
-
-@register_model
-def vil_ls_base(pretrained=False, **kwargs) -> Classifier:
-    """ViL-LS-Base classifier, ImageNet layout, trained at 224x224."""
-    return _create('vil_ls_base', pretrained, **kwargs)
-
-
-@register_model
-def vvt_tiny(pretrained=False, **kwargs) -> Classifier:
-    """VVT-Tiny classifier, ImageNet layout, trained at 224x224."""
-    return _create('vvt_tiny', pretrained, **kwargs)
-
-
-@register_model
-def vvt_small(pretrained=False, **kwargs) -> Classifier:
-    """VVT-Small classifier, ImageNet layout, trained at 224x224."""
-    return _create('vvt_small', pretrained, **kwargs)
-
-
-@register_model
-def vvt_medium(pretrained=False, **kwargs) -> Classifier:
-    """VVT-Medium classifier, ImageNet layout, trained at 224x224."""
-    return _create('vvt_medium', pretrained, **kwargs)
-
-
-@register_model
-def vvt_large(pretrained=False, **kwargs) -> Classifier:
-    """VVT-Large classifier, ImageNet layout, trained at 224x224."""
-    return _create('vvt_large', pretrained, **kwargs)
-
-
-@register_model
-def pale_tiny(pretrained=False, **kwargs) -> Classifier:
-    """Pale-Tiny classifier, ImageNet layout, trained at 224x224."""
-    return _create('pale_tiny', pretrained, **kwargs)
-
-
-@register_model
-def pale_small(pretrained=False, **kwargs) -> Classifier:
-    """Pale-Small classifier, ImageNet layout, trained at 224x224."""
-    return _create('pale_small', pretrained, **kwargs)
-
-
-@register_model
-def pale_base(pretrained=False, **kwargs) -> Classifier:
-    """Pale-Base classifier, ImageNet layout, trained at 224x224."""
-    return _create('pale_base', pretrained, **kwargs)
+for _family in FAMILIES:
+    for _size in _family.sizes:
+        globals()[_family.timm_name(_size)] = _entry_point(_family, _size)

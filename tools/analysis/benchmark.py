@@ -145,17 +145,15 @@ def _baseline(class_name, kwargs, fallback, fallback_name):
 
 def _model_zoo():
     """name -> (builder, uses our attention ops)."""
+    from visattn_mm.models import FAMILIES, VVT
+
     zoo = {}
-    for prefix, class_name, archs in (
-        ('vil', 'ViL', 'tsmb'),
-        ('vil-ls', 'ViLLS', 'tsmb'),
-        ('pale', 'PaleTransformer', 'tsb'),
-        ('vvt', 'VVT', 'tsml'),
-    ):
-        for arch in archs:
-            zoo[f'{prefix}-{arch}'] = (functools.partial(_ours, class_name, arch), True)
-            if class_name == 'VVT':  # its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
-                zoo[f'{prefix}-{arch}-bf16'] = (functools.partial(_ours, class_name, arch, bf16_products=True), True)
+    for family in FAMILIES:
+        for size in family.sizes:
+            name, class_name = family.model_name(size), family.cls.__name__
+            zoo[name] = (functools.partial(_ours, class_name, size), True)
+            if family.cls is VVT:  # its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
+                zoo[f'{name}-bf16'] = (functools.partial(_ours, class_name, size, bf16_products=True), True)
     zoo['swin-t'] = (
         functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t, "timm's swin_tiny_patch4_window7_224"),
         False,

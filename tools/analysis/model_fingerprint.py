@@ -80,7 +80,7 @@ def fingerprint_classifiers(entry):
 
     import visattn_mm  # noqa: F401  (registers the names)
     from visattn_mm.checkpoint import load_pretrained
-    from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
+    from visattn_mm.models import BACKBONES
     from visattn_mm.timm_models import VARIANTS
 
     for name in VARIANTS:
@@ -96,7 +96,7 @@ def fingerprint_classifiers(entry):
         )
         print(f'{name}: {params} parameters', flush=True)
         if name.endswith('_tiny'):
-            dense = {'ViL': ViL, 'ViLLS': ViLLS, 'VVT': VVT, 'PaleTransformer': PaleTransformer}[VARIANTS[name][0]]
+            dense = BACKBONES[VARIANTS[name][0]]
             torch.manual_seed(2)
             backbone = dense(arch='tiny').eval()
             report = load_pretrained(backbone, {'state_dict': model.state_dict()}, source=name)

@@ -39,6 +39,7 @@ import benchmark
 import torch
 
 from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
+from visattn_mm.models import FAMILIES
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
 BASELINES = ('swin-t', 'r50')
@@ -234,7 +235,7 @@ def parse_args(argv=None):
     ours = [name for name in benchmark.MODEL_ZOO if name not in BASELINES]
     parser.add_argument(
         '--models',
-        default='vil-s,vil-ls-s,pale-t,vvt-s',
+        default=','.join(family.compared_model for family in FAMILIES),
         help=f'comma-separated backbones, "all" or "none": {", ".join(ours)} (the baselines '
         f'{", ".join(BASELINES)} are always traced)',
     )

@@ -33,12 +33,10 @@ import tempfile
 import _bench_common as common
 import torch
 
-MODELS = {
-    'vil-s': ('ViL', 'small'),
-    'vil-ls-s': ('ViLLS', 'small'),
-    'pale-t': ('PaleTransformer', 'tiny'),
-    'vvt-s': ('VVT', 'small'),
-}
+from visattn_mm.models import FAMILIES
+
+# Each family's size set beside Swin-T: (class name, arch) by the tools' name.
+MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
 DTYPES = ('fp32', 'bf16')
 COLUMNS = (
     'model',

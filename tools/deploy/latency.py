@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 from visattn_mm import cli as common
+from visattn_mm.models import BACKBONES
 
-FAMILIES = ('ViL', 'ViLLS', 'PaleTransformer', 'VVT')
+FAMILIES = tuple(BACKBONES)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,6 +1,7 @@
 """Backbone skeletons (nn.Modules); attention math lives in visattn_mm.ops."""
 
-from .classifier import BACKBONES, Classifier
+from .classifier import Classifier
+from .family import BACKBONES, FAMILIES, Family
 from .pale import PaleTransformer
 from .vil import ViL, ViLLS, set_random_shift
 from .vil_attention import SlidingChunkAttention
@@ -8,6 +9,8 @@ from .vvt import VVT
 
 __all__ = [
     'BACKBONES',
+    'FAMILIES',
+    'Family',
     'ViL',
     'ViLLS',
     'VVT',

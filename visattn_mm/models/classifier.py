@@ -25,12 +25,10 @@ from torch.nn.modules.module import _IncompatibleKeys
 from ..checkpoint import LoadReport, find_state_dict, load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
 from .base import tokens_to_map
+from .family import BACKBONES
 from .layers import init_transformer_weights
-from .pale import PaleTransformer
-from .vil import ViL, ViLLS
-from .vvt import VVT
+from .vil import ViL
 
-BACKBONES = {cls.__name__: cls for cls in (ViL, ViLLS, VVT, PaleTransformer)}
 GLOBAL_POOLS = ('avg', '')
 
 # Parameter groups for timm's layer-wise lr decay, in timm's group_matcher format: the first

@@ -1,0 +1,88 @@
+"""The backbone families, one row each: the registry, the timm names and the tools' model names
+derive from this table. A fifth backbone is its model file, its ops and a row here (docs/design.md).
+"""
+
+import dataclasses
+
+from .pale import PaleTransformer
+from .vil import ViL, ViLLS
+from .vvt import VVT
+
+# The official classification layouts: full attention in the last two stages.
+VIL_CLASSIFICATION_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')
+VIL_LS_CLASSIFICATION_ATTN = ('long_short', 'long_short', 'full', 'full')
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One backbone family.
+
+    Args:
+        cls (type): The dense backbone, registered in mmengine's ``MODELS``.
+        title (str): The family's name in prose and docstrings (``'ViL-LS'``).
+        name (str): The tools' name of the family; a model is ``name`` and the size's first letter
+            (``'vil-ls-s'``, see :meth:`model_name`).
+        timm_prefix (str): The timm names are the prefix and the size (``'vil_ls_small'``).
+        sizes (tuple[str]): The arch presets, smallest first.
+        compared_size (str): The size the tools set beside Swin-T (the papers' peers of Swin-T).
+        classification (dict): What every size's timm classifier passes its backbone (the ImageNet
+            layout). Default: nothing.
+        classification_by_size (dict): More of it for some sizes, ``{size: kwargs}``. Default: none.
+    """
+
+    cls: type
+    title: str
+    name: str
+    timm_prefix: str
+    sizes: tuple
+    compared_size: str
+    classification: dict = dataclasses.field(default_factory=dict)
+    classification_by_size: dict = dataclasses.field(default_factory=dict)
+
+    def model_name(self, size):
+        """The tools' name of ``size``: ``'vil-s'`` for ViL's ``'small'``."""
+        return f'{self.name}-{size[0]}'
+
+    @property
+    def compared_model(self):
+        """The tools' name of :attr:`compared_size`."""
+        return self.model_name(self.compared_size)
+
+    def timm_name(self, size):
+        """timm's name of ``size``: ``'vil_small'`` for ViL's ``'small'``."""
+        return f'{self.timm_prefix}_{size}'
+
+    def classifier_kwargs(self, size):
+        """What the timm classifier of ``size`` passes its backbone."""
+        return dict(arch=size, **self.classification, **self.classification_by_size.get(size, {}))
+
+
+FAMILIES = (
+    Family(
+        ViL, 'ViL', 'vil', 'vil', ('tiny', 'small', 'medium', 'base'), 'small', dict(attn_types=VIL_CLASSIFICATION_ATTN)
+    ),
+    Family(
+        ViLLS,
+        'ViL-LS',
+        'vil-ls',
+        'vil_ls',
+        ('tiny', 'small', 'medium', 'base'),
+        'small',
+        dict(attn_types=VIL_LS_CLASSIFICATION_ATTN),
+    ),
+    Family(VVT, 'VVT', 'vvt', 'vvt', ('tiny', 'small', 'medium', 'large'), 'small'),
+    Family(
+        PaleTransformer,
+        'Pale',
+        'pale',
+        'pale',
+        ('tiny', 'small', 'base'),
+        'tiny',
+        # The Pale paper's ImageNet drop path per size.
+        classification_by_size=dict(
+            tiny=dict(drop_path_rate=0.1), small=dict(drop_path_rate=0.3), base=dict(drop_path_rate=0.5)
+        ),
+    ),
+)
+#: The dense backbones by class name.
+BACKBONES = {family.cls.__name__: family.cls for family in FAMILIES}
