@@ -72,8 +72,9 @@ def test_fp16_autocast_on_cpu_warns_once(cls, monkeypatch):
     """fp16 autocast on the CPU is many times slower than fp32: said once, with the fix;
     fp32 and bf16 autocast say nothing."""
     from visattn_mm.models import base
+    from visattn_mm.ops.process_state import STATE
 
-    monkeypatch.setattr(base, '_warned_cpu_fp16', False)
+    monkeypatch.setattr(STATE, 'warned_cpu_fp16', False)
     model = build_tiny(cls).eval()
     image = torch.randn(1, 3, 32, 32)
     with pytest.warns() as caught, torch.no_grad():

@@ -213,17 +213,19 @@ def stray_load():
 
 def launches_since(before):
     """Launches per kernel name since the ``before`` snapshot of the counter."""
-    from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
+    from visattn_mm.ops.process_state import STATE
 
     return {
-        name: count - before.get(name, 0) for name, count in KERNEL_LAUNCHES.items() if count != before.get(name, 0)
+        name: count - before.get(name, 0)
+        for name, count in STATE.kernel_launches.items()
+        if count != before.get(name, 0)
     }
 
 
 def launch_snapshot():
-    from visattn_mm.ops.triton.host import KERNEL_LAUNCHES
+    from visattn_mm.ops.process_state import STATE
 
-    return dict(KERNEL_LAUNCHES)
+    return dict(STATE.kernel_launches)
 
 
 def mismatches(actual, expected, rtol, atol):

@@ -33,6 +33,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
+from ..ops.process_state import STATE
 from .layers import (
     check_arch,
     check_int,
@@ -49,7 +50,6 @@ CPU_FP16_WARNING = (
     "the CPU (torch.autocast('cpu', dtype=torch.bfloat16); timm's train.py: --amp-dtype "
     'bfloat16) or no autocast (drop --amp).'
 )
-_warned_cpu_fp16 = False
 
 
 def warn_once_on_cpu_fp16_autocast(x):
@@ -57,14 +57,13 @@ def warn_once_on_cpu_fp16_autocast(x):
 
     Reads only the autocast state and the device of ``x`` (no host-device sync).
     """
-    global _warned_cpu_fp16
     if (
-        not _warned_cpu_fp16
+        not STATE.warned_cpu_fp16
         and x.device.type == 'cpu'
         and torch.is_autocast_enabled('cpu')
         and torch.get_autocast_dtype('cpu') == torch.float16
     ):
-        _warned_cpu_fp16 = True
+        STATE.warned_cpu_fp16 = True
         warnings.warn(CPU_FP16_WARNING, stacklevel=2)
 
 

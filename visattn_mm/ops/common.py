@@ -5,7 +5,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-_DEVICE_CACHES = []
+from .process_state import STATE
+
 # Sizes that are symbols while torch.export traces with dynamic shapes.
 SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -34,7 +35,7 @@ def device_cache(build):
 
     lookup.cache_clear = cached.cache_clear
     lookup.cache_info = cached.cache_info
-    _DEVICE_CACHES.append(lookup)
+    STATE.device_caches.append(lookup)
     return lookup
 
 
@@ -65,8 +66,7 @@ def storage_key(tensor):
 
 def clear_device_caches():
     """Drops every constant cached by :func:`device_cache` (frees their device memory)."""
-    for cached in _DEVICE_CACHES:
-        cached.cache_clear()
+    STATE.clear_device_caches()
 
 
 def softmax_fp32(logits, dim=-1):

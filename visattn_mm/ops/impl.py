@@ -41,6 +41,7 @@ import os
 import torch
 
 from .cuda_defaults import cuda_default
+from .process_state import STATE
 
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
@@ -79,14 +80,12 @@ def _checked(name):
     return name
 
 
-_selected = _checked(os.environ.get(ENV_VAR, 'auto'))
-# The device type the ops choose their path for, where it is not their tensors' (see dispatch_as).
-_dispatch_device_type = None
+STATE.attention_impl = STATE.default_attention_impl = _checked(os.environ.get(ENV_VAR, 'auto'))
 
 
 def get_attention_impl():
     """Returns the selected implementation name (one of :data:`ATTENTION_IMPLS`)."""
-    return _selected
+    return STATE.attention_impl
 
 
 def set_attention_impl(name):
@@ -98,8 +97,7 @@ def set_attention_impl(name):
     Raises:
         ValueError: for any other name.
     """
-    global _selected
-    _selected = _checked(name)
+    STATE.attention_impl = _checked(name)
 
 
 @contextlib.contextmanager
@@ -126,7 +124,7 @@ def resolve_impl(impl='auto'):
     Raises:
         ValueError: If ``impl`` is not one of :data:`ATTENTION_IMPLS`.
     """
-    return _selected if _checked(impl) == 'auto' else impl
+    return STATE.attention_impl if _checked(impl) == 'auto' else impl
 
 
 def summarize_impl(impl, softmax=True, vicinity=True):
@@ -139,8 +137,9 @@ def describe_impl(impl, softmax=True, vicinity=True):
     """One line saying what ``impl`` computes (for a model with softmax attentions and / or vicinity
     attention), and what a process-wide selection makes of 'auto', if any."""
     line = f'attn_impl={_checked(impl)!r}: {summarize_impl(impl, softmax, vicinity)}'
-    if impl == 'auto' and _selected != 'auto':
-        line += f'; selected process-wide: {_selected!r}: {summarize_impl(_selected, softmax, vicinity)}'
+    selected = STATE.attention_impl
+    if impl == 'auto' and selected != 'auto':
+        line += f'; selected process-wide: {selected!r}: {summarize_impl(selected, softmax, vicinity)}'
     return line
 
 
@@ -171,18 +170,17 @@ def dispatch_as(device_type):
     Args:
         device_type (str): E.g. ``'cuda'``.
     """
-    global _dispatch_device_type
-    previous = _dispatch_device_type
-    _dispatch_device_type = device_type
+    previous = STATE.dispatch_device_type
+    STATE.dispatch_device_type = device_type
     try:
         yield
     finally:
-        _dispatch_device_type = previous
+        STATE.dispatch_device_type = previous
 
 
 def dispatch_device_type(device_type):
     """The device type an op on tensors of ``device_type`` chooses its path for (see :func:`dispatch_as`)."""
-    return _dispatch_device_type or device_type
+    return STATE.dispatch_device_type or device_type
 
 
 def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=None, head_dim=None):

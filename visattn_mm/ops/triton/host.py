@@ -10,16 +10,13 @@ where Triton's interpreter runs them (:func:`~visattn_mm.ops.impl.triton_interpr
 the one flag that also steers the ops' choice of path).
 """
 
-import collections
 import contextlib
 
 import torch
 import triton
 
 from .. import impl
-
-# Launches per kernel name since import (tests use it to prove the Triton path ran).
-KERNEL_LAUNCHES = collections.Counter()
+from ..process_state import STATE
 
 # Smallest tile side: tl.dot needs at least 16 rows, columns and depth on GPUs.
 MIN_TILE = 16
@@ -29,7 +26,7 @@ def launch(kernel, grid, settings, *args, **constexprs):
     """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
     :func:`launch_settings`) on the device of its first argument (a tensor); tests and
     ``tools/analysis/triton_resources.py`` replace this to compile without a GPU."""
-    KERNEL_LAUNCHES[kernel.fn.__name__] += 1
+    STATE.kernel_launches[kernel.fn.__name__] += 1
     with on_device(args[0].device):
         kernel[grid](*args, **settings, **constexprs)
 
