@@ -89,6 +89,19 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm = norm
 
+    def forward(self, x, run_block):
+        """The stage on an NCHW map: its tokens after the blocks and the stage norm, and their ``(H, W)``.
+
+        Args:
+            x (Tensor): ``(B, C, H, W)``, the image or the previous stage's map.
+            run_block (callable): ``run_block(block, tokens, hw)`` runs one block (the backbone's
+                :meth:`DenseBackbone.run_block`: gradient checkpointing, per-block arguments).
+        """
+        tokens, hw = self.patch_embed(x)
+        for block in self.blocks:
+            tokens = run_block(block, tokens, hw)
+        return (tokens if self.norm is None else self.norm(tokens)), hw
+
 
 class DenseBackbone(CheckpointProtocol, BaseModule):
     """Base of the four backbones: presets, the mmdet surface, the stage loop, checkpoints.
@@ -227,9 +240,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         return block(tokens, hw, *args)
 
     def finish_stage(self, i, tokens):
-        """Stage ``i``'s tokens as the next stage reads them (default: through its stage norm, if any)."""
-        norm = self.stages[i].norm
-        return tokens if norm is None else norm(tokens)
+        """Stage ``i``'s tokens (after its stage norm, if any) as the next stage reads them (default: as
+        they are)."""
+        return tokens
 
     def iter_stages(self, x):
         """Run the built stages in turn on an NCHW batch (the classifier's timm interface uses this).
@@ -246,9 +259,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         warn_once_on_cpu_fp16_autocast(x)
         self.check_input(x)
         for i, stage in enumerate(self.stages):
-            tokens, hw = stage.patch_embed(x)
-            for block in stage.blocks:
-                tokens = self.run_block(block, tokens, hw)
+            tokens, hw = stage(x, self.run_block)
             tokens = self.finish_stage(i, tokens)
             yield i, tokens, hw
             x = tokens_to_map(tokens, hw)
