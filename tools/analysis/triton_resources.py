@@ -33,7 +33,7 @@ import tempfile
 import _bench_common as common
 import torch
 
-from visattn_mm.models import FAMILIES
+from visattn_mm.models import BACKBONES, FAMILIES
 
 # Each family's size set beside Swin-T: (class name, arch) by the tools' name.
 MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
@@ -109,7 +109,6 @@ def kernel_resources(name, dtype, size, capability=90):
         of launches that differ in other constants (e.g. a stage without global tokens), the one
         that spills most.
     """
-    import visattn_mm.models as models
     import visattn_mm.ops.impl as impl
     import visattn_mm.ops.triton.host as host
 
@@ -133,7 +132,7 @@ def kernel_resources(name, dtype, size, capability=90):
         )
 
     class_name, arch = MODELS[name]
-    model = getattr(models, class_name)(arch=arch, attn_impl='triton').train()
+    model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()
     # With the interpreter flag on, CPU tensors take the Triton path and pass its device check; the launches
     # compile.
     saved = host.launch, impl.triton_interpreted

@@ -24,14 +24,12 @@ from pathlib import Path
 from visattn_mm import cli as common
 from visattn_mm.models import BACKBONES
 
-FAMILIES = tuple(BACKBONES)
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='onnxruntime vs eager CPU latency per backbone family')
     parser.add_argument('--size', type=int, nargs=2, default=(800, 1333), metavar=('H', 'W'))
     parser.add_argument('--arch', default='tiny')
-    parser.add_argument('--families', nargs='+', default=FAMILIES, choices=FAMILIES)
+    parser.add_argument('--families', nargs='+', default=tuple(BACKBONES), choices=tuple(BACKBONES))
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--out', help='CSV file for the table')
     return parser.parse_args(argv)
