@@ -32,7 +32,7 @@
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (150),
-#   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (60),
+#   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
@@ -66,7 +66,7 @@ COMPILE_TESTS=tests/test_compile.py
 # stage in 16 bits, and the backbone test that first showed it.
 SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_triton_kernels.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
     tests/test_cuda.py::test_backbone_matches_float64_reference[cuda-ViL-triton-bf16-45x71]}"
-SANITIZE_BUDGET="${SANITIZE_BUDGET:-60}"
+SANITIZE_BUDGET="${SANITIZE_BUDGET:-120}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
@@ -208,12 +208,15 @@ stage_tests() {
 }
 
 stage_sanitize() {
-    if ! command -v compute-sanitizer >/dev/null; then
+    # On PATH, or in the CUDA toolkit's bin/ (the GPU host's image has it there, not always on PATH).
+    local sanitizer
+    sanitizer="$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2>/dev/null)"
+    if [[ -z "$sanitizer" ]]; then
         echo "no compute-sanitizer here: sanitize skipped"
         return 0
     fi
     # shellcheck disable=SC2086  # SANITIZE_TESTS is a list of targets
-    CAP=$SANITIZE_BUDGET limited compute-sanitizer --tool memcheck --print-limit 5 "$PY" -m pytest \
+    CAP=$SANITIZE_BUDGET limited "$sanitizer" --tool memcheck --print-limit 5 "$PY" -m pytest \
         -p no:cacheprovider -p no:xdist -q -x -rfE $SANITIZE_TESTS
 }
 
