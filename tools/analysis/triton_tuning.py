@@ -10,9 +10,11 @@ with the candidate's settings instead, between two CUDA events. The kernels that
 add to a bias gradient with atomics (ViL's and ViL-LS' query-side backward) are
 also timed, with the package's settings, for each count of ``--bias-grad-copies``
 (``visattn_mm.ops.triton.host.BIAS_GRAD_COPIES``, copies of the gradient the
-atomics are spread over). Per kernel and head-dim tile (what ``launch_settings``
-decides by), it reports the median over ``--repeats`` steps of the summed time of
-its launches: the package's settings and time, the fastest candidate and its time.
+atomics are spread over). Per kernel and head-dim tile, it reports the median over
+``--repeats`` steps of the summed time of its launches: the package's settings and
+time, the fastest candidate and its time. It times, it does not check results: a
+faster candidate must pass the CUDA tests before it becomes the package's (8 warps
+were wrong in 16 bits at head dim 64, see ``host.launch_settings``).
 A candidate a kernel cannot be compiled with (too much shared memory, too many
 registers) is skipped for that kernel, which then runs with the package's
 settings. VVT's token tiles are not varied (they change the grid).

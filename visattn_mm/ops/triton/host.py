@@ -296,19 +296,22 @@ def dot_precision(dtype):
     return 'ieee' if dtype in (torch.float32, torch.float64) else 'tf32'
 
 
-def launch_settings(dtype, block_d):
-    """Warps and software-pipeline stages of the softmax attention kernels, for inputs in ``dtype`` and
-    head-dim tiles of ``block_d``.
+def launch_settings(dtype):
+    """Warps and software-pipeline stages of the softmax attention kernels, for inputs in ``dtype``.
 
-    Chosen by the register spills ``ptxas`` reports for sm_90 at the backbones' shapes
-    (``tools/analysis/triton_resources.py``, no GPU needed; timings will refine them): with 16-bit
-    inputs, 4 warps, and 8 for head-dim tiles of 64, where the query-side backward kernels spill up to
-    260 bytes per thread with 4; with fp32 (and fp64) inputs, whose products run on CUDA cores and hold
-    more registers, 8 warps and no pipelining of the loads, which keeps the key-side backward kernels
-    from spilling up to 8 KB per thread (3 stages) to under 1 KB.
+    With 16-bit inputs, 4 warps and 3 stages at every head dim. Eight warps are wrong on Hopper at head-dim
+    tiles of 64 (Triton 3.6, H100 and H200, 2026-11-26): the sliding-chunk forward then computes wrong
+    outputs on a map smaller than its chunk and reads outside its shared memory on larger ones
+    (compute-sanitizer: "out-of-range shared or local address" at the ``q k^T`` product of
+    ``kernel_parts.key_tile``), whatever the stages; 4 warps were right in every case (docs/benchmarks.md,
+    "GPU"). The price is some register spills in the query-side backward kernels at head dim 64 (up to 260
+    bytes per thread by ``tools/analysis/triton_resources.py``). With fp32 (and fp64) inputs, whose products
+    run on CUDA cores and hold more registers, 8 warps and no pipelining of the loads, which keeps the
+    key-side backward kernels from spilling up to 8 KB per thread (3 stages) to under 1 KB; the GPU tests
+    passed with them.
     """
     if dtype.itemsize == 2:
-        return dict(num_warps=4 if block_d <= 32 else 8, num_stages=3)
+        return dict(num_warps=4, num_stages=3)
     return dict(num_warps=8, num_stages=1)
 
 

@@ -648,7 +648,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
         (heads, height, width, cols, head_dim),
         constexprs,
         shared_constexprs,
-        host.launch_settings(q.dtype, constexprs['BLOCK_D']),
+        host.launch_settings(q.dtype),
     )
 
 

@@ -436,7 +436,7 @@ def _forward(
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
-    settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
+    settings = host.launch_settings(q.dtype)
     out, lse = host.forward_outputs(q)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
         host.launch(
@@ -480,7 +480,7 @@ def _backward(
     """The gradients of ``q, k, v``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
-    settings = host.launch_settings(q.dtype, constexprs['BLOCK_D'])
+    settings = host.launch_settings(q.dtype)
     grad_out, grad_q, grad_k, grad_v, delta, _ = host.backward_buffers(q, k, v, grad_out, lse, None, False)
     for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
         host.launch(

@@ -641,7 +641,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         (heads, height, width, rows, cols, head_dim),
         constexprs,
         global_constexprs,
-        host.launch_settings(q.dtype, constexprs['BLOCK_D']),
+        host.launch_settings(q.dtype),
     )
 
 
