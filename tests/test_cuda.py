@@ -152,11 +152,14 @@ def test_backbone_matches_float64_reference(device, cls, impl, dtype, size, exac
 @pytest.mark.parametrize('cls', [ViL, ViLLS, PaleTransformer, VVT], ids=lambda cls: cls.__name__)
 def test_training_step_never_waits_for_the_gpu(cls, impl):
     """A bf16 training step (ViL's random shift on) and an evaluation run under PyTorch's sync debug
-    mode 'error' once a first step has cached the per-size constants: no op makes the host wait for
+    mode 'error' once first steps have cached the per-size constants: no op makes the host wait for
     the GPU (tests/test_models.py checks the same ops on the CPU)."""
     shift = dict(random_shift=True) if issubclass(cls, ViL) else {}
     model = cls(arch='tiny', attn_impl=impl, **shift).cuda()
     image = torch.randn(2, 3, 93, 141, device='cuda')
+    # Random shift draws one of 8 neighbour sets per block and step, and each set's constants are
+    # made at its first use: the first steps use each set once, and the evaluation's.
+    shifting = [(module, module.shift_mode) for module in model.modules() if getattr(module, 'random_shift', False)]
 
     def train_and_evaluate():
         model.train()
@@ -167,7 +170,12 @@ def test_training_step_never_waits_for_the_gpu(cls, impl):
         with torch.no_grad():
             model(image)
 
-    train_and_evaluate()
+    for shift_mode in range(9) if shifting else [None]:
+        for module, _ in shifting:
+            module.random_shift, module.shift_mode = False, shift_mode
+        train_and_evaluate()
+    for module, evaluation_mode in shifting:
+        module.random_shift, module.shift_mode = True, evaluation_mode
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode('error')
     try:

@@ -219,9 +219,14 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     later = _session(tmp_path / 'later', times, failing_backbone='ViLLS')
     paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
     assert paths['sliding_chunk', 'bf16'] == paths['long_short', 'bf16'] == 'fast'
-    # Over two calls a test that failed in either counts as failed.
+    # Over two calls a test's later outcome counts: a failure stands until a later call passes the test.
     both = defaults_tool.measured_rows([str(session), str(later)], 'c', 'd')[0]
     assert {(row.op, row.dtype): row.path for row in both} == paths
+    fixed = _session(tmp_path / 'fixed', times)
+    after_fix = defaults_tool.measured_rows([str(later), str(fixed)], 'c', 'd')[0]
+    assert {(row.op, row.dtype): row.path for row in after_fix}['long_short', 'bf16'] == 'triton'
+    before_fix = defaults_tool.measured_rows([str(fixed), str(later)], 'c', 'd')[0]
+    assert {(row.op, row.dtype): row.path for row in before_fix}['long_short', 'bf16'] == 'fast'
     # Kernel tests alone are not enough: each backbone that runs the op needs a passing test of its own.
     without_vil = _session(tmp_path / 'without-vil', times, backbones=('ViLLS', 'PaleTransformer', 'VVT'))
     rows_without = defaults_tool.measured_rows([str(without_vil)], 'c', 'd')[0]

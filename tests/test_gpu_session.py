@@ -75,7 +75,17 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     """The device call's stages in their CPU smoke mode (the tuning stage's interpreter run is
     tests/test_triton_resources.py's): its files, the order of the benchmark's grids, a summary."""
     _write_probe_wheel(tmp_path / 'wheels')
-    result = _run(tmp_path, 'setup', 'tests', 'sanitize', 'bench', 'compile', SMOKE='1', PATH=_path_without_sanitizer())
+    result = _run(
+        tmp_path,
+        'setup',
+        'tests',
+        'sanitize',
+        'bench',
+        'compile',
+        SMOKE='1',
+        PATH=_path_without_sanitizer(),
+        CUDA_HOME=str(tmp_path / 'no-cuda'),
+    )
     out = tmp_path / 'out'
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()

@@ -349,10 +349,12 @@ def test_gradient_checkpointing_saves_memory_and_gives_the_same_gradients(family
 
 # ---- no host synchronisation ----
 
-# ATen ops that make the host wait for a CUDA device: reading a value back, or sizing an output
-# by the data.
+# ATen ops that make the host wait for a CUDA device: reading a value back, sizing an output by
+# the data, or making a tensor of Python data (lift_fresh: e.g. an index list) that a GPU op then
+# needs, a copy from pageable host memory.
 SYNCING_OPS = frozenset(
     {
+        'lift_fresh',
         '_local_scalar_dense',
         'item',
         'is_nonzero',

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from helpers import build_tiny
 from visattn_mm.analysis.step_cost import ALLOCATION_ROUNDING, trace_step
 from visattn_mm.models import ViL
+from visattn_mm.ops.cuda_defaults import cuda_default
 
 SHAPE = (2, 3, 40, 64)
 ELEMENTS = 2 * 3 * 40 * 64
@@ -112,13 +113,20 @@ def test_depthwise_convolution_backward_counts_its_groups():
     assert cost.ops['convolution_backward'].flops == forward
 
 
-def test_auto_takes_the_cuda_path_and_caches_are_left_real():
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_auto_takes_the_cuda_path_and_caches_are_left_real(dtype):
     model = build_tiny(ViL).train()
-    on_cuda = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), mode='fwd+bwd', device_type='cuda')
-    on_cpu = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), mode='fwd+bwd', device_type='cpu')
-    # A bias that needs a gradient keeps the CPU on the explicit softmax; CUDA takes SDPA's fused kernel.
-    assert '_scaled_dot_product_efficient_attention' in on_cuda.ops
-    assert '_softmax' in on_cpu.ops and not any(name.startswith('_scaled_dot') for name in on_cpu.ops)
+    on_cuda = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), dtype=dtype, device_type='cuda')
+    on_cpu = trace_step(build_tiny(ViL).train(), (1, 3, 64, 64), dtype=dtype, device_type='cpu')
+    # A bias that needs a gradient keeps the CPU on the explicit softmax; CUDA takes the defaults table's
+    # path: SDPA's fused kernel ('fast') or the Triton kernels.
+    path = cuda_default('sliding_chunk', dtype).path
+    kernels = {
+        'fast': '_scaled_dot_product_efficient_attention',
+        'triton': 'visattn_mm::triton_sliding_chunk_attention',
+    }
+    assert kernels[path] in on_cuda.ops
+    assert '_softmax' in on_cpu.ops and not any(name.startswith(('_scaled_dot', 'visattn_mm::')) for name in on_cpu.ops)
     # The cached masks built from fake tensors are dropped: a real step still runs.
     model(torch.randn(1, 3, 64, 64)).__getitem__(0).mean().backward()
 

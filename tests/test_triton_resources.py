@@ -15,10 +15,12 @@ from helpers import build_tiny
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
 from visattn_mm.models import ViL
 
-# Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype: bf16 trains on
-# tensor cores with next to no spills; fp32 products on CUDA cores hold more registers (the key-side
+# Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype. bf16 trains on
+# tensor cores with few spills: the sliding-chunk query-side backward at head dim 64 spills about 150 bytes
+# with 4 warps, which 16-bit launches keep because 8 warps were wrong there on Hopper
+# (visattn_mm.ops.triton.host.launch_settings). fp32 products on CUDA cores hold more registers (the key-side
 # backward kernels spilled up to 8 KB per thread before the settings were chosen).
-MAX_SPILL = dict(bf16=64, fp32=2560)
+MAX_SPILL = dict(bf16=192, fp32=2560)
 KERNELS = {
     'vil-s': {'_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys'},
     'vil-ls-s': {

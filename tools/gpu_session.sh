@@ -21,7 +21,7 @@
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
 #   bench     tools/analysis/benchmark.py grid by grid (BENCH_GRIDS): the decision rows first (batch 8, 800x1333,
-#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp32, the other paths, forward alone
+#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp16 (mmdet's --amp), fp32, the other paths, forward alone
 #             (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
 #   compile   the CUDA test of the Triton path under torch.compile's Inductor (compile.xml)
 #   tune      tools/analysis/triton_tuning.py: each Triton kernel under candidate launch settings (triton_tuning.csv)
@@ -80,6 +80,7 @@ else
     # In order of value: the rows that decide the defaults table (docs/benchmarks.md), then the rest.
     DEFAULT_GRIDS="batches=8 dtypes=bf16 impls=fast,triton modes=fwd+bwd
 batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd
+batches=8,2 dtypes=fp16 impls=fast,triton modes=fwd+bwd
 batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
 models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd

@@ -3,8 +3,9 @@ table of docs/benchmarks.md.
 
 Reads what device calls of ``tools/gpu_session.sh`` bring back (``SESSION ...``: their ``$OUT`` folders,
 in the order they ran): ``benchmark.csv`` (the bench stage; a later call's row replaces an earlier one's),
-``tests.xml`` (the CUDA-marked tests; a test that failed in any call counts as failed) and ``session.log``
-(the GPU and the versions, from the first call that reported them). For each op of
+``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
+call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
+``session.log`` (the GPU and the versions, from the first call that reported them). For each op of
 ``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
 
 * the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
@@ -130,7 +131,8 @@ def measured_rows(sessions, commit, date):
     """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured."""
     bench = read_benchmark(sessions)
     tests = [osp.join(session, 'tests.xml') for session in sessions]
-    outcomes = [outcome for path in tests if osp.exists(path) for outcome in read_tests(path)]
+    latest = {test_id: outcome for path in tests if osp.exists(path) for test_id, outcome in read_tests(path)}
+    outcomes = list(latest.items())
     versions = read_versions(sessions)
     rows, gaps = [], []
     for op in cuda_defaults.OPS:

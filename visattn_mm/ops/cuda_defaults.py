@@ -138,21 +138,21 @@ def unmeasured_rows(measured=()):
 # that wrote them.
 # BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
 MEASURED_ON = dict(
-    device='NVIDIA H100 80GB HBM3',
+    device='NVIDIA H200',
     torch='2.11.0+cu130',
     triton='3.6.0',
-    commit='479525b,603c4b6',
+    commit='8403249,8f2db67',
     date='2026-11-26',
 )
 MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, tests passed
-    ('sliding_chunk', 'bf16', 'fast', 'vil-s', 0.485, 0.845, False),
-    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.104, 1.046, True),
-    ('long_short', 'bf16', 'fast', 'vil-ls-s', 0.571, 0.927, False),
-    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.198, 1.138, True),
-    ('pale', 'bf16', 'triton', 'pale-t', 0.876, 0.873, True),
-    ('pale', 'fp32', 'fast', 'pale-t', 1.84, 1.349, True),
-    ('vicinity', 'bf16', 'fast', 'vvt-s', 0.865, 0.908, False),
-    ('vicinity', 'fp32', 'fast', 'vvt-s', 0.946, 0.966, False),
+    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.457, 0.69, True),
+    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.101, 1.063, True),
+    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.561, 0.796, True),
+    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.21, 1.161, True),
+    ('pale', 'bf16', 'fast', 'pale-t', 1.041, 1.086, True),
+    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, True),
+    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.901, 0.86, True),
+    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, True),
 )
 # END measured rows
 MEASURED = tuple(

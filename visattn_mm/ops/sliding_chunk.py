@@ -71,6 +71,17 @@ def neighbour_key_coords(height, width, window, shift_mode):
     return key_y, key_x, in_grid
 
 
+def bias_of_blocks(local_bias, window, blocks):
+    """The columns of a local bias ``(heads, w*w, 9*w*w)`` that reach the key chunks ``blocks``:
+    ``(heads, w*w, len(blocks), w*w)``. Taken by slices: an index list would be copied to the GPU on
+    every call, which makes the host wait for it."""
+    chunk = window * window
+    table = local_bias.reshape(local_bias.shape[0], chunk, 9, chunk)
+    if len(blocks) == 9:
+        return table
+    return torch.stack([table[:, :, block] for block in blocks], dim=2)
+
+
 @device_cache
 def key_mask(height, width, window, masking_mode, shift_mode, device):
     """Which gathered keys are hidden from which queries (True = hidden).
@@ -274,9 +285,7 @@ def sliding_chunk_attention(
     k_near, v_near = gather(k), gather(v)
     logits = q_chunks @ k_near.transpose(-1, -2)  # (B, h, R*C, w*w, nb*w*w)
     if local_bias is not None:
-        if len(blocks) < 9:
-            local_bias = local_bias.reshape(heads, w * w, 9, w * w)[:, :, list(blocks)]
-        logits = logits + local_bias.reshape(heads, 1, w * w, -1)
+        logits = logits + bias_of_blocks(local_bias, w, blocks).reshape(heads, 1, w * w, -1)
     logits = logits.masked_fill(hidden[:, None, :] if hidden.dim() == 2 else hidden, float('-inf'))
 
     num_global = 0 if global_k is None else global_k.shape[2]
@@ -341,7 +350,7 @@ def _fused_sliding_chunk_attention(
     if local_bias is not None or l2g_bias is not None or masking_mode == 1:
         bias = q.new_zeros(heads, chunk, len(blocks) * chunk)
         if local_bias is not None:
-            bias = bias + local_bias.reshape(heads, chunk, 9, chunk)[:, :, list(blocks)].flatten(2)
+            bias = bias + bias_of_blocks(local_bias, w, blocks).flatten(2)
         if masking_mode == 1:
             bias = bias.masked_fill(outside_exact_window(w, q.device), float('-inf'))
         if num_global:
