@@ -1,13 +1,5 @@
 # Mask R-CNN Pale-S, COCO 3x+MS.
 # Paper numbers: none (the Pale paper reports Mask R-CNN 1x only).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/pale.py']
-model = dict(
-    backbone=dict(
-        _base_.pale_backbone,
-        arch='small',
-        drop_path_rate=0.3,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pale_small.pth'),
-    ),
-    neck=dict(in_channels=[96, 192, 384, 768]),
-)
+model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))
 optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)

@@ -1,13 +1,5 @@
 # Mask R-CNN Pale-T, COCO 3x+MS.
 # Paper numbers: none (the Pale paper reports Mask R-CNN 1x only).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/pale.py']
-model = dict(
-    backbone=dict(
-        _base_.pale_backbone,
-        arch='tiny',
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pale_tiny.pth'),
-    ),
-    neck=dict(in_channels=[64, 128, 256, 512]),
-)
+model = dict(backbone=_base_.sizes.t.backbone, neck=dict(in_channels=_base_.sizes.t.dims))
 optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)

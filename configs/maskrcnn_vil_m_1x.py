@@ -1,13 +1,5 @@
 # Mask R-CNN ViL-M, COCO 1x.
 # Paper numbers (ViL, Table 7; ImageNet-21k pretraining): 60.1M params, 47.6 / 43.0 box / mask AP.
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/vil.py']
-model = dict(
-    backbone=dict(
-        _base_.vil_backbone,
-        arch='medium',
-        drop_path_rate=0.3,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vil_medium.pth'),
-    ),
-    neck=dict(in_channels=[96, 192, 384, 768]),
-)
+model = dict(backbone=_base_.sizes.m.backbone, neck=dict(in_channels=_base_.sizes.m.dims))
 optim_wrapper = dict(clip_grad=dict(max_norm=0.5, norm_type=2))  # official detectron2 Mask R-CNN configs clip at 0.5

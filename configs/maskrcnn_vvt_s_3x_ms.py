@@ -1,13 +1,5 @@
 # Mask R-CNN VVT-S, COCO 3x+MS.
 # Paper numbers: none (the VVT paper reports no detection results).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/vvt.py']
-model = dict(
-    backbone=dict(
-        _base_.vvt_backbone,
-        arch='small',
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vvt_small.pth'),
-    ),
-    neck=dict(in_channels=[96, 160, 320, 512]),
-)
+model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))
 optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)

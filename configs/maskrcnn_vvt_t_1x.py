@@ -1,13 +1,5 @@
 # Mask R-CNN VVT-T, COCO 1x.
 # Paper numbers: none (the VVT paper reports no detection results).
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/vvt.py']
-model = dict(
-    backbone=dict(
-        _base_.vvt_backbone,
-        arch='tiny',
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vvt_tiny.pth'),
-    ),
-    neck=dict(in_channels=[96, 160, 320, 512]),
-)
+model = dict(backbone=_base_.sizes.t.backbone, neck=dict(in_channels=_base_.sizes.t.dims))
 optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)

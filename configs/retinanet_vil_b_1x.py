@@ -2,14 +2,7 @@
 # Paper numbers (ViL, Table 6; ImageNet-21k pretraining): 66.74M params, 47.8 AP.
 _base_ = ['./_base_/retinanet_1x.py', './_base_/vil.py']
 model = dict(
-    backbone=dict(
-        _base_.vil_backbone,
-        arch='base',
-        drop_path_rate=0.3,
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vil_base.pth'),
-    ),
-    neck=dict(in_channels=[192, 384, 768]),
+    backbone=dict(_base_.sizes.b.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.b.dims[1:])
 )
 # Base: lr 8e-5 (ViL paper Table 10); paper Table 10: clip at global norm 1.
 optim_wrapper = dict(optimizer=dict(lr=8e-5), clip_grad=dict(max_norm=1.0, norm_type=2))

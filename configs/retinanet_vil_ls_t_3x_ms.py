@@ -2,13 +2,6 @@
 # Paper numbers: none (the Transformer-LS paper reports no dense prediction: its Sec. 5 leaves it to future work).
 _base_ = ['./_base_/retinanet_3x_ms.py', './_base_/vil.py']
 model = dict(
-    backbone=dict(
-        _base_.vil_ls_backbone,
-        arch='tiny',
-        drop_path_rate=0.1,
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vil_ls_tiny.pth'),
-    ),
-    neck=dict(in_channels=[96, 192, 384]),
+    backbone=dict(_base_.ls_sizes.t.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.ls_sizes.t.dims[1:])
 )
 optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # paper Table 10: clip at global norm 1

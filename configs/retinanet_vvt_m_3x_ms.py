@@ -2,13 +2,6 @@
 # Paper numbers: none (the VVT paper reports no detection results).
 _base_ = ['./_base_/retinanet_3x_ms.py', './_base_/vvt.py']
 model = dict(
-    backbone=dict(
-        _base_.vvt_backbone,
-        arch='medium',
-        drop_path_rate=0.3,
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vvt_medium.pth'),
-    ),
-    neck=dict(in_channels=[160, 320, 512]),
+    backbone=dict(_base_.sizes.m.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.m.dims[1:])
 )
 optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)

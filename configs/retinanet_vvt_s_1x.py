@@ -2,13 +2,6 @@
 # Paper numbers: none (the VVT paper reports no detection results).
 _base_ = ['./_base_/retinanet_1x.py', './_base_/vvt.py']
 model = dict(
-    backbone=dict(
-        _base_.vvt_backbone,
-        arch='small',
-        drop_path_rate=0.2,
-        out_indices=(1, 2, 3),
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vvt_small.pth'),
-    ),
-    neck=dict(in_channels=[160, 320, 512]),
+    backbone=dict(_base_.sizes.s.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.s.dims[1:])
 )
 optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)

@@ -2,12 +2,7 @@
 # Paper numbers: none (the Transformer-LS paper reports no dense prediction: its Sec. 5 leaves it to future work).
 _base_ = ['./_base_/upernet_160k_ade20k.py', './_base_/vil.py']
 model = dict(
-    backbone=dict(
-        _base_.vil_ls_backbone,
-        arch='small',
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/vil_ls_small.pth'),
-    ),
-    decode_head=dict(in_channels=[96, 192, 384, 768]),
-    auxiliary_head=dict(in_channels=384),
+    backbone=_base_.ls_sizes.s.backbone,
+    decode_head=dict(in_channels=_base_.ls_sizes.s.dims),
+    auxiliary_head=dict(in_channels=_base_.ls_sizes.s.dims[2]),
 )

@@ -1,5 +1,6 @@
 # Pale Transformer backbone for dense prediction (Pale paper, Table 1): every stage output.
-# Final configs add the size: `dict(_base_.pale_backbone, arch=..., drop_path_rate=..., init_cfg=...)`.
+# Final configs take a size of `sizes` below: `model = dict(backbone=_base_.sizes.s.backbone,
+# neck=dict(in_channels=_base_.sizes.s.dims))`; RetinaNet also sets out_indices=(1, 2, 3).
 # Paper recipe (Pale paper, appendix "Detailed Experimental Settings"): detection drop path
 # 0.2 (T) / 0.3 (S) / 0.5 (B), weight decay 0.001 (T, S) / 0.05 (B); segmentation drop path
 # 0.3 / 0.3 / 0.5 with the shared UperNet recipe. Not stated in the paper, our choices: no
@@ -17,3 +18,21 @@ pale_backbone = dict(
     # 'auto', 'fast', 'math' or 'triton': what each runs, visattn_mm/ops/impl.py
     attn_impl='auto',
 )
+# Per size: the backbone (the detection drop path, the ImageNet checkpoint) and its four stage dims,
+# the input channels of the neck or decode head.
+sizes = {
+    size: dict(
+        backbone=dict(
+            pale_backbone,
+            arch=arch,
+            drop_path_rate=drop_path,
+            init_cfg=dict(type='Pretrained', checkpoint=f'checkpoints/pale_{arch}.pth'),
+        ),
+        dims=dims,
+    )
+    for size, arch, drop_path, dims in [
+        ('t', 'tiny', 0.2, [64, 128, 256, 512]),
+        ('s', 'small', 0.3, [96, 192, 384, 768]),
+        ('b', 'base', 0.5, [128, 256, 512, 1024]),
+    ]
+}

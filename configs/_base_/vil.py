@@ -2,8 +2,9 @@
 # (docs/backbones.md#vil-layouts; ViL paper, Sec. 4.3 and Appendix C): sliding-chunk attention
 # in all four stages (ViL-LS: long-short in stages 1-2), window 7, masking mode 0 ("sliding
 # chunk without padding"), global tokens 1,1,1,0, every stage output.
-# Final configs add the size: `dict(_base_.vil_backbone, arch=..., drop_path_rate=...,
-# init_cfg=...)`; RetinaNet also sets out_indices=(1, 2, 3).
+# Final configs take a size of `sizes` (ViL) or `ls_sizes` (ViL-LS) below:
+# `model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))`;
+# RetinaNet also sets out_indices=(1, 2, 3) and takes dims[1:].
 # Per size (ViL paper Table 10, upper ends): drop path 0.1 (T), 0.2 (S), 0.3 (M, B); Base
 # uses lr 8e-5. The ViL paper has no segmentation recipe: UperNet uses the shared ADE20K recipe
 # with these drop-path values.
@@ -24,3 +25,33 @@ vil_backbone = dict(
 )
 # dynamic projection rank 8 (Transformer-LS paper, Sec. 4.3)
 vil_ls_backbone = dict(vil_backbone, type='ViLLS', dp_rank=8)
+# Per size: the backbone (drop path as above, the ImageNet checkpoint) and its four stage dims, the
+# input channels of the neck or decode head.
+sizes = {
+    size: dict(
+        backbone=dict(
+            vil_backbone,
+            arch=arch,
+            drop_path_rate=drop_path,
+            init_cfg=dict(type='Pretrained', checkpoint=f'checkpoints/vil_{arch}.pth'),
+        ),
+        dims=dims,
+    )
+    for size, arch, drop_path, dims in [
+        ('t', 'tiny', 0.1, [48, 96, 192, 384]),
+        ('s', 'small', 0.2, [96, 192, 384, 768]),
+        ('m', 'medium', 0.3, [96, 192, 384, 768]),
+        ('b', 'base', 0.3, [96, 192, 384, 768]),
+    ]
+}
+ls_sizes = {
+    size: dict(
+        dims=vil['dims'],
+        backbone=dict(
+            vil['backbone'],
+            **vil_ls_backbone,
+            init_cfg=dict(type='Pretrained', checkpoint=f"checkpoints/vil_ls_{vil['backbone']['arch']}.pth"),
+        ),
+    )
+    for size, vil in sizes.items()
+}

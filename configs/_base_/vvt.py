@@ -1,7 +1,7 @@
 # VVT backbone for dense prediction (VVT paper, Sec. 4.3 and Table 1): every stage output, after
 # the LayerNorm `stages.{i}.norm` that closes each stage (`norm{i+1}` in the official code,
-# docs/backbones.md#official-checkpoint-layouts). Final configs add the size:
-# `dict(_base_.vvt_backbone, arch=..., drop_path_rate=..., init_cfg=...)`.
+# docs/backbones.md#official-checkpoint-layouts). Final configs take a size of `sizes` below:
+# `model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))`.
 # The VVT paper publishes no dense-prediction drop path or detection recipe: drop path 0.1 (T),
 # 0.2 (S), 0.3 (M, L) and, for detection, gradient clipping at 1.0 are our choices.
 # The official VVT ImageNet release (`model` container) loads as is.
@@ -18,3 +18,17 @@ vvt_backbone = dict(
     # coarser gradients; see visattn_mm.ops.vicinity); False: fp32 products
     bf16_products=False,
 )
+# Per size: the backbone (drop path as above, the ImageNet checkpoint) and its four stage dims, the
+# input channels of the neck or decode head.
+sizes = {
+    size: dict(
+        backbone=dict(
+            vvt_backbone,
+            arch=arch,
+            drop_path_rate=drop_path,
+            init_cfg=dict(type='Pretrained', checkpoint=f'checkpoints/vvt_{arch}.pth'),
+        ),
+        dims=[96, 160, 320, 512],
+    )
+    for size, arch, drop_path in [('t', 'tiny', 0.1), ('s', 'small', 0.2), ('m', 'medium', 0.3), ('l', 'large', 0.3)]
+}
