@@ -30,6 +30,7 @@ from triton_harness import (
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import ViL
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
+from visattn_mm.ops.cuda_defaults import cuda_default
 from visattn_mm.ops.impl import chosen_path
 from visattn_mm.ops.indexing import NEIGHBOUR_OFFSETS
 from visattn_mm.ops.rel_pos import sliding_chunk_rpb_index
@@ -164,8 +165,11 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
     assert 'triton' in ATTENTION_IMPLS and check_attn_impl('triton', 'ViL') == 'triton'
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with attention_impl('auto'):
-        assert chosen_path('cuda', True, op='sliding_chunk') == 'fast'  # 'auto' never picks it
-        assert chosen_path('cuda', True, op='long_short') == 'fast'
+        # 'auto' takes the CUDA defaults table's row (tests/test_cuda_defaults.py checks the rule behind it).
+        for op in ('sliding_chunk', 'long_short'):
+            for dtype in (torch.float32, torch.bfloat16):
+                assert chosen_path('cuda', True, op=op, dtype=dtype) == cuda_default(op, dtype).path
+        assert chosen_path('cuda', True, op='sliding_chunk', dtype=torch.float32) == 'fast'  # slower there
         for op in ('sliding_chunk', 'long_short', 'pale', 'vicinity'):
             assert chosen_path('cuda', True, impl='triton', op=op) == 'triton'
         assert chosen_path('cuda', True, impl='triton') == 'fast'  # an op without kernels: as 'auto'
