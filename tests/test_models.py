@@ -411,7 +411,8 @@ def test_forward_and_backward_never_wait_for_the_device(family, kind, impl):
     with SyncingOpRecorder() as recorder:  # the recorder sees such ops (the check can fail)
         torch.ones(3).sum().item()
         torch.ones(3).nonzero()
-    assert recorder.ops == ['_local_scalar_dense', 'nonzero']
+        torch.ones(3)[[0, 2]]  # an index list: a tensor made of Python data
+    assert recorder.ops == ['_local_scalar_dense', 'nonzero', 'lift_fresh']
 
 
 @pytest.mark.parametrize('impl', ['fast', 'math'])
