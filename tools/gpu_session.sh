@@ -21,8 +21,8 @@
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
 #   bench     tools/analysis/benchmark.py grid by grid (BENCH_GRIDS): the decision rows first (batch 8, 800x1333,
-#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp16 (mmdet's --amp), fp32, the other paths, forward alone
-#             (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
+#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp16 (mmdet's --amp), fp32, the other paths,
+#             forward alone (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
 #   compile   the CUDA test of the Triton path under torch.compile's Inductor (compile.xml)
 #   tune      tools/analysis/triton_tuning.py: each Triton kernel under candidate launch settings (triton_tuning.csv)
 # Every stage's output goes to $OUT/session.log, headed by the stage's name; summary.txt says which passed. A failed
