@@ -253,7 +253,7 @@ def test_kernels_launch_on_their_tensors_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, 'device', Device)
     tensor_on = type('Tensor', (), {'device': torch.device('cuda', 1)})
-    host.launch(Kernel(), (2, 3), {}, tensor_on())
+    host.launch(Kernel(), (2, 3), {}, host.HeadRows(tensor_on(), 0, 0, 0, 0))  # the first tensor, inside a view
     assert events == ['enter cuda:1', 'launch (2, 3)', 'exit']
     events.clear()
     host.launch(Kernel(), (1,), {}, torch.zeros(1))  # CPU tensors (interpreter): no CUDA device call

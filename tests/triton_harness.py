@@ -120,6 +120,8 @@ def bounds_checked():
     import triton
     from triton.runtime import interpreter
 
+    from visattn_mm.ops.triton import host
+
     triton_dir = os.path.dirname(triton.__file__)
 
     spans = []  # (first byte, end) of each tensor argument's storage in the running launch, sorted
@@ -138,7 +140,11 @@ def bounds_checked():
 
     def init_args(self, args, kwargs):
         host_args, host_kwargs = saved[executor, '_init_args_hst'](self, args, kwargs)
-        storages = [a.untyped_storage() for a in (*host_args, *host_kwargs.values()) if hasattr(a, 'untyped_storage')]
+        storages = [
+            a.untyped_storage()
+            for a in host.tensor_args((*host_args, *host_kwargs.values()))
+            if hasattr(a, 'untyped_storage')
+        ]
         spans[:] = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages)
         kernel[:] = [self.fn.__name__]
         return host_args, host_kwargs
@@ -305,19 +311,12 @@ def compiling_launches(monkeypatch, tmp_path):
     host = pytest.importorskip(HOST)
     if impl.triton_interpreted():
         pytest.skip('TRITON_INTERPRET is on in this process: the kernels are not compilable objects')
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
+    from triton_resources import compile_launch
 
     compiled = []
 
     def compile_instead(kernel, grid, settings, *args, **constexprs):
-        signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
-        signature.update(dict.fromkeys(constexprs, 'constexpr'))
-        binary = triton_compile(
-            ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget('cuda', 90, 32), options=settings
-        )
+        binary = compile_launch(kernel, settings, args, constexprs)
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 
     monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))  # compile for real, not from a cache

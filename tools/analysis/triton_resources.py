@@ -53,25 +53,43 @@ COLUMNS = (
 )
 
 
+def compile_launch(kernel, settings, args, constexprs, capability=90):
+    """Compiles one launch of ``kernel`` (``settings``: warps and stages) for ``sm_<capability>`` with
+    Triton's bundled compiler, no GPU needed; the launch's scalars are not specialised (a stride of 1 stays
+    an argument), inside :class:`~visattn_mm.ops.triton.host.HeadRows` and the like too.
+
+    Returns:
+        The compiled kernel (``.asm``, ``.metadata``).
+    """
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    def signature_of(arg):
+        # Leaf by leaf: Triton's mangling of a whole tuple would make its 1s compile-time constants.
+        if not isinstance(arg, tuple):
+            return mangle_type(arg)
+        leaves = map(signature_of, arg)
+        return type(arg)(*leaves) if hasattr(arg, '_fields') else tuple(leaves)
+
+    signature = {name: signature_of(arg) for name, arg in zip(kernel.arg_names, args)}
+    signature.update(dict.fromkeys(constexprs, 'constexpr'))
+    return triton_compile(
+        ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget('cuda', capability, 32), options=settings
+    )
+
+
 def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
-    """Compiles one launch of ``kernel`` (``settings``: warps and stages) for ``sm_<capability>`` and reads
-    its resources.
+    """Compiles one launch of ``kernel`` (:func:`compile_launch`) and reads its resources.
 
     Returns:
         dict: registers, spill stores and loads (bytes per thread), shared memory (KiB), the
         launch's warps and pipeline stages.
     """
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
 
-    signature = {name: mangle_type(arg) for name, arg in zip(kernel.arg_names, args)}
-    signature.update(dict.fromkeys(constexprs, 'constexpr'))
-    binary = triton_compile(
-        ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget('cuda', capability, 32), options=settings
-    )
+    binary = compile_launch(kernel, settings, args, constexprs, capability)
     ptx = binary.asm['ptx']
     target = re.search(r'^\.target (\S+)', ptx, re.M).group(1)
     with tempfile.TemporaryDirectory() as folder:

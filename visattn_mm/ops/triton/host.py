@@ -11,6 +11,7 @@ the one flag that also steers the ops' choice of path).
 """
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import triton
@@ -22,12 +23,61 @@ from ..process_state import STATE
 MIN_TILE = 16
 
 
+class HeadRows(NamedTuple):
+    """A ``(B, heads, N, d)`` tensor as a kernel argument: the tensor and its strides, one argument
+    however many the kernel reads (:func:`~visattn_mm.ops.triton.kernel_parts.load_rows`)."""
+
+    ptr: torch.Tensor
+    batch: int
+    head: int
+    row: int
+    dim: int
+
+
+class BiasTable(NamedTuple):
+    """A ``(heads, queries, keys)`` bias as a kernel argument: the tensor and its strides. A per-key bias
+    ``(heads, keys)`` is a table whose query stride is 0."""
+
+    ptr: torch.Tensor
+    head: int
+    query: int
+    key: int
+
+
+def head_rows(tensor, absent=None):
+    """``tensor`` as :class:`HeadRows`; for an absent one (None) ``absent`` with zero strides, a pointer
+    its kernel never reads (the branch is compiled out)."""
+    if tensor is None:
+        return HeadRows(absent, 0, 0, 0, 0)
+    return HeadRows(tensor, *tensor.stride())
+
+
+def bias_table(bias, absent):
+    """``bias`` (``(heads, queries, keys)`` or ``(heads, keys)``) as :class:`BiasTable`; for an absent one
+    (None) ``absent`` with zero strides, as in :func:`head_rows`."""
+    if bias is None:
+        return BiasTable(absent, 0, 0, 0)
+    if bias.dim() == 2:
+        return BiasTable(bias, bias.stride(0), 0, bias.stride(1))
+    return BiasTable(bias, *bias.stride())
+
+
+def tensor_args(args):
+    """The tensors (whatever has a device) among a kernel launch's arguments, those inside
+    :class:`HeadRows` and :class:`BiasTable` included."""
+    for arg in args:
+        if isinstance(arg, tuple):
+            yield from tensor_args(arg)
+        elif hasattr(arg, 'device'):
+            yield arg
+
+
 def launch(kernel, grid, settings, *args, **constexprs):
     """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
-    :func:`launch_settings`) on the device of its first argument (a tensor); tests and
+    :func:`launch_settings`) on the device of its first tensor argument; tests and
     ``tools/analysis/triton_resources.py`` replace this to compile without a GPU."""
     STATE.kernel_launches[kernel.fn.__name__] += 1
-    with on_device(args[0].device):
+    with on_device(next(tensor_args(args)).device):
         kernel[grid](*args, **settings, **constexprs)
 
 
@@ -318,11 +368,6 @@ def launch_settings(dtype):
 def tile(size):
     """Tile side for ``size`` rows: a power of 2, at least :data:`MIN_TILE`."""
     return max(MIN_TILE, triton.next_power_of_2(size))
-
-
-def strides(tensor, ndim):
-    """The tensor's strides, or zeros for an absent tensor (its kernel branch is compiled out)."""
-    return tuple(tensor.stride()) if tensor is not None else (0,) * ndim
 
 
 def like_heads_last(t):

@@ -35,19 +35,22 @@ def chunk_tokens(chunk_row, chunk_col, height, width, WINDOW: tl.constexpr, BLOC
 
 
 @triton.jit
-def load_rows(base, rows, valid, stride_row, stride_dim, head_dim, BLOCK_D: tl.constexpr):
-    """``(len(rows), BLOCK_D)`` tile of a ``(..., rows, head_dim)`` tensor, zero where not valid."""
+def load_rows(t, batch, head, rows, valid, head_dim, BLOCK_D: tl.constexpr):
+    """``(len(rows), BLOCK_D)`` tile of the ``(batch, head)`` rows of a ``(B, heads, N, d)`` tensor ``t`` (a
+    :class:`~visattn_mm.ops.triton.host.HeadRows`), zero where not valid."""
     dims = tl.arange(0, BLOCK_D)
-    pointers = base + rows[:, None] * stride_row + dims[None, :] * stride_dim
+    base = t.ptr + batch * t.batch + head * t.head
+    pointers = base + rows[:, None] * t.row + dims[None, :] * t.dim
     return tl.load(pointers, mask=valid[:, None] & (dims < head_dim)[None, :], other=0.0)
 
 
 @triton.jit
-def store_rows(base, rows, valid, stride_row, stride_dim, head_dim, tile, BLOCK_D: tl.constexpr):
+def store_rows(t, batch, head, rows, valid, head_dim, tile, BLOCK_D: tl.constexpr):
     """Store ``tile`` where :func:`load_rows` would load it, in the tensor's dtype."""
     dims = tl.arange(0, BLOCK_D)
-    pointers = base + rows[:, None] * stride_row + dims[None, :] * stride_dim
-    tl.store(pointers, tile.to(base.dtype.element_ty), mask=valid[:, None] & (dims < head_dim)[None, :])
+    base = t.ptr + batch * t.batch + head * t.head
+    pointers = base + rows[:, None] * t.row + dims[None, :] * t.dim
+    tl.store(pointers, tile.to(t.ptr.dtype.element_ty), mask=valid[:, None] & (dims < head_dim)[None, :])
 
 
 @triton.jit
@@ -60,31 +63,18 @@ def program_chunk(heads, cols):
 
 
 @triton.jit
-def key_value_rows(k_base, v_base, tokens, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D: tl.constexpr):
+def key_value_rows(k, v, batch, head, tokens, valid, head_dim, BLOCK_D: tl.constexpr):
     """Tiles of keys and values at ``tokens`` (see :func:`load_rows`)."""
     return (
-        load_rows(k_base, tokens, valid, k_sn, k_sd, head_dim, BLOCK_D),
-        load_rows(v_base, tokens, valid, v_sn, v_sd, head_dim, BLOCK_D),
+        load_rows(k, batch, head, tokens, valid, head_dim, BLOCK_D),
+        load_rows(v, batch, head, tokens, valid, head_dim, BLOCK_D),
     )
 
 
 @triton.jit
-def key_tile(
-    queries,
-    k_base,
-    v_base,
-    tokens,
-    valid,
-    k_sn,
-    k_sd,
-    v_sn,
-    v_sd,
-    head_dim,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def key_tile(queries, k, v, batch, head, tokens, valid, head_dim, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Keys and values at ``tokens`` and their ``(queries, keys)`` tile of dot products."""
-    keys, values = key_value_rows(k_base, v_base, tokens, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D)
+    keys, values = key_value_rows(k, v, batch, head, tokens, valid, head_dim, BLOCK_D)
     return keys, values, tl.dot(queries, tl.trans(keys), input_precision=DOT_PRECISION)
 
 
@@ -118,40 +108,22 @@ def softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION: tl.conste
 
 
 @triton.jit
-def finish_forward(
-    out_base, lse, tokens, query_valid, o_sn, o_sd, head_dim, row_max, row_sum, acc, BLOCK_D: tl.constexpr
-):
+def finish_forward(out, batch, head, lse, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D: tl.constexpr):
     """Stores the normalised output rows of a query chunk and their log-sum-exp (``lse`` at the
     chunk's (batch, head) row); every real query sees its own token, the guard only keeps the
     padding slots finite."""
     row_sum = tl.where(row_sum == 0, 1.0, row_sum)
-    store_rows(out_base, tokens, query_valid, o_sn, o_sd, head_dim, acc / row_sum[:, None], BLOCK_D)
+    store_rows(out, batch, head, tokens, query_valid, head_dim, acc / row_sum[:, None], BLOCK_D)
     tl.store(lse + tokens, row_max + tl.log(row_sum), mask=query_valid)
 
 
 @triton.jit
-def backward_rows(
-    q_base,
-    do_base,
-    o_base,
-    lse,
-    delta,
-    tokens,
-    query_valid,
-    q_sn,
-    q_sd,
-    do_sn,
-    do_sd,
-    o_sn,
-    o_sd,
-    head_dim,
-    BLOCK_D: tl.constexpr,
-):
+def backward_rows(q, grad_out, out, batch, head, lse, delta, tokens, query_valid, head_dim, BLOCK_D: tl.constexpr):
     """A query chunk's queries, output gradients, log-sum-exps and ``delta = rowsum(dO * O)``; stores
     ``delta`` (``lse`` and ``delta`` at the chunk's (batch, head) row) for the key-centric kernel."""
-    queries = load_rows(q_base, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
-    grad_rows = load_rows(do_base, tokens, query_valid, do_sn, do_sd, head_dim, BLOCK_D)
-    outputs = load_rows(o_base, tokens, query_valid, o_sn, o_sd, head_dim, BLOCK_D)
+    queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    outputs = load_rows(out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     acc_dtype = lse.dtype.element_ty
     row_delta = tl.sum(grad_rows.to(acc_dtype) * outputs.to(acc_dtype), 1)
     tl.store(delta + tokens, row_delta, mask=query_valid)
@@ -171,16 +143,14 @@ def logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_
 @triton.jit
 def query_tile(
     keys,
-    q_base,
-    do_base,
+    q,
+    grad_out,
+    batch,
+    head,
     lse,
     delta,
     tokens,
     query_valid,
-    q_sn,
-    q_sd,
-    do_sn,
-    do_sd,
     head_dim,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -188,8 +158,8 @@ def query_tile(
     """For a key-centric kernel: a query chunk's queries, output gradients, saved log-sum-exps and
     deltas (``lse`` and ``delta`` at the chunk's (batch, head) row), and the ``(keys, queries)`` tile of
     dot products (transposed, see :func:`key_grads_step`)."""
-    queries = load_rows(q_base, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
-    grad_rows = load_rows(do_base, tokens, query_valid, do_sn, do_sd, head_dim, BLOCK_D)
+    queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     row_lse = tl.load(lse + tokens, mask=query_valid, other=0.0)
     row_delta = tl.load(delta + tokens, mask=query_valid, other=0.0)
     return queries, grad_rows, row_lse, row_delta, tl.dot(keys, tl.trans(queries), input_precision=DOT_PRECISION)
@@ -223,22 +193,11 @@ def key_grads_step(
 
 @triton.jit
 def store_key_grads(
-    dk_base,
-    dv_base,
-    key_tokens,
-    key_valid,
-    dk_sn,
-    dk_sd,
-    dv_sn,
-    dv_sd,
-    head_dim,
-    grad_keys,
-    grad_values,
-    BLOCK_D: tl.constexpr,
+    grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D: tl.constexpr
 ):
     """Stores a key chunk's key and value gradients (see :func:`store_rows`)."""
-    store_rows(dk_base, key_tokens, key_valid, dk_sn, dk_sd, head_dim, grad_keys, BLOCK_D)
-    store_rows(dv_base, key_tokens, key_valid, dv_sn, dv_sd, head_dim, grad_values, BLOCK_D)
+    store_rows(grad_k, batch, head, key_tokens, key_valid, head_dim, grad_keys, BLOCK_D)
+    store_rows(grad_v, batch, head, key_tokens, key_valid, head_dim, grad_values, BLOCK_D)
 
 
 @triton.jit
@@ -269,12 +228,9 @@ def _shared_key_tile(
     queries,
     keys,
     values,
-    k_sn,
-    k_sd,
-    v_sn,
-    v_sd,
     bias,
-    bias_stride,
+    batch,
+    head,
     head_dim,
     NUM_KEYS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -287,10 +243,11 @@ def _shared_key_tile(
     slots = tl.arange(0, BLOCK_KEYS)
     valid = slots < NUM_KEYS
     key_rows, value_rows, scores = key_tile(
-        queries, keys, values, slots, valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+        queries, keys, values, batch, head, slots, valid, head_dim, BLOCK_D, DOT_PRECISION
     )
     if HAS_BIAS:
-        scores += tl.load(bias + slots * bias_stride, mask=valid, other=0.0).to(scores.dtype)[None, :]
+        pointers = bias.ptr + head * bias.head + slots * bias.key
+        scores += tl.load(pointers, mask=valid, other=0.0).to(scores.dtype)[None, :]
     return slots, valid, key_rows, value_rows, tl.where(valid[None, :], scores, float('-inf'))
 
 
@@ -301,13 +258,10 @@ def shared_keys_forward(
     acc,
     queries,
     keys,
-    k_sn,
-    k_sd,
     values,
-    v_sn,
-    v_sd,
     bias,
-    bias_stride,
+    batch,
+    head,
     head_dim,
     NUM_KEYS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -317,25 +271,11 @@ def shared_keys_forward(
 ):
     """Online-softmax step over the ``NUM_KEYS`` keys every query sees.
 
-    ``keys``, ``values`` and ``bias`` point at the program's (batch, head) rows;
-    ``bias`` (one logit per key) is read only where ``HAS_BIAS``.
+    ``keys`` and ``values`` are :class:`~visattn_mm.ops.triton.host.HeadRows`, ``bias`` a
+    :class:`~visattn_mm.ops.triton.host.BiasTable` of one logit per key, read only where ``HAS_BIAS``.
     """
     _, _, _, value_rows, scores = _shared_key_tile(
-        queries,
-        keys,
-        values,
-        k_sn,
-        k_sd,
-        v_sn,
-        v_sd,
-        bias,
-        bias_stride,
-        head_dim,
-        NUM_KEYS,
-        HAS_BIAS,
-        BLOCK_D,
-        BLOCK_KEYS,
-        DOT_PRECISION,
+        queries, keys, values, bias, batch, head, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION
     )
     return softmax_step(row_max, row_sum, acc, scores, value_rows, DOT_PRECISION)
 
@@ -348,13 +288,10 @@ def shared_keys_backward(
     row_lse,
     row_delta,
     keys,
-    k_sn,
-    k_sd,
     values,
-    v_sn,
-    v_sd,
     bias,
-    bias_stride,
+    batch,
+    head,
     grad_keys_part,
     grad_values_part,
     grad_bias_part,
@@ -377,21 +314,7 @@ def shared_keys_backward(
         The chunk's share of the gradient of its queries.
     """
     slots, valid, key_rows, value_rows, scores = _shared_key_tile(
-        queries,
-        keys,
-        values,
-        k_sn,
-        k_sd,
-        v_sn,
-        v_sd,
-        bias,
-        bias_stride,
-        head_dim,
-        NUM_KEYS,
-        HAS_BIAS,
-        BLOCK_D,
-        BLOCK_KEYS,
-        DOT_PRECISION,
+        queries, keys, values, bias, batch, head, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION
     )
     probs, grad_scores = logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, value_rows, DOT_PRECISION)
     dims = tl.arange(0, BLOCK_D)

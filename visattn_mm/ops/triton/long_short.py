@@ -55,14 +55,13 @@ def _window_logits(
     query_slots,
     patch_slots,
     visible,
-    bias_base,
-    bias_stride_q,
-    bias_stride_k,
+    local_bias,
+    head,
     HAS_LOCAL_BIAS: tl.constexpr,
     WINDOW: tl.constexpr,
 ):
-    """Adds the window RPB to the dot products of a segment's queries and patch keys, and sets
-    hidden logits to ``-inf``.
+    """Adds the window RPB (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
+    segment's queries and patch keys, and sets hidden logits to ``-inf``.
 
     Works on either orientation: ``query_slots``, ``patch_slots`` and ``visible``
     are broadcast along the tile's query and key axes (``[:, None]`` and
@@ -71,7 +70,8 @@ def _window_logits(
     """
     if HAS_LOCAL_BIAS:
         # The patch slot is the key's column in the gathered bias: the key order of rel_pos.long_short_rpb_index.
-        pointers = bias_base + query_slots * bias_stride_q + patch_slots * bias_stride_k
+        base = local_bias.ptr + head * local_bias.head
+        pointers = base + query_slots * local_bias.query + patch_slots * local_bias.key
         scores += tl.load(pointers, mask=visible & (query_slots < WINDOW * WINDOW), other=0.0).to(scores.dtype)
     return tl.where(visible, scores, float('-inf'))
 
@@ -79,21 +79,15 @@ def _window_logits(
 @triton.jit
 def _patch_tile(
     queries,
+    start,
+    k,
+    v,
+    local_bias,
+    batch,
+    head,
     segment_row,
     segment_col,
-    start,
-    k_base,
-    v_base,
-    k_sn,
-    k_sd,
-    v_sn,
-    v_sd,
-    bias_base,
-    bias_sq,
-    bias_sk,
-    height,
-    width,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     PAD: tl.constexpr,
     HAS_LOCAL_BIAS: tl.constexpr,
@@ -101,28 +95,29 @@ def _patch_tile(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries.
+    """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries: the loop body
+    of the forward and the query-side backward kernel.
 
     Returns:
         The patch slots, whether each is a pixel of the image (hidden otherwise),
         the keys and values, and the ``(queries, keys)`` tile of logits.
     """
+    _, height, width, _, head_dim = geometry
     span = WINDOW + 2 * PAD
     patch_slots = start + tl.arange(0, BLOCK)
     y = segment_row * WINDOW - PAD + patch_slots // span
     x = segment_col * WINDOW - PAD + patch_slots % span
     key_valid = (patch_slots < span * span) & (y >= 0) & (y < height) & (x >= 0) & (x < width)
     keys, values, scores = kp.key_tile(
-        queries, k_base, v_base, y * width + x, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, y * width + x, key_valid, head_dim, BLOCK_D, DOT_PRECISION
     )
     scores = _window_logits(
         scores,
         tl.arange(0, BLOCK)[:, None],
         patch_slots[None, :],
         key_valid[None, :],
-        bias_base,
-        bias_sq,
-        bias_sk,
+        local_bias,
+        head,
         HAS_LOCAL_BIAS,
         WINDOW,
     )
@@ -141,46 +136,7 @@ def _long_short_forward(
     local_bias,
     out,
     lse,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    kb_sb,
-    kb_sh,
-    kb_sn,
-    kb_sd,
-    vb_sb,
-    vb_sh,
-    vb_sn,
-    vb_sd,
-    gk_sb,
-    gk_sh,
-    gk_sn,
-    gk_sd,
-    gv_sb,
-    gv_sh,
-    gv_sn,
-    gv_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    heads,
-    height,
-    width,
-    cols,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     PAD: tl.constexpr,
     NUM_BAR: tl.constexpr,
@@ -192,10 +148,14 @@ def _long_short_forward(
     BLOCK_G: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``."""
+    """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``.
+
+    The shared keys have no bias: they get ``local_bias`` as their unread bias argument.
+    """
+    heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_BAR > 0:
@@ -204,14 +164,11 @@ def _long_short_forward(
             row_sum,
             acc,
             queries,
-            k_bar + batch * kb_sb + head * kb_sh,
-            kb_sn,
-            kb_sd,
-            v_bar + batch * vb_sb + head * vb_sh,
-            vb_sn,
-            vb_sd,
-            lse,
-            0,
+            k_bar,
+            v_bar,
+            local_bias,
+            batch,
+            head,
             head_dim,
             NUM_BAR,
             False,
@@ -223,21 +180,15 @@ def _long_short_forward(
     for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
         _, _, _, values, scores = _patch_tile(
             queries,
+            start,
+            k,
+            v,
+            local_bias,
+            batch,
+            head,
             row,
             col,
-            start,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
-            height,
-            width,
-            head_dim,
+            geometry,
             WINDOW,
             PAD,
             HAS_LOCAL_BIAS,
@@ -253,14 +204,11 @@ def _long_short_forward(
             row_sum,
             acc,
             queries,
-            global_k + batch * gk_sb + head * gk_sh,
-            gk_sn,
-            gk_sd,
-            global_v + batch * gv_sb + head * gv_sh,
-            gv_sn,
-            gv_sd,
-            lse,
-            0,
+            global_k,
+            global_v,
+            local_bias,
+            batch,
+            head,
             head_dim,
             NUM_GLOBAL,
             False,
@@ -269,19 +217,8 @@ def _long_short_forward(
             DOT_PRECISION,
         )
 
-    kp.finish_forward(
-        out + batch * o_sb + head * o_sh,
-        lse + batch_head * height * width,
-        tokens,
-        query_valid,
-        o_sn,
-        o_sd,
-        head_dim,
-        row_max,
-        row_sum,
-        acc,
-        BLOCK_D,
-    )
+    lse_row = lse + batch_head * height * width
+    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
 @triton.jit
@@ -304,54 +241,7 @@ def _long_short_backward_queries(
     grad_v_bar,
     grad_global_k,
     grad_global_v,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    kb_sb,
-    kb_sh,
-    kb_sn,
-    kb_sd,
-    vb_sb,
-    vb_sh,
-    vb_sn,
-    vb_sd,
-    gk_sb,
-    gk_sh,
-    gk_sn,
-    gk_sd,
-    gv_sb,
-    gv_sh,
-    gv_sn,
-    gv_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dq_sb,
-    dq_sh,
-    dq_sn,
-    dq_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    heads,
-    height,
-    width,
-    cols,
-    head_dim,
+    geometry,
     bias_copies,
     WINDOW: tl.constexpr,
     PAD: tl.constexpr,
@@ -373,22 +263,19 @@ def _long_short_backward_queries(
     (``(batch * heads * rows * cols, r or G, head_dim)``), and adds its patch
     logit gradients to ``grad_local_bias`` (``(bias_copies, heads, w*w, (w + 2p)^2)``, contiguous).
     """
+    heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh,
-        grad_out + batch * do_sb + head * do_sh,
-        out + batch * o_sb + head * o_sh,
+        q,
+        grad_out,
+        out,
+        batch,
+        head,
         lse + batch_head * height * width,
         delta + batch_head * height * width,
         tokens,
         query_valid,
-        q_sn,
-        q_sd,
-        do_sn,
-        do_sd,
-        o_sn,
-        o_sd,
         head_dim,
         BLOCK_D,
     )
@@ -402,14 +289,11 @@ def _long_short_backward_queries(
             query_valid,
             row_lse,
             row_delta,
-            k_bar + batch * kb_sb + head * kb_sh,
-            kb_sn,
-            kb_sd,
-            v_bar + batch * vb_sb + head * vb_sh,
-            vb_sn,
-            vb_sd,
-            lse,
-            0,
+            k_bar,
+            v_bar,
+            local_bias,
+            batch,
+            head,
             grad_k_bar,
             grad_v_bar,
             lse,
@@ -428,14 +312,11 @@ def _long_short_backward_queries(
             query_valid,
             row_lse,
             row_delta,
-            global_k + batch * gk_sb + head * gk_sh,
-            gk_sn,
-            gk_sd,
-            global_v + batch * gv_sb + head * gv_sh,
-            gv_sn,
-            gv_sd,
-            lse,
-            0,
+            global_k,
+            global_v,
+            local_bias,
+            batch,
+            head,
             grad_global_k,
             grad_global_v,
             lse,
@@ -451,21 +332,15 @@ def _long_short_backward_queries(
     for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
         patch_slots, key_valid, keys, values, scores = _patch_tile(
             queries,
+            start,
+            k,
+            v,
+            local_bias,
+            batch,
+            head,
             row,
             col,
-            start,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
-            height,
-            width,
-            head_dim,
+            geometry,
             WINDOW,
             PAD,
             HAS_LOCAL_BIAS,
@@ -489,9 +364,7 @@ def _long_short_backward_queries(
                 (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD),
             )
 
-    kp.store_rows(
-        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
-    )
+    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
 
 
 @triton.jit
@@ -505,38 +378,7 @@ def _long_short_backward_keys(
     delta,
     grad_k,
     grad_v,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dk_sb,
-    dk_sh,
-    dk_sn,
-    dk_sd,
-    dv_sb,
-    dv_sh,
-    dv_sn,
-    dv_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    heads,
-    height,
-    width,
-    cols,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     PAD: tl.constexpr,
     HAS_LOCAL_BIAS: tl.constexpr,
@@ -551,20 +393,10 @@ def _long_short_backward_keys(
     chunk is patch slot ``(sy - dy * w + p, sx - dx * w + p)`` of the segment
     ``(dy, dx)`` chunks away, visible where that lies in the patch.
     """
+    heads, height, width, cols, head_dim = geometry
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(
-        k + batch * k_sb + head * k_sh,
-        v + batch * v_sb + head * v_sh,
-        key_tokens,
-        key_valid,
-        k_sn,
-        k_sd,
-        v_sn,
-        v_sd,
-        head_dim,
-        BLOCK_D,
-    )
+    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     span = WINDOW + 2 * PAD
@@ -577,16 +409,14 @@ def _long_short_backward_keys(
         query_valid = query_valid & (row >= 0) & (col >= 0)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys,
-            q + batch * q_sb + head * q_sh,
-            grad_out + batch * do_sb + head * do_sh,
+            q,
+            grad_out,
+            batch,
+            head,
             lse + batch_head * height * width,
             delta + batch_head * height * width,
             tokens,
             query_valid,
-            q_sn,
-            q_sd,
-            do_sn,
-            do_sd,
             head_dim,
             BLOCK_D,
             DOT_PRECISION,
@@ -599,9 +429,8 @@ def _long_short_backward_keys(
             slots[None, :],
             (patch_y * span + patch_x)[:, None],
             visible[:, None],
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
+            local_bias,
+            head,
             HAS_LOCAL_BIAS,
             WINDOW,
         )
@@ -609,24 +438,11 @@ def _long_short_backward_keys(
             grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
         )
 
-    kp.store_key_grads(
-        grad_k + batch * dk_sb + head * dk_sh,
-        grad_v + batch * dv_sb + head * dv_sh,
-        key_tokens,
-        key_valid,
-        dk_sn,
-        dk_sd,
-        dv_sn,
-        dv_sd,
-        head_dim,
-        grad_keys,
-        grad_values,
-        BLOCK_D,
-    )
+    kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
-    """Grid, geometry arguments, the constexprs of the window and of the shared keys, and the launch
+    """Grid, geometry argument, the constexprs of the window and of the shared keys, and the launch
     settings of the kernels."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
@@ -652,6 +468,15 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     )
 
 
+def _input_args(q, k, v, k_bar, v_bar, global_k, global_v, local_bias):
+    """The op's tensor inputs as the forward and the query-side backward kernel take them."""
+    return (
+        *map(host.head_rows, (q, k, v)),
+        *(host.head_rows(t, q) for t in (k_bar, v_bar, global_k, global_v)),
+        host.bias_table(local_bias, q),
+    )
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -666,7 +491,7 @@ def _forward(
     window: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(
+    grid, geometry, constexprs, shared_constexprs, settings = _launch_setup(
         q, k_bar, global_k, local_bias, height, width, window
     )
     out, lse = host.forward_outputs(q)
@@ -674,26 +499,10 @@ def _forward(
         _long_short_forward,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(k_bar, q),
-        host.stand_in(v_bar, q),
-        host.stand_in(global_k, q),
-        host.stand_in(global_v, q),
-        host.stand_in(local_bias, q),
-        out,
+        *_input_args(q, k, v, k_bar, v_bar, global_k, global_v, local_bias),
+        host.head_rows(out),
         lse,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *host.strides(k_bar, 4),
-        *host.strides(v_bar, 4),
-        *host.strides(global_k, 4),
-        *host.strides(global_v, 4),
-        *out.stride(),
-        *host.strides(local_bias, 3),
-        *shape,
+        geometry,
         **constexprs,
         **shared_constexprs,
     )
@@ -723,7 +532,7 @@ def _backward(
 ) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
-    grid, shape, constexprs, shared_constexprs, settings = _launch_setup(
+    grid, geometry, constexprs, shared_constexprs, settings = _launch_setup(
         q, k_bar, global_k, local_bias, height, width, window
     )
     local_bias_grad = host.gradient_wanted(7, inputs, needs_grad)
@@ -734,41 +543,24 @@ def _backward(
     )
     grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
+    q_rows, k_rows, v_rows, grad_out_rows = map(host.head_rows, (q, k, v, grad_out))
 
     host.launch(
         _long_short_backward_queries,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(k_bar, q),
-        host.stand_in(v_bar, q),
-        host.stand_in(global_k, q),
-        host.stand_in(global_v, q),
-        host.stand_in(local_bias, q),
-        out,
-        grad_out,
+        *_input_args(*inputs),
+        host.head_rows(out),
+        grad_out_rows,
         lse,
         delta,
-        grad_q,
+        host.head_rows(grad_q),
         host.stand_in(grad_local_bias, lse),
         host.stand_in(grad_k_bar, lse),
         host.stand_in(grad_v_bar, lse),
         host.stand_in(grad_global_k, lse),
         host.stand_in(grad_global_v, lse),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *host.strides(k_bar, 4),
-        *host.strides(v_bar, 4),
-        *host.strides(global_k, 4),
-        *host.strides(global_v, 4),
-        *out.stride(),
-        *grad_out.stride(),
-        *grad_q.stride(),
-        *host.strides(local_bias, 3),
-        *shape,
+        geometry,
         bias_copies,
         LOCAL_BIAS_GRAD=local_bias_grad,
         **constexprs,
@@ -778,23 +570,16 @@ def _backward(
         _long_short_backward_keys,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(local_bias, q),
-        grad_out,
+        q_rows,
+        k_rows,
+        v_rows,
+        host.bias_table(local_bias, q),
+        grad_out_rows,
         lse,
         delta,
-        grad_k,
-        grad_v,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *grad_out.stride(),
-        *grad_k.stride(),
-        *grad_v.stride(),
-        *host.strides(local_bias, 3),
-        *shape,
+        host.head_rows(grad_k),
+        host.head_rows(grad_v),
+        geometry,
         **constexprs,
     )
 

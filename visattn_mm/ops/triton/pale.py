@@ -42,9 +42,10 @@ MAX_BLOCK = 64
 
 
 @triton.jit
-def _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK: tl.constexpr):
+def _group_slots(group, start, geometry, BLOCK: tl.constexpr):
     """Token index (row-major) of slots ``start .. start + BLOCK`` of an interlaced group, and whether
     each slot is a token of the map (not beyond the group or on a padding line)."""
+    _, _, _, _, _, side, length, stride, group_size, line_step, other_step, _ = geometry
     slots = start + tl.arange(0, BLOCK)
     line = group + (slots // length) * stride
     valid = (slots < group_size) & (line < side)
@@ -56,125 +57,53 @@ def _group_key_tile(
     queries,
     group,
     start,
-    k_base,
-    v_base,
-    k_sn,
-    k_sd,
-    v_sn,
-    v_sd,
-    side,
-    length,
-    stride,
-    group_size,
-    line_step,
-    other_step,
-    head_dim,
+    k,
+    v,
+    batch,
+    head,
+    geometry,
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Keys and values of slots ``start .. start + BLOCK`` of a group and their ``(queries, keys)`` tile of
-    logits, ``-inf`` at the slots that are no token of the map."""
-    key_tokens, key_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK)
+    logits, ``-inf`` at the slots that are no token of the map: the loop body of the forward and the
+    query-side backward kernel."""
+    key_tokens, key_valid = _group_slots(group, start, geometry, BLOCK)
     keys, values, scores = kp.key_tile(
-        queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, key_tokens, key_valid, geometry[11], BLOCK_D, DOT_PRECISION
     )
     return keys, values, tl.where(key_valid[None, :], scores, float('-inf'))
 
 
 @triton.jit
-def _program_tile(half, head_start, tiles):
-    """This program's ``(group, tile, batch, head)`` on a ``(groups * tiles, batch * half)`` grid of a
-    branch whose heads start at ``head_start``."""
+def _program_tile(geometry):
+    """This program's ``(group, tile, batch, head, lse row)`` on a ``(groups * tiles, batch * half)`` grid of
+    a branch whose heads start at ``head_start``; the lse row is the offset of its (batch, head) pair in
+    the ``(B * heads, H * W)`` log-sum-exps and deltas."""
+    heads, tokens_per_map, half, head_start, tiles, _, _, _, _, _, _, _ = geometry
     tile = tl.program_id(0)
     batch_head = tl.program_id(1)
-    return tile // tiles, tile % tiles, batch_head // half, head_start + batch_head % half
+    batch, head = batch_head // half, head_start + batch_head % half
+    return tile // tiles, tile % tiles, batch, head, (batch * heads + head) * tokens_per_map
 
 
 @triton.jit
-def _pale_forward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    heads,
-    tokens_per_map,
-    half,
-    head_start,
-    tiles,
-    side,
-    length,
-    stride,
-    group_size,
-    line_step,
-    other_step,
-    head_dim,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _pale_forward(q, k, v, out, lse, geometry, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Output and log-sum-exp of one tile of a group's queries; grid ``(groups * tiles, batch * half)``."""
-    group, tile, batch, head = _program_tile(half, head_start, tiles)
-    tokens, query_valid = _group_slots(
-        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
-    )
-    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    group, tile, batch, head, row = _program_tile(geometry)
+    group_size, head_dim = geometry[8], geometry[11]
+    tokens, query_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
+    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         _, values, scores = _group_key_tile(
-            queries,
-            group,
-            start,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            side,
-            length,
-            stride,
-            group_size,
-            line_step,
-            other_step,
-            head_dim,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            queries, group, start, k, v, batch, head, geometry, BLOCK, BLOCK_D, DOT_PRECISION
         )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    kp.finish_forward(
-        out + batch * o_sb + head * o_sh,
-        lse + (batch * heads + head) * tokens_per_map,
-        tokens,
-        query_valid,
-        o_sn,
-        o_sd,
-        head_dim,
-        row_max,
-        row_sum,
-        acc,
-        BLOCK_D,
-    )
+    kp.finish_forward(out, batch, head, lse + row, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
 @triton.jit
@@ -187,100 +116,29 @@ def _pale_backward_queries(
     lse,
     delta,
     grad_q,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dq_sb,
-    dq_sh,
-    dq_sn,
-    dq_sd,
-    heads,
-    tokens_per_map,
-    half,
-    head_start,
-    tiles,
-    side,
-    length,
-    stride,
-    group_size,
-    line_step,
-    other_step,
-    head_dim,
+    geometry,
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """``delta`` (read by :func:`_pale_backward_keys`) and the gradient of one tile of a group's queries;
     grid ``(groups * tiles, batch * half)``."""
-    group, tile, batch, head = _program_tile(half, head_start, tiles)
-    tokens, query_valid = _group_slots(
-        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
-    )
-    row = (batch * heads + head) * tokens_per_map
+    group, tile, batch, head, row = _program_tile(geometry)
+    group_size, head_dim = geometry[8], geometry[11]
+    tokens, query_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh,
-        grad_out + batch * do_sb + head * do_sh,
-        out + batch * o_sb + head * o_sh,
-        lse + row,
-        delta + row,
-        tokens,
-        query_valid,
-        q_sn,
-        q_sd,
-        do_sn,
-        do_sd,
-        o_sn,
-        o_sd,
-        head_dim,
-        BLOCK_D,
+        q, grad_out, out, batch, head, lse + row, delta + row, tokens, query_valid, head_dim, BLOCK_D
     )
 
     grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         keys, values, scores = _group_key_tile(
-            queries,
-            group,
-            start,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            side,
-            length,
-            stride,
-            group_size,
-            line_step,
-            other_step,
-            head_dim,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            queries, group, start, k, v, batch, head, geometry, BLOCK, BLOCK_D, DOT_PRECISION
         )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
 
-    kp.store_rows(
-        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
-    )
+    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
 
 
 @triton.jit
@@ -293,42 +151,7 @@ def _pale_backward_keys(
     delta,
     grad_k,
     grad_v,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dk_sb,
-    dk_sh,
-    dk_sn,
-    dk_sd,
-    dv_sb,
-    dv_sh,
-    dv_sn,
-    dv_sd,
-    heads,
-    tokens_per_map,
-    half,
-    head_start,
-    tiles,
-    side,
-    length,
-    stride,
-    group_size,
-    line_step,
-    other_step,
-    head_dim,
+    geometry,
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -338,38 +161,23 @@ def _pale_backward_keys(
     The padding key slots are not masked here: their rows of the gradients are
     never stored, and the products never mix rows.
     """
-    group, tile, batch, head = _program_tile(half, head_start, tiles)
-    key_tokens, key_valid = _group_slots(
-        group, tile * BLOCK, side, length, stride, group_size, line_step, other_step, BLOCK
-    )
-    keys, values = kp.key_value_rows(
-        k + batch * k_sb + head * k_sh,
-        v + batch * v_sb + head * v_sh,
-        key_tokens,
-        key_valid,
-        k_sn,
-        k_sd,
-        v_sn,
-        v_sd,
-        head_dim,
-        BLOCK_D,
-    )
+    group, tile, batch, head, row = _program_tile(geometry)
+    group_size, head_dim = geometry[8], geometry[11]
+    key_tokens, key_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
+    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
-    row = (batch * heads + head) * tokens_per_map
     for start in range(0, group_size, BLOCK):
-        tokens, query_valid = _group_slots(group, start, side, length, stride, group_size, line_step, other_step, BLOCK)
+        tokens, query_valid = _group_slots(group, start, geometry, BLOCK)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys,
-            q + batch * q_sb + head * q_sh,
-            grad_out + batch * do_sb + head * do_sh,
+            q,
+            grad_out,
+            batch,
+            head,
             lse + row,
             delta + row,
             tokens,
             query_valid,
-            q_sn,
-            q_sd,
-            do_sn,
-            do_sd,
             head_dim,
             BLOCK_D,
             DOT_PRECISION,
@@ -378,28 +186,15 @@ def _pale_backward_keys(
             grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
         )
 
-    kp.store_key_grads(
-        grad_k + batch * dk_sb + head * dk_sh,
-        grad_v + batch * dv_sb + head * dv_sh,
-        key_tokens,
-        key_valid,
-        dk_sn,
-        dk_sd,
-        dv_sn,
-        dv_sd,
-        head_dim,
-        grad_keys,
-        grad_values,
-        BLOCK_D,
-    )
+    kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
-def _branches(batch, heads, height, width, pale_size):
+def _branches(batch, heads, head_dim, height, width, pale_size):
     """Launch geometry of the row and the column branch.
 
     Returns:
         list[tuple]: Per branch, its grid ``(groups * tiles, batch * half)``, the
-        kernels' geometry arguments from ``heads`` to ``other_step`` and its tile side.
+        kernels' geometry argument (``heads`` to ``other_step``, then ``head_dim``) and its tile side.
     """
     half = heads // 2
     s_r, s_c = pale_size_pair(pale_size)
@@ -425,6 +220,7 @@ def _branches(batch, heads, height, width, pale_size):
             group_size,
             line_step,
             other_step,
+            head_dim,
         )
         branches.append(((stride * tiles, batch * half), geometry, block))
     return branches
@@ -438,25 +234,9 @@ def _forward(
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
     settings = host.launch_settings(q.dtype)
     out, lse = host.forward_outputs(q)
-    for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
-        host.launch(
-            _pale_forward,
-            grid,
-            settings,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *out.stride(),
-            *branch,
-            head_dim,
-            BLOCK=block,
-            **constexprs,
-        )
+    views = [*map(host.head_rows, (q, k, v, out)), lse]
+    for grid, geometry, block in _branches(batch, heads, head_dim, height, width, (pale_rows, pale_cols)):
+        host.launch(_pale_forward, grid, settings, *views, geometry, BLOCK=block, **constexprs)
     return out, lse
 
 
@@ -482,27 +262,14 @@ def _backward(
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))
     settings = host.launch_settings(q.dtype)
     grad_out, grad_q, grad_k, grad_v, delta, _ = host.backward_buffers(q, k, v, grad_out, lse, None, False)
-    for grid, branch, block in _branches(batch, heads, height, width, (pale_rows, pale_cols)):
+    q_rows, k_rows, v_rows, grad_out_rows = map(host.head_rows, (q, k, v, grad_out))
+    for grid, geometry, block in _branches(batch, heads, head_dim, height, width, (pale_rows, pale_cols)):
         host.launch(
             _pale_backward_queries,
             grid,
             settings,
-            q,
-            k,
-            v,
-            out,
-            grad_out,
-            lse,
-            delta,
-            grad_q,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *out.stride(),
-            *grad_out.stride(),
-            *grad_q.stride(),
-            *branch,
-            head_dim,
+            *(q_rows, k_rows, v_rows, host.head_rows(out), grad_out_rows, lse, delta, host.head_rows(grad_q)),
+            geometry,
             BLOCK=block,
             **constexprs,
         )
@@ -510,22 +277,8 @@ def _backward(
             _pale_backward_keys,
             grid,
             settings,
-            q,
-            k,
-            v,
-            grad_out,
-            lse,
-            delta,
-            grad_k,
-            grad_v,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *grad_out.stride(),
-            *grad_k.stride(),
-            *grad_v.stride(),
-            *branch,
-            head_dim,
+            *(q_rows, k_rows, v_rows, grad_out_rows, lse, delta, host.head_rows(grad_k), host.head_rows(grad_v)),
+            geometry,
             BLOCK=block,
             **constexprs,
         )

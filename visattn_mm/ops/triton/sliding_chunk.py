@@ -74,17 +74,16 @@ def _mask_local_scores(
     query_slots,
     key_slots,
     key_valid,
-    bias_base,
-    bias_stride_q,
-    bias_stride_k,
+    local_bias,
+    head,
     block,
     in_grid,
     MASKING_MODE: tl.constexpr,
     HAS_LOCAL_BIAS: tl.constexpr,
     WINDOW: tl.constexpr,
 ):
-    """Adds the local bias to the dot products of a query chunk and one neighbour chunk, and
-    sets hidden logits to ``-inf``.
+    """Adds the local bias (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
+    query chunk and one neighbour chunk, and sets hidden logits to ``-inf``.
 
     Works on either orientation: ``query_slots``, ``key_slots`` and ``key_valid``
     are broadcast along the tile's query and key axes (``[:, None]`` and
@@ -97,7 +96,8 @@ def _mask_local_scores(
     if HAS_LOCAL_BIAS:
         in_chunk = (query_slots < WINDOW * WINDOW) & (key_slots < WINDOW * WINDOW)
         # The key's column in the gathered bias: the key order of rel_pos.sliding_chunk_rpb_index.
-        pointers = bias_base + query_slots * bias_stride_q + (block * WINDOW * WINDOW + key_slots) * bias_stride_k
+        base = local_bias.ptr + head * local_bias.head
+        pointers = base + query_slots * local_bias.query + (block * WINDOW * WINDOW + key_slots) * local_bias.key
         scores += tl.load(pointers, mask=in_chunk, other=0.0).to(scores.dtype)
     visible = key_valid
     if MASKING_MODE != -1:
@@ -114,23 +114,15 @@ def _mask_local_scores(
 @triton.jit
 def _neighbour_tile(
     queries,
+    step,
+    k,
+    v,
+    local_bias,
+    batch,
+    head,
     row,
     col,
-    step,
-    rows,
-    cols,
-    k_base,
-    v_base,
-    k_sn,
-    k_sd,
-    v_sn,
-    v_sd,
-    bias_base,
-    bias_sq,
-    bias_sk,
-    height,
-    width,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     MASKING_MODE: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
@@ -140,18 +132,20 @@ def _neighbour_tile(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """The ``step``-th key chunk of the shift mode against a query chunk.
+    """The ``step``-th key chunk of the shift mode against the query chunk at ``(row, col)``: the loop body
+    of the forward and the query-side backward kernel.
 
     Returns:
         The block (index into ``NEIGHBOUR_OFFSETS``), the visibility mask (see
         :func:`_mask_local_scores`), the keys and values, and the ``(queries,
         keys)`` tile of logits.
     """
+    _, height, width, rows, cols, head_dim = geometry
     block = _neighbour_block(step, NUM_BLOCKS, SECOND_BLOCK)
     key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
     keys, values, scores = kp.key_tile(
-        queries, k_base, v_base, key_tokens, key_valid, k_sn, k_sd, v_sn, v_sd, head_dim, BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D, DOT_PRECISION
     )
     slots = tl.arange(0, BLOCK)
     scores, visible = _mask_local_scores(
@@ -159,9 +153,8 @@ def _neighbour_tile(
         slots[:, None],
         slots[None, :],
         key_valid[None, :],
-        bias_base,
-        bias_sq,
-        bias_sk,
+        local_bias,
+        head,
         block,
         in_grid,
         MASKING_MODE,
@@ -182,41 +175,7 @@ def _sliding_chunk_forward(
     l2g_bias,
     out,
     lse,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    gk_sb,
-    gk_sh,
-    gk_sn,
-    gk_sd,
-    gv_sb,
-    gv_sh,
-    gv_sn,
-    gv_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    l2g_sh,
-    l2g_sg,
-    heads,
-    height,
-    width,
-    rows,
-    cols,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     MASKING_MODE: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
@@ -230,9 +189,10 @@ def _sliding_chunk_forward(
     DOT_PRECISION: tl.constexpr,
 ):
     """Output and log-sum-exp of one query chunk; grid ``(rows * cols, batch * heads)``."""
+    heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = kp.load_rows(q + batch * q_sb + head * q_sh, tokens, query_valid, q_sn, q_sd, head_dim, BLOCK_D)
+    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
     if NUM_GLOBAL > 0:
@@ -241,14 +201,11 @@ def _sliding_chunk_forward(
             row_sum,
             acc,
             queries,
-            global_k + batch * gk_sb + head * gk_sh,
-            gk_sn,
-            gk_sd,
-            global_v + batch * gv_sb + head * gv_sh,
-            gv_sn,
-            gv_sd,
-            l2g_bias + head * l2g_sh,
-            l2g_sg,
+            global_k,
+            global_v,
+            l2g_bias,
+            batch,
+            head,
             head_dim,
             NUM_GLOBAL,
             HAS_L2G_BIAS,
@@ -260,23 +217,15 @@ def _sliding_chunk_forward(
     for step in range(NUM_BLOCKS):
         _, _, _, values, scores = _neighbour_tile(
             queries,
+            step,
+            k,
+            v,
+            local_bias,
+            batch,
+            head,
             row,
             col,
-            step,
-            rows,
-            cols,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
-            height,
-            width,
-            head_dim,
+            geometry,
             WINDOW,
             MASKING_MODE,
             NUM_BLOCKS,
@@ -288,19 +237,8 @@ def _sliding_chunk_forward(
         )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
 
-    kp.finish_forward(
-        out + batch * o_sb + head * o_sh,
-        lse + batch_head * height * width,
-        tokens,
-        query_valid,
-        o_sn,
-        o_sd,
-        head_dim,
-        row_max,
-        row_sum,
-        acc,
-        BLOCK_D,
-    )
+    lse_row = lse + batch_head * height * width
+    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D)
 
 
 @triton.jit
@@ -321,49 +259,7 @@ def _sliding_chunk_backward_queries(
     grad_global_k,
     grad_global_v,
     grad_l2g,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    gk_sb,
-    gk_sh,
-    gk_sn,
-    gk_sd,
-    gv_sb,
-    gv_sh,
-    gv_sn,
-    gv_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dq_sb,
-    dq_sh,
-    dq_sn,
-    dq_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    l2g_sh,
-    l2g_sg,
-    heads,
-    height,
-    width,
-    rows,
-    cols,
-    head_dim,
+    geometry,
     bias_copies,
     WINDOW: tl.constexpr,
     MASKING_MODE: tl.constexpr,
@@ -387,22 +283,19 @@ def _sliding_chunk_backward_queries(
     ``(batch * heads * rows * cols, NUM_GLOBAL)``), and adds its logit gradients
     to ``grad_local_bias`` (``(bias_copies, heads, w*w, 9*w*w)``, contiguous).
     """
+    heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
-        q + batch * q_sb + head * q_sh,
-        grad_out + batch * do_sb + head * do_sh,
-        out + batch * o_sb + head * o_sh,
+        q,
+        grad_out,
+        out,
+        batch,
+        head,
         lse + batch_head * height * width,
         delta + batch_head * height * width,
         tokens,
         query_valid,
-        q_sn,
-        q_sd,
-        do_sn,
-        do_sd,
-        o_sn,
-        o_sd,
         head_dim,
         BLOCK_D,
     )
@@ -415,14 +308,11 @@ def _sliding_chunk_backward_queries(
             query_valid,
             row_lse,
             row_delta,
-            global_k + batch * gk_sb + head * gk_sh,
-            gk_sn,
-            gk_sd,
-            global_v + batch * gv_sb + head * gv_sh,
-            gv_sn,
-            gv_sd,
-            l2g_bias + head * l2g_sh,
-            l2g_sg,
+            global_k,
+            global_v,
+            l2g_bias,
+            batch,
+            head,
             grad_global_k,
             grad_global_v,
             grad_l2g,
@@ -439,23 +329,15 @@ def _sliding_chunk_backward_queries(
     for step in range(NUM_BLOCKS):
         block, visible, keys, values, scores = _neighbour_tile(
             queries,
+            step,
+            k,
+            v,
+            local_bias,
+            batch,
+            head,
             row,
             col,
-            step,
-            rows,
-            cols,
-            k + batch * k_sb + head * k_sh,
-            v + batch * v_sb + head * v_sh,
-            k_sn,
-            k_sd,
-            v_sn,
-            v_sd,
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
-            height,
-            width,
-            head_dim,
+            geometry,
             WINDOW,
             MASKING_MODE,
             NUM_BLOCKS,
@@ -481,9 +363,7 @@ def _sliding_chunk_backward_queries(
                 9 * WINDOW * WINDOW,
             )
 
-    kp.store_rows(
-        grad_q + batch * dq_sb + head * dq_sh, tokens, query_valid, dq_sn, dq_sd, head_dim, grad_queries, BLOCK_D
-    )
+    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
 
 
 @triton.jit
@@ -497,39 +377,7 @@ def _sliding_chunk_backward_keys(
     delta,
     grad_k,
     grad_v,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dk_sb,
-    dk_sh,
-    dk_sn,
-    dk_sd,
-    dv_sb,
-    dv_sh,
-    dv_sn,
-    dv_sd,
-    bias_sh,
-    bias_sq,
-    bias_sk,
-    heads,
-    height,
-    width,
-    rows,
-    cols,
-    head_dim,
+    geometry,
     WINDOW: tl.constexpr,
     MASKING_MODE: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
@@ -545,20 +393,10 @@ def _sliding_chunk_backward_keys(
     taken back, wrapped), so this loops over the same (query chunk, block)
     pairs as the forward pass.
     """
+    heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
     key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(
-        k + batch * k_sb + head * k_sh,
-        v + batch * v_sb + head * v_sh,
-        key_tokens,
-        key_valid,
-        k_sn,
-        k_sd,
-        v_sn,
-        v_sd,
-        head_dim,
-        BLOCK_D,
-    )
+    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
 
     slots = tl.arange(0, BLOCK)
@@ -570,16 +408,14 @@ def _sliding_chunk_backward_keys(
         tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys,
-            q + batch * q_sb + head * q_sh,
-            grad_out + batch * do_sb + head * do_sh,
+            q,
+            grad_out,
+            batch,
+            head,
             lse + batch_head * height * width,
             delta + batch_head * height * width,
             tokens,
             query_valid,
-            q_sn,
-            q_sd,
-            do_sn,
-            do_sd,
             head_dim,
             BLOCK_D,
             DOT_PRECISION,
@@ -589,9 +425,8 @@ def _sliding_chunk_backward_keys(
             slots[None, :],
             slots[:, None],
             key_valid[:, None],
-            local_bias + head * bias_sh,
-            bias_sq,
-            bias_sk,
+            local_bias,
+            head,
             block,
             in_grid,
             MASKING_MODE,
@@ -602,24 +437,11 @@ def _sliding_chunk_backward_keys(
             grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
         )
 
-    kp.store_key_grads(
-        grad_k + batch * dk_sb + head * dk_sh,
-        grad_v + batch * dv_sb + head * dv_sh,
-        key_tokens,
-        key_valid,
-        dk_sn,
-        dk_sd,
-        dv_sn,
-        dv_sd,
-        head_dim,
-        grad_keys,
-        grad_values,
-        BLOCK_D,
-    )
+    kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
 
 
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
-    """Grid, geometry arguments, the constexprs of the local and of the global keys, and the launch
+    """Grid, geometry argument, the constexprs of the local and of the global keys, and the launch
     settings of the kernels."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
@@ -660,7 +482,7 @@ def _forward(
     shift_mode: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, shape, constexprs, global_constexprs, settings = _launch_setup(
+    grid, geometry, constexprs, global_constexprs, settings = _launch_setup(
         q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
     )
     out, lse = host.forward_outputs(q)
@@ -668,28 +490,25 @@ def _forward(
         _sliding_chunk_forward,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(global_k, q),
-        host.stand_in(global_v, q),
-        host.stand_in(local_bias, q),
-        host.stand_in(l2g_bias, q),
-        out,
+        *_input_args(q, k, v, global_k, global_v, local_bias, l2g_bias),
+        host.head_rows(out),
         lse,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *host.strides(global_k, 4),
-        *host.strides(global_v, 4),
-        *out.stride(),
-        *host.strides(local_bias, 3),
-        *host.strides(l2g_bias, 2),
-        *shape,
+        geometry,
         **constexprs,
         **global_constexprs,
     )
     return out, lse
+
+
+def _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias):
+    """The op's tensor inputs as the forward and the query-side backward kernel take them."""
+    return (
+        *map(host.head_rows, (q, k, v)),
+        host.head_rows(global_k, q),
+        host.head_rows(global_v, q),
+        host.bias_table(local_bias, q),
+        host.bias_table(l2g_bias, q),
+    )
 
 
 def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
@@ -716,10 +535,10 @@ def _backward(
 ) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
-    grid, shape, constexprs, global_constexprs, settings = _launch_setup(
+    grid, geometry, constexprs, global_constexprs, settings = _launch_setup(
         q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
     )
-    heads = shape[0]
+    heads = geometry[0]
     local_bias_grad = host.gradient_wanted(5, inputs, needs_grad)
     bias_copies = host.bias_grad_copies(grid[0] * grid[1])
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
@@ -728,38 +547,23 @@ def _backward(
     grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
         lse, grid[0] * grid[1], global_k, with_bias=l2g_bias is not None
     )
+    q_rows, k_rows, v_rows, grad_out_rows = map(host.head_rows, (q, k, v, grad_out))
 
     host.launch(
         _sliding_chunk_backward_queries,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(global_k, q),
-        host.stand_in(global_v, q),
-        host.stand_in(local_bias, q),
-        host.stand_in(l2g_bias, q),
-        out,
-        grad_out,
+        *_input_args(*inputs),
+        host.head_rows(out),
+        grad_out_rows,
         lse,
         delta,
-        grad_q,
+        host.head_rows(grad_q),
         host.stand_in(grad_local_bias, lse),
         host.stand_in(grad_global_k, lse),
         host.stand_in(grad_global_v, lse),
         host.stand_in(grad_l2g, lse),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *host.strides(global_k, 4),
-        *host.strides(global_v, 4),
-        *out.stride(),
-        *grad_out.stride(),
-        *grad_q.stride(),
-        *host.strides(local_bias, 3),
-        *host.strides(l2g_bias, 2),
-        *shape,
+        geometry,
         bias_copies,
         LOCAL_BIAS_GRAD=local_bias_grad,
         **constexprs,
@@ -769,23 +573,16 @@ def _backward(
         _sliding_chunk_backward_keys,
         grid,
         settings,
-        q,
-        k,
-        v,
-        host.stand_in(local_bias, q),
-        grad_out,
+        q_rows,
+        k_rows,
+        v_rows,
+        host.bias_table(local_bias, q),
+        grad_out_rows,
         lse,
         delta,
-        grad_k,
-        grad_v,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *grad_out.stride(),
-        *grad_k.stride(),
-        *grad_v.stride(),
-        *host.strides(local_bias, 3),
-        *shape,
+        host.head_rows(grad_k),
+        host.head_rows(grad_v),
+        geometry,
         **constexprs,
     )
 

@@ -109,9 +109,10 @@ def _clamp_passes(t, CLAMP: tl.constexpr):
 
 
 @triton.jit
-def _token_rows(base, rows, valid, stride_n, stride_d, head_dim, acc_dtype, BLOCK_D: tl.constexpr):
-    """A ``(BLOCK_N, BLOCK_D)`` tile of a ``(..., N, d)`` tensor in the accumulation dtype, zero where not valid."""
-    return kp.load_rows(base, rows, valid, stride_n, stride_d, head_dim, BLOCK_D).to(acc_dtype)
+def _token_rows(t, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D: tl.constexpr):
+    """A ``(BLOCK_N, BLOCK_D)`` tile of the ``(batch, head)`` rows of a ``(B, heads, N, d)`` tensor (a
+    :class:`~visattn_mm.ops.triton.host.HeadRows`) in the accumulation dtype, zero where not valid."""
+    return kp.load_rows(t, batch, head, rows, valid, head_dim, BLOCK_D).to(acc_dtype)
 
 
 @triton.jit
@@ -213,32 +214,22 @@ def _vicinity_sums(
     weights,
     kv_parts,
     k_sum_parts,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    heads,
-    tokens,
-    head_dim,
-    tiles_per_split,
+    geometry,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over the split's token tiles, stored as part
     ``batch_head * splits + split`` of the buffers."""
+    heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
     k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype, BLOCK_D)
+        keys = _token_rows(k, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
+        values = _token_rows(v, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
         features = _features(keys, row_weights, BLOCK_N, BLOCK_D)
         kv += tl.dot(tl.trans(features), values, input_precision=DOT_PRECISION)
         k_sum += tl.sum(features, 0)
@@ -252,18 +243,7 @@ def _vicinity_forward(
     kv_raw,
     k_sum,
     out,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    o_sb,
-    o_sh,
-    o_sn,
-    o_sd,
-    heads,
-    tokens,
-    head_dim,
-    tiles_per_split,
+    geometry,
     CLAMP: tl.constexpr,
     EPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -271,19 +251,18 @@ def _vicinity_forward(
     DOT_PRECISION: tl.constexpr,
 ):
     """Output rows of the split's token tiles."""
+    heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
     pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(
-            q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, weights.dtype.element_ty, BLOCK_D
-        )
+        queries = _token_rows(q, batch, head, rows, valid, head_dim, weights.dtype.element_ty, BLOCK_D)
         _, numerators, normalisers = _query_terms(
             queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
         )
         rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None], CLAMP)
-        kp.store_rows(out + batch * o_sb + head * o_sh, rows, valid, o_sn, o_sd, head_dim, rows_out, BLOCK_D)
+        kp.store_rows(out, batch, head, rows, valid, head_dim, rows_out, BLOCK_D)
 
 
 @triton.jit
@@ -296,22 +275,7 @@ def _vicinity_backward_queries(
     grad_q,
     grad_kv_parts,
     grad_k_sum_parts,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    do_sb,
-    do_sh,
-    do_sn,
-    do_sd,
-    dq_sb,
-    dq_sh,
-    dq_sn,
-    dq_sd,
-    heads,
-    tokens,
-    head_dim,
-    tiles_per_split,
+    geometry,
     CLAMP: tl.constexpr,
     EPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -320,6 +284,7 @@ def _vicinity_backward_queries(
 ):
     """Gradient of the queries of the split's token tiles, and their partial sums of the gradients of ``KV``
     and ``S``, stored as part ``batch_head * splits + split`` of the buffers."""
+    heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
@@ -328,10 +293,8 @@ def _vicinity_backward_queries(
     grad_k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(q + batch * q_sb + head * q_sh, rows, valid, q_sn, q_sd, head_dim, acc_dtype, BLOCK_D)
-        grad_rows = _token_rows(
-            grad_out + batch * do_sb + head * do_sh, rows, valid, do_sn, do_sd, head_dim, acc_dtype, BLOCK_D
-        )
+        queries = _token_rows(q, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
+        grad_rows = _token_rows(grad_out, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
         features, numerators, normalisers = _query_terms(
             queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
         )
@@ -347,11 +310,11 @@ def _vicinity_backward_queries(
             + grad_denominators[:, None] * pair_k_sum[None, :]
         )
         kp.store_rows(
-            grad_q + batch * dq_sb + head * dq_sh,
+            grad_q,
+            batch,
+            head,
             rows,
             valid,
-            dq_sn,
-            dq_sd,
             head_dim,
             _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D),
             BLOCK_D,
@@ -373,26 +336,7 @@ def _vicinity_backward_keys(
     grad_k_sum,
     grad_k,
     grad_v,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    v_sb,
-    v_sh,
-    v_sn,
-    v_sd,
-    dk_sb,
-    dk_sh,
-    dk_sn,
-    dk_sd,
-    dv_sb,
-    dv_sh,
-    dv_sn,
-    dv_sd,
-    heads,
-    tokens,
-    head_dim,
-    tiles_per_split,
+    geometry,
     CLAMP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -400,6 +344,7 @@ def _vicinity_backward_keys(
 ):
     """Gradients of the keys and values of the split's token tiles from the summed gradients of ``KV`` (before
     its clamp's mask) and ``S``."""
+    heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     pair_grad_kv = tl.where(
@@ -410,15 +355,15 @@ def _vicinity_backward_keys(
     pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, BLOCK_D)
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        keys = _token_rows(k + batch * k_sb + head * k_sh, rows, valid, k_sn, k_sd, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v + batch * v_sb + head * v_sh, rows, valid, v_sn, v_sd, head_dim, acc_dtype, BLOCK_D)
+        keys = _token_rows(k, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
+        values = _token_rows(v, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
         grad_features = tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION) + pair_grad_k_sum[None, :]
         kp.store_rows(
-            grad_k + batch * dk_sb + head * dk_sh,
+            grad_k,
+            batch,
+            head,
             rows,
             valid,
-            dk_sn,
-            dk_sd,
             head_dim,
             _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D),
             BLOCK_D,
@@ -426,7 +371,7 @@ def _vicinity_backward_keys(
         grad_values = tl.dot(
             _features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv, input_precision=DOT_PRECISION
         )
-        kp.store_rows(grad_v + batch * dv_sb + head * dv_sh, rows, valid, dv_sn, dv_sd, head_dim, grad_values, BLOCK_D)
+        kp.store_rows(grad_v, batch, head, rows, valid, head_dim, grad_values, BLOCK_D)
 
 
 def _layout(batch_heads, tokens, max_block):
@@ -439,7 +384,7 @@ def _layout(batch_heads, tokens, max_block):
 
 
 def _launch_setup(q, height, width):
-    """Position weights, grid, launch settings, geometry arguments and constexprs of the four kernels."""
+    """Position weights, grid, launch settings, geometry argument and constexprs of the four kernels."""
     batch, heads, tokens, head_dim = q.shape
     pairs = batch * heads
     acc_dtype = host.acc_dtype(q.dtype)
@@ -460,21 +405,19 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float, clamp: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
-    weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
+    weights, grid, settings, geometry, constexprs = _launch_setup(q, height, width)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
     host.launch(
         _vicinity_sums,
         grid,
         settings,
-        k,
-        v,
+        host.head_rows(k),
+        host.head_rows(v),
         weights,
         kv_parts,
         k_sum_parts,
-        *k.stride(),
-        *v.stride(),
-        *shape,
+        geometry,
         **constexprs,
     )
     kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
@@ -484,14 +427,12 @@ def _forward(
         _vicinity_forward,
         grid,
         settings,
-        q,
+        host.head_rows(q),
         weights,
         kv_raw,
         k_sum,
-        out,
-        *q.stride(),
-        *out.stride(),
-        *shape,
+        host.head_rows(out),
+        geometry,
         CLAMP=clamp,
         EPS=eps,
         **constexprs,
@@ -520,7 +461,7 @@ def _backward(
     needs_grad: list[bool],
 ) -> list[torch.Tensor]:
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
-    weights, grid, settings, shape, constexprs = _launch_setup(q, height, width)
+    weights, grid, settings, geometry, constexprs = _launch_setup(q, height, width)
     constexprs.update(CLAMP=clamp)
     grad_q, grad_k, grad_v = host.like_heads_last(q), host.like_heads_last(k), host.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
@@ -529,18 +470,15 @@ def _backward(
         _vicinity_backward_queries,
         grid,
         settings,
-        q,
-        grad_out,
+        host.head_rows(q),
+        host.head_rows(grad_out),
         weights,
         kv_raw,
         k_sum,
-        grad_q,
+        host.head_rows(grad_q),
         grad_kv_parts,
         grad_k_sum_parts,
-        *q.stride(),
-        *grad_out.stride(),
-        *grad_q.stride(),
-        *shape,
+        geometry,
         EPS=eps,
         **constexprs,
     )
@@ -548,19 +486,15 @@ def _backward(
         _vicinity_backward_keys,
         grid,
         settings,
-        k,
-        v,
+        host.head_rows(k),
+        host.head_rows(v),
         weights,
         kv_raw,
         grad_kv_parts.sum(1),
         grad_k_sum_parts.sum(1),
-        grad_k,
-        grad_v,
-        *k.stride(),
-        *v.stride(),
-        *grad_k.stride(),
-        *grad_v.stride(),
-        *shape,
+        host.head_rows(grad_k),
+        host.head_rows(grad_v),
+        geometry,
         **constexprs,
     )
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
