@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import shutil
 import sys
+import warnings
 
 import benchmark
 import cuda_defaults as defaults_tool  # the tool, not visattn_mm.ops.cuda_defaults
@@ -121,6 +122,33 @@ def test_an_op_call_on_emulated_cuda_takes_the_tables_path(triton_bf16_sliding_c
             out = sliding_chunk_attention(q, k, v, 4, 4, 2)
         assert out.shape == q.shape
     assert calls == [torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    'op,head_dim,limits,reason',
+    [
+        ('sliding_chunk', 32, dict(dropout_p=0.1), r'attention dropout \(dropout_p=0.1\)'),
+        ('long_short', 32, dict(window=12), 'windows of at most 11 tokens.*got window=12'),
+        ('pale', 32, dict(dropout_p=0.2), r'attention dropout \(dropout_p=0.2\)'),
+        ('vicinity', 96, {}, 'head dims up to 64, got 96'),
+    ],
+)
+def test_auto_skips_triton_where_its_kernels_cannot_run_and_says_why(monkeypatch, op, head_dim, limits, reason):
+    """Where the table says 'triton' but the call is one the kernels cannot run, 'auto' runs the fused torch
+    path and warns once, naming the reason; 'triton' asked for raises, naming it and the fix."""
+    row = CudaDefault(op, 'bf16', 'triton', _measurement(0.5, 0.8))
+    monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.unmeasured_rows()))
+    monkeypatch.setattr(impl_module.STATE, 'triton_skips', set())
+    q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16)
+    with dispatch_as('cuda'):
+        assert attention_path(op, q[..., :32], impl='auto') == 'triton'  # within the limits
+        with pytest.warns(UserWarning, match=f"'auto' runs {op} attention with torch ops here.*{reason}"):
+            assert attention_path(op, q, impl='auto', **limits) == 'fast'
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')  # once per reason
+            assert attention_path(op, q, impl='auto', **limits) == 'fast'
+        with pytest.raises(ValueError, match=f"impl 'triton' cannot run this {op} attention call: .*{reason}.*impl '"):
+            attention_path(op, q, impl='triton', **limits)
 
 
 def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chunk, monkeypatch):

@@ -19,7 +19,10 @@ function, and Triton kernels:
   (:mod:`visattn_mm.ops.triton.sliding_chunk`,
   :mod:`visattn_mm.ops.triton.long_short`, :mod:`visattn_mm.ops.triton.pale`,
   :mod:`visattn_mm.ops.triton.vicinity`); other ops and devices take the path
-  'auto' picks.
+  'auto' picks. What the kernels cannot run (attention dropout, windows over
+  :data:`MAX_TRITON_WINDOW`, vicinity head dims over :data:`MAX_TRITON_VICINITY_HEAD_DIM`)
+  :func:`can_run_triton` refuses, naming the reason: an error where 'triton' was asked for,
+  a warning (once per reason) where 'auto' picked it and runs 'fast' instead.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction: 'auto', 'fast' and 'math' run its one torch path; 'triton'
@@ -37,6 +40,7 @@ environment variable read at import.
 
 import contextlib
 import os
+import warnings
 
 import torch
 
@@ -47,6 +51,13 @@ ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
 # Ops with Triton kernels ('triton'), by name.
 TRITON_OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
+
+# What the Triton kernels cannot run (their public functions refuse it too): chunks (segments) over 11 tokens a
+# side, whose tiles of 256 slots need more shared memory than an H100's 227 KB; vicinity head dims over 64
+# (over 32 in float64 on a GPU), whose (4d x d) sums per program do not fit it either (sm_90 compiles:
+# docs/benchmarks.md, "Triton kernels: registers and spills").
+MAX_TRITON_WINDOW = 11
+MAX_TRITON_VICINITY_HEAD_DIM, MAX_TRITON_VICINITY_FLOAT64_HEAD_DIM = 64, 32
 
 # Device types besides CUDA (whose 'auto' follows ops/cuda_defaults.py) on which 'auto' picks the
 # fused path. Measured on CPU (torch 2.12, forward + backward, stage-1 shapes; rerun with
@@ -215,17 +226,76 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=
     return 'fast' if fused else 'math'
 
 
-def attention_path(op, q, *biases, impl='auto'):
-    """The one path decision of an op call: 'triton', 'fast' or 'math' (see :func:`chosen_path`).
+def attention_path(op, q, *biases, impl='auto', window=None, dropout_p=0.0):
+    """The one path decision of an op call: 'triton', 'fast' or 'math' (see :func:`chosen_path`), 'triton'
+    only where :func:`can_run_triton`.
 
     Args:
         op (str | None): The op's name (e.g. 'sliding_chunk'); None for one without Triton kernels.
         q (torch.Tensor): The op's queries ``(..., N, head_dim)``: their device, dtype and head dim decide 'auto'.
         *biases (torch.Tensor | None): The op's logit biases (whether one needs a gradient decides 'auto' on the CPU).
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
+        window (int, optional): The op's chunk (segment) size, where it has one.
+        dropout_p (float): The op's attention dropout.
+
+    Raises:
+        ValueError: Where 'triton' was asked for (explicitly or process-wide) and cannot run the call.
     """
     bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
-    return chosen_path(q.device.type, bias_grad, impl, op=op, dtype=q.dtype, head_dim=q.shape[-1])
+    path = chosen_path(q.device.type, bias_grad, impl, op=op, dtype=q.dtype, head_dim=q.shape[-1])
+    asked = resolve_impl(impl) == 'triton'
+    if path == 'triton' and not can_run_triton(op, q, window=window, dropout_p=dropout_p, raise_error=asked):
+        return 'fast'
+    return path
+
+
+def triton_limit(op, q, window=None, dropout_p=0.0):
+    """What keeps the Triton kernels of ``op`` from running a call, in words; None where nothing does. The
+    kernels' public functions refuse the same (see :func:`can_run_triton`)."""
+    if dropout_p > 0:
+        return f'the kernels do not support attention dropout (dropout_p={dropout_p})'
+    if window is not None and window > MAX_TRITON_WINDOW:
+        return (
+            f'the kernels take windows of at most {MAX_TRITON_WINDOW} tokens a side (window <= '
+            f"{MAX_TRITON_WINDOW}: tiles of 128 slots), got window={window}: larger tiles would not fit the GPU's "
+            'shared memory'
+        )
+    if op == 'vicinity':
+        gpu_float64 = q.dtype == torch.float64 and not triton_interpreted()
+        limit = MAX_TRITON_VICINITY_FLOAT64_HEAD_DIM if gpu_float64 else MAX_TRITON_VICINITY_HEAD_DIM
+        if q.shape[-1] > limit:
+            return (
+                f"the kernels take head dims up to {limit}{' in float64' if gpu_float64 else ''}, got {q.shape[-1]}: a "
+                "program's (4d x d) sums would not fit the GPU's shared memory"
+            )
+    return None
+
+
+def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
+    """Whether the Triton kernels of ``op`` can run this call (NATTEN's ``can_run_*`` predicates): where
+    they cannot, raises naming the reason and the fix if ``raise_error``, else warns once per reason
+    (the path 'auto' then runs instead is the fused torch one).
+
+    Args:
+        op (str): A name in :data:`TRITON_OPS`.
+        q (torch.Tensor): The op's queries ``(..., N, head_dim)``.
+        window (int, optional): The op's chunk (segment) size, where it has one.
+        dropout_p (float): The op's attention dropout.
+        raise_error (bool): Raise instead of warning.
+
+    Raises:
+        ValueError: Where the kernels cannot run the call and ``raise_error``.
+    """
+    reason = triton_limit(op, q, window=window, dropout_p=dropout_p)
+    if reason is None:
+        return True
+    fix = "impl 'math' (or 'fast')" if op == 'vicinity' else "impl 'fast' or 'math'"
+    if raise_error:
+        raise ValueError(f"impl 'triton' cannot run this {op} attention call: {reason}; use {fix} for it")
+    if (op, reason) not in STATE.triton_skips:
+        STATE.triton_skips.add((op, reason))
+        warnings.warn(f"attn_impl 'auto' runs {op} attention with torch ops here, not Triton kernels: {reason}")
+    return False
 
 
 def use_fast_path(tensor, *biases, impl='auto'):

@@ -163,7 +163,7 @@ def long_short_attention(
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
-    path = attention_path('long_short', q, local_bias, impl=impl)
+    path = attention_path('long_short', q, local_bias, impl=impl, window=window, dropout_p=dropout_p)
     if leading_global:
         if global_k is not None or global_v is not None:
             raise ValueError(

@@ -145,7 +145,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     Returns:
         Tensor: ``(B, heads, H*W, d)``, row-branch heads first.
     """
-    path = attention_path('pale', q, impl=impl)
+    path = attention_path('pale', q, impl=impl, dropout_p=dropout_p)
     if path == 'triton':
         from .triton.pale import triton_pale_attention
 

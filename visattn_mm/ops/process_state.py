@@ -24,6 +24,8 @@ class ProcessState:
             with it which path ran).
         device_caches (list): Every cache of :func:`visattn_mm.ops.common.device_cache`.
         warned_cpu_fp16 (bool): Whether the backbones have warned of fp16 autocast on the CPU.
+        triton_skips (set): ``(op, reason)`` of each warning that 'auto' did not run an op's Triton kernels
+            (:func:`visattn_mm.ops.impl.can_run_triton`).
     """
 
     attention_impl: str = 'auto'
@@ -32,6 +34,7 @@ class ProcessState:
     kernel_launches: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     device_caches: list = dataclasses.field(default_factory=list)
     warned_cpu_fp16: bool = False
+    triton_skips: set = dataclasses.field(default_factory=set)
 
     def clear_device_caches(self):
         """Drops every cached constant (frees their device memory)."""
@@ -40,12 +43,13 @@ class ProcessState:
 
     def reset(self):
         """Back to how import left the process: the import's attention selection, no device override,
-        no launches counted, empty caches, the CPU fp16 warning not yet given."""
+        no launches counted, empty caches, no warning given."""
         self.attention_impl = self.default_attention_impl
         self.dispatch_device_type = None
         self.kernel_launches.clear()
         self.clear_device_caches()
         self.warned_cpu_fp16 = False
+        self.triton_skips.clear()
 
 
 STATE = ProcessState()

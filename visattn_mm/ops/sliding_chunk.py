@@ -212,7 +212,7 @@ def sliding_chunk_attention(
         Tensor: ``(B, heads, H*W, d)``.
     """
     check_modes(masking_mode, shift_mode)
-    path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl)
+    path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl, window=window, dropout_p=dropout_p)
     if leading_global:
         if global_k is not None or global_v is not None:
             raise ValueError(

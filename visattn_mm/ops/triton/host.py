@@ -152,22 +152,21 @@ def gradient_list(grads, inputs, needs_grad):
     return [grad if gradient_wanted(i, inputs, needs_grad) else inputs[0].new_empty(0) for i, grad in enumerate(grads)]
 
 
-def check_supported(q, tokens, dropout_p):
-    """Refuses attention dropout, naming the alternative, and another token count than the map's.
+def check_supported(op, q, tokens, window=None, dropout_p=0.0):
+    """Refuses what the kernels of ``op`` cannot run (:func:`~visattn_mm.ops.impl.can_run_triton`: attention
+    dropout, too large windows or head dims), naming the alternative, and another token count than the map's.
 
     Args:
+        op (str): The op's name in :data:`~visattn_mm.ops.impl.TRITON_OPS`.
         q (Tensor): ``(B, heads, N, d)`` queries.
         tokens (int): ``N`` the map has (``height * width``).
+        window (int, optional): The chunk (segment) size, where the op has one.
         dropout_p (float): Attention dropout asked for.
 
     Raises:
-        ValueError: For ``dropout_p > 0`` or another token count.
+        ValueError: For what the kernels cannot run or another token count.
     """
-    if dropout_p > 0:
-        raise ValueError(
-            f"impl 'triton' does not support attention dropout (dropout_p={dropout_p}); "
-            "use impl 'fast' or 'math' with dropout, or set the attention dropout to 0"
-        )
+    impl.can_run_triton(op, q, window=window, dropout_p=dropout_p, raise_error=True)
     if q.shape[2] != tokens:
         raise ValueError(f'q has {q.shape[2]} tokens, not height * width = {tokens}')
 
@@ -227,26 +226,6 @@ def check_bias_shape(bias, shape, name, layout):
     """
     if bias is not None and tuple(bias.shape) != tuple(shape):
         raise ValueError(f'{name} has shape {tuple(bias.shape)}, not {layout} = {tuple(shape)}')
-
-
-# Largest tile of a chunk's (segment's) slots: one tile covers a ``w x w`` chunk, and tiles of 256 slots
-# (``w`` from 12) need more shared memory than an H100's 227 KB (sm_90 compiles: 330 KB for the fp32
-# forward of sliding-chunk attention at ``w = 12``).
-MAX_CHUNK_TILE = 128
-
-
-def check_window(window):
-    """Refuses chunk (segment) sizes whose tiles exceed :data:`MAX_CHUNK_TILE`, naming the alternative.
-
-    Raises:
-        ValueError: For ``window`` 12 and more.
-    """
-    if tile(window * window) > MAX_CHUNK_TILE:
-        raise ValueError(
-            f"impl 'triton' takes windows of at most {MAX_CHUNK_TILE} tokens ({MAX_CHUNK_TILE}-slot "
-            f"tiles: window <= 11), got window={window}: its tiles would not fit the GPU's shared "
-            "memory; use impl 'fast' or 'math' for this model"
-        )
 
 
 def forward_outputs(q):

@@ -633,8 +633,7 @@ def triton_long_short_attention(
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    host.check_supported(q, height * width, dropout_p)
-    host.check_window(window)
+    host.check_supported('long_short', q, height * width, window, dropout_p)
     span = window + 2 * segment_pad(window)
     host.check_bias_shape(
         local_bias, (q.shape[1], window * window, span * span), 'local_bias', '(heads, w*w, (w + 2p)**2)'

@@ -303,7 +303,7 @@ def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    host.check_supported(q, height * width, dropout_p)
+    host.check_supported('pale', q, height * width, dropout_p=dropout_p)
     half_heads(q)
     for side, size in zip((height, width), pale_size_pair(pale_size)):
         interlace_stride(side, size)

@@ -640,9 +640,8 @@ def triton_sliding_chunk_attention(
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
-    host.check_supported(q, height * width, dropout_p)
+    host.check_supported('sliding_chunk', q, height * width, window, dropout_p)
     check_modes(masking_mode, shift_mode)
-    host.check_window(window)
     heads, chunk = q.shape[1], window * window
     host.check_bias_shape(local_bias, (heads, chunk, 9 * chunk), 'local_bias', '(heads, w*w, 9*w*w)')
     k, v = k.to(q.dtype), v.to(q.dtype)

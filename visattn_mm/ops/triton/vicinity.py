@@ -55,7 +55,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import impl
 from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 from . import host
 from . import kernel_parts as kp
@@ -69,10 +68,6 @@ MAX_BLOCK_N = 32
 # 32 and 8 the backward kernels spill 1.3 and 2.3 KB per thread on sm_90, so they spill at most 36 bytes
 # (tools/analysis/triton_resources.py).
 WIDE_BLOCK_D, WIDE_BLOCK_N, WIDE_WARPS = 64, 16, 16
-# Largest head dim, and largest for float64 inputs on a GPU: each program holds a pair's (4d x d) sums, which beyond
-# these need more shared memory than an H100's 227 KB (sm_90 compiles: 369 KB for head-dim tiles of 128 in
-# fp32, 288 KB for tiles of 64 in fp64).
-MAX_HEAD_DIM, MAX_FLOAT64_HEAD_DIM = 64, 32
 # Programs the two reduction kernels aim at in all (about 4 per SM of an H100); tests lower it to get
 # several splits at tiny sizes.
 PROGRAMS = 512
@@ -516,8 +511,7 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     Raises:
         ValueError: For ``q``, ``k``, ``v`` that are not 4-D tensors of one shape,
             a token count other than ``height * width``, or a head dim the kernels'
-            shared memory cannot hold (over :data:`MAX_HEAD_DIM`; float64 outside the
-            interpreter over :data:`MAX_FLOAT64_HEAD_DIM`): use impl 'math' then.
+            shared memory cannot hold (:func:`~visattn_mm.ops.impl.triton_limit`): use impl 'math' then.
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
@@ -526,15 +520,7 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
             f'q, k and v must be (B, heads, N, d) tensors of one shape, got {tuple(q.shape)}, '
             f'{tuple(k.shape)} and {tuple(v.shape)}'
         )
-    host.check_supported(q, height * width, dropout_p=0.0)
-    head_dim, gpu_float64 = q.shape[-1], q.dtype == torch.float64 and not impl.triton_interpreted()
-    limit = MAX_FLOAT64_HEAD_DIM if gpu_float64 else MAX_HEAD_DIM
-    if head_dim > limit:
-        raise ValueError(
-            f"impl 'triton' runs vicinity attention with head dims up to {limit}"
-            f"{' in float64' if gpu_float64 else ''}, got {head_dim}: a program's (4d x d) sums would "
-            "not fit the GPU's shared memory; use impl 'math' (or 'fast') for this model"
-        )
+    host.check_supported('vicinity', q, height * width)
     k, v = k.to(q.dtype), v.to(q.dtype)
     host.check_device(q)
     return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]
