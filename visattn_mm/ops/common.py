@@ -172,6 +172,21 @@ def split_leading(tokens, count):
     return tokens.split([count, tokens.shape[2] - count], dim=2)
 
 
+def check_leading_global(global_k, global_v):
+    """Refuses global keys or values given beside ``leading_global`` tokens, which are the global ones."""
+    if global_k is not None or global_v is not None:
+        raise ValueError(
+            'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
+        )
+
+
+def leading_global_split(q, k, v, count):
+    """``(q, k, v, global_k, global_v)`` of ``(B, heads, count + N, d)`` tokens whose first ``count`` are global:
+    the map's queries, keys and values and the global keys and values (see :func:`split_leading`)."""
+    (_, q), (global_k, k), (global_v, v) = (split_leading(t, count) for t in (q, k, v))
+    return q, k, v, global_k, global_v
+
+
 def chunk_grid(height, width, window):
     """Rows and columns ``(R, C)`` of ``w x w`` chunks covering an ``H x W`` map (the last ones padded)."""
     return -(-height // window), -(-width // window)

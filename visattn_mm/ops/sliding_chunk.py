@@ -32,7 +32,16 @@ from .chunk_gather import (
     gather_fill_rows,
     regathered_in_backward,
 )
-from .common import chunk_grid, device_cache, from_chunks, fused_attention, softmax_fp32, split_leading, to_chunks
+from .common import (
+    check_leading_global,
+    chunk_grid,
+    device_cache,
+    from_chunks,
+    fused_attention,
+    leading_global_split,
+    softmax_fp32,
+    to_chunks,
+)
 from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
@@ -214,10 +223,7 @@ def sliding_chunk_attention(
     check_modes(masking_mode, shift_mode)
     path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl, window=window, dropout_p=dropout_p)
     if leading_global:
-        if global_k is not None or global_v is not None:
-            raise ValueError(
-                'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
-            )
+        check_leading_global(global_k, global_v)
         if path == 'fast':
             return _fused_sliding_chunk_attention(
                 q,
@@ -235,8 +241,7 @@ def sliding_chunk_attention(
                 dropout_p,
                 leading_global,
             )
-        g = leading_global
-        (_, q), (global_k, k), (global_v, v) = (split_leading(t, g) for t in (q, k, v))
+        q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
     if path == 'triton':
         from .triton.sliding_chunk import triton_sliding_chunk_attention
 
