@@ -7,6 +7,8 @@
 * the mmdet surface, validated and stored once (:meth:`DenseBackbone.init_stages`):
   ``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp``, ``drop_path_rate``,
   ``init_cfg`` / ``pretrained``;
+* the body from a backbone's stage builder (:meth:`DenseBackbone.build_stages`): the
+  stages, the output norms, the random init and the frozen stages;
 * the stage loop (patch embedding, blocks with optional gradient checkpointing,
   stage output) and the output maps, for mmdet/mmseg and timm alike;
 * the checkpoint protocol (:class:`~visattn_mm.checkpoint.protocol.CheckpointProtocol`):
@@ -109,10 +111,10 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
     A subclass sets ``arch_zoo``, its facts (``attention_ops``, ``crop_pct``) and
     (optionally) ``arch_defaults``, ``numbered_layout``, ``checkpoint_filter``,
     ``derived_tensors`` and ``resize_checkpoint_tensor``; in ``__init__`` it resolves its
-    arch (:meth:`resolve_arch`), calls :meth:`init_stages`, appends one :class:`Stage` per
-    built stage to ``self.stages``, calls :meth:`add_output_norms` if it has output norms
-    and ends with ``self._freeze_stages()``. It may override :meth:`check_input`,
-    :meth:`run_block` and :meth:`finish_stage`.
+    arch (:meth:`resolve_arch`), validates its own arguments, calls :meth:`init_stages`
+    with the standard surface and ends with :meth:`build_stages`, giving it a function that
+    builds one :class:`Stage`. It may override :meth:`check_input`, :meth:`run_block` and
+    :meth:`finish_stage`.
 
     Args:
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -200,7 +202,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
                 pyramid's 4, 8, 16, 32.
 
         Returns:
-            list[float]: Drop-path rate of every block of the whole arch.
+            list[list[float]]: Drop-path rate of every block, stage by stage, of the whole arch.
         """
         num_stages = len(depths)
         check_int(in_channels, 'in_channels', type(self).__name__)
@@ -213,13 +215,30 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         self.embed_dims = tuple(embed_dims[: self.num_stages])
         strides = strides or [4 * 2**i for i in range(num_stages)]
         self.strides = tuple(strides[: self.num_stages])
+        self.in_channels = in_channels
         self.stages = nn.ModuleList()
-        return linear_drop_path_rates(drop_path_rate, depths)
+        rates = linear_drop_path_rates(drop_path_rate, depths)
+        starts = [sum(depths[:i]) for i in range(num_stages + 1)]
+        return [rates[starts[i] : starts[i + 1]] for i in range(num_stages)]
 
-    def add_output_norms(self, make_norm):
-        """Add the output norm ``norm{i}`` (``make_norm(embed_dims[i])``) of every stage in ``out_indices``."""
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', make_norm(self.embed_dims[i]))
+    def build_stages(self, make_stage, init, output_norm=None):
+        """Builds the body after :meth:`init_stages`: every built stage, the output norms, the random init,
+        the frozen stages.
+
+        Args:
+            make_stage (callable): ``(i, in_dim) -> Stage``: stage ``i`` (0-based) on ``in_dim`` input
+                channels (the image's for the first stage, the previous stage's after).
+            init (callable): Applied to every module (``self.apply``) once all are built.
+            output_norm (callable, optional): ``dim -> nn.Module``, the output norm ``norm{i}`` of every
+                stage in ``out_indices``; None for a backbone whose stages end in their own norm.
+        """
+        for i in range(self.num_stages):
+            self.stages.append(make_stage(i, self.embed_dims[i - 1] if i else self.in_channels))
+        if output_norm is not None:
+            for i in self.out_indices:
+                self.add_module(f'norm{i}', output_norm(self.embed_dims[i]))
+        self.apply(init)
+        self._freeze_stages()
 
     def stage_modules(self, i):
         """The modules of stage ``i`` (0-based): the stage, then its output norm if it has one."""

@@ -269,8 +269,7 @@ class PaleTransformer(DenseBackbone):
         )
         self.pale_sizes = tuple(pale_sizes[: self.num_stages])
 
-        in_dim = in_channels
-        for i in range(self.num_stages):
+        def make_stage(i, in_dim):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [
                 PaleBlock(
@@ -281,17 +280,15 @@ class PaleTransformer(DenseBackbone):
                     qkv_bias,
                     drop_rate,
                     attn_drop_rate,
-                    drop_paths[sum(depths[:i]) + j],
+                    drop_path,
                     attn_impl,
                 )
-                for j in range(depths[i])
+                for drop_path in drop_paths[i]
             ]
-            self.stages.append(Stage(OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS), blocks))
-            in_dim = dims[i]
-        self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
+            return Stage(OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=LN_EPS), blocks)
 
-        self.apply(init_transformer_weights)  # convs and BatchNorms keep PyTorch's defaults
-        self._freeze_stages()
+        # Convs and BatchNorms keep PyTorch's default init.
+        self.build_stages(make_stage, init_transformer_weights, lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
 
     def check_input(self, x):
         """Training BatchNorm (in the q/k/v convs) needs more than one value per channel.

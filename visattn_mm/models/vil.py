@@ -368,12 +368,10 @@ class ViL(DenseBackbone):
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 
-        in_dim, stride = in_channels, 1
-        for i in range(self.num_stages):
-            stride *= patch_sizes[i]
-            table_size = (math.ceil(img_h / stride), math.ceil(img_w / stride))
+        def make_stage(i, in_dim):
+            table_size = (math.ceil(img_h / strides[i]), math.ceil(img_w / strides[i]))
             blocks = []
-            for j in range(depths[i]):
+            for drop_path in drop_paths[i]:
                 common = dict(
                     num_global=num_global_tokens[i],
                     qkv_bias=qkv_bias,
@@ -398,7 +396,7 @@ class ViL(DenseBackbone):
                         attn_impl=attn_impl,
                         **common,
                     )
-                blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate, drop_paths[sum(depths[:i]) + j]))
+                blocks.append(ViLBlock(dims[i], attn, mlp_ratio, drop_rate, drop_path))
             embed = ViLPatchEmbed(
                 in_dim,
                 dims[i],
@@ -407,12 +405,9 @@ class ViL(DenseBackbone):
                 ape_size=None if use_rpb else table_size,
                 drop=drop_rate,
             )
-            self.stages.append(Stage(embed, blocks))
-            in_dim = dims[i]
-        self.add_output_norms(lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
+            return Stage(embed, blocks)
 
-        self.apply(init_transformer_weights)
-        self._freeze_stages()
+        self.build_stages(make_stage, init_transformer_weights, lambda dim: nn.LayerNorm(dim, eps=LN_EPS))
 
     def resize_checkpoint_tensor(self, key, value, target_shape):
         """Position tables and global-token tensors of another size (:func:`adapt_position_tensor`).

@@ -347,8 +347,7 @@ class VVT(DenseBackbone):
             in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp
         )
 
-        in_dim = in_channels
-        for i in range(self.num_stages):
+        def make_stage(i, in_dim):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [
                 VVTBlock(
@@ -358,15 +357,13 @@ class VVT(DenseBackbone):
                     fr_ratio,
                     se_ratio,
                     drop_rate,
-                    drop_paths[sum(depths[:i]) + j],
+                    drop_path,
                     attn_impl,
                     bf16_products,
                 )
-                for j in range(depths[i])
+                for drop_path in drop_paths[i]
             ]
             embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
-            self.stages.append(Stage(embed, blocks, nn.LayerNorm(dims[i], eps=LN_EPS)))
-            in_dim = dims[i]
+            return Stage(embed, blocks, nn.LayerNorm(dims[i], eps=LN_EPS))
 
-        self.apply(init_vvt_weights)
-        self._freeze_stages()
+        self.build_stages(make_stage, init_vvt_weights)

@@ -14,7 +14,7 @@ function, and Triton kernels:
   measured best, ``'fast'`` until a GPU has measured it; on the CPU, whichever
   of the two measured faster, by whether a bias needs a gradient (see
   ``FUSED_DEVICES`` and :func:`chosen_path`).
-* ``'triton'``: fused Triton kernels that store neither gathered neighbours nor
+* ``'triton'``: Triton kernels that store neither gathered neighbours nor
   logits, for the ops in ``TRITON_OPS`` on CUDA tensors
   (:mod:`visattn_mm.ops.triton.sliding_chunk`,
   :mod:`visattn_mm.ops.triton.long_short`, :mod:`visattn_mm.ops.triton.pale`,
@@ -26,7 +26,7 @@ function, and Triton kernels:
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction: 'auto', 'fast' and 'math' run its one torch path; 'triton'
-runs its fused kernels (in at least fp32) on CUDA tensors, the torch path elsewhere.
+runs its Triton kernels (in at least fp32) on CUDA tensors, the torch path elsewhere.
 The precision of its torch-path products is a choice of its own (VVT's
 ``bf16_products``), not of the implementation.
 
@@ -75,7 +75,7 @@ SOFTMAX_SUMMARIES = dict(
     'explicit softmax when a bias needs its gradient',
     fast='the fused softmax kernels of scaled_dot_product_attention',
     math='the explicit softmax (the reference)',
-    triton="fused Triton kernels on CUDA, 'auto' elsewhere",
+    triton="Triton kernels on CUDA, 'auto' elsewhere",
 )
 VICINITY_SUMMARIES = dict(
     auto='vicinity attention in torch ops, or on CUDA its Triton kernels where the defaults table says so',

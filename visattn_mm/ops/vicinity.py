@@ -40,8 +40,8 @@ sums and the output clamp's mask are kept for backward (the rest is recomputed t
 KV and the key features' sum come from one product (``k'^T [v | 1]``), the numerator and
 the normaliser from another (``q' [KV | sum k']``): each feature tensor is read once.
 
-``impl='triton'`` (opt-in) runs the same function, in at least fp32, as fused
-Triton kernels on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
+``impl='triton'`` runs the same function, in at least fp32, as Triton kernels
+on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
 ``(B, heads, N, 4d)`` tensor at all, and the sums over the tokens spread over
 the whole GPU; on other devices it computes like 'auto'.
 """

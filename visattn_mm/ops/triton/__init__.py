@@ -1,4 +1,4 @@
-"""Fused Triton kernels of the attention ops (``impl='triton'``), forward and backward.
+"""Triton kernels of the attention ops (``impl='triton'``), forward and backward.
 
 * :mod:`.kernel_parts`: the ``@triton.jit`` building blocks the kernels share
   (tiles of rows, the online-softmax step, the FlashAttention-2 backward of a tile,

@@ -1,4 +1,4 @@
-"""Host side of the fused Triton attention kernels (``impl='triton'``), shared by the ops.
+"""Host side of the Triton attention kernels (``impl='triton'``), shared by the ops.
 
 Registration of a kernel pair as custom ops (:func:`define_op`), launching and
 counting kernels (:func:`launch`), launch settings, tile sizes and dtypes, the

@@ -1,4 +1,4 @@
-"""Transformer-LS long-short attention as fused Triton kernels (``impl='triton'``), forward and backward.
+"""Transformer-LS long-short attention as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.long_short.long_short_attention` (see
 there and :func:`visattn_mm.ops.reference.long_short_attention_dense`), computed

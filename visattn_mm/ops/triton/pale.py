@@ -1,4 +1,4 @@
-"""Pale-shaped attention as fused Triton kernels (``impl='triton'``), forward and backward.
+"""Pale-shaped attention as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.pale.pale_attention` (see there and
 :func:`visattn_mm.ops.reference.pale_attention_dense`), computed without

@@ -1,4 +1,4 @@
-"""Sliding-chunk attention as fused Triton kernels (``impl='triton'``), forward and backward.
+"""Sliding-chunk attention as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.sliding_chunk.sliding_chunk_attention`
 (see there for the masking and shift modes), computed without gathering

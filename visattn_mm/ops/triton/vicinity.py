@@ -1,4 +1,4 @@
-"""Vicinity attention (VVT) as fused Triton kernels (``impl='triton'``), forward and backward.
+"""Vicinity attention (VVT) as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.vicinity.vicinity_attention` (see
 there), computed without the ``(B, heads, N, 4d)`` feature tensors and their
