@@ -5,6 +5,7 @@ import re
 import torch
 
 import visattn_mm  # noqa: F401  (registration)
+from paths import ROOT
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 STRIDES = (4, 8, 16, 32)
@@ -162,12 +163,11 @@ def build_config_model_on_meta(config_name):
     on the meta device).
     """
     import importlib
-    from pathlib import Path
 
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    cfg = Config.fromfile(Path(__file__).resolve().parents[1] / 'configs' / config_name)
+    cfg = Config.fromfile(ROOT / 'configs' / config_name)
     init_default_scope(cfg.default_scope)
     with torch.device('meta'):
         model = importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)

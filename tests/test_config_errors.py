@@ -15,6 +15,7 @@ from mmdet.registry import MODELS as DET_MODELS
 from mmseg.registry import MODELS as SEG_MODELS
 
 from helpers import BACKBONES, TINY_ARCHS
+from paths import ROOT
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
 
@@ -190,7 +191,7 @@ def _one_line_failure(proc):
 
 def test_training_without_data_names_the_missing_file_in_one_line(tmp_path):
     """The README's training command where no data was put: one line naming the file and the docs."""
-    from test_tools_cli import ROOT, _tool
+    from tool_runs import ROOT, _tool
 
     proc = subprocess.run(
         _tool('train.py', ROOT / 'configs' / 'maskrcnn_vil_s_1x.py'), cwd=tmp_path, capture_output=True, text=True
@@ -209,7 +210,7 @@ def test_training_without_data_names_the_missing_file_in_one_line(tmp_path):
     ],
 )
 def test_config_mistakes_end_training_in_one_line(option, message, tmp_path, monkeypatch):
-    from test_tools_cli import ROOT, _tool
+    from tool_runs import ROOT, _tool
 
     if option.startswith('optim_wrapper'):
         import torch
@@ -232,7 +233,7 @@ def test_data_check_follows_data_root_wrappers_and_evaluators(tmp_path):
 
     from visattn_mm import cli as common
 
-    cfg = Config.fromfile(str(Path(__file__).resolve().parents[1] / 'configs' / 'upernet_vil_t_160k_ade20k.py'))
+    cfg = Config.fromfile(str(ROOT / 'configs' / 'upernet_vil_t_160k_ade20k.py'))
     root = tmp_path / 'ade'
     for part in ('train_dataloader', 'test_dataloader'):
         cfg[part].dataset.data_root = str(root)

@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import inspect
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,9 +22,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import visattn_mm  # noqa: F401  (registration)
+from paths import ROOT
 from visattn_mm.timm_models import VARIANTS
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / 'configs'
 DEMO = 'demo/maskrcnn_vil_t_toy.py'
 ALL_CONFIGS = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob('*.py') if '_base_' not in p.parts)

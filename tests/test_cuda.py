@@ -19,11 +19,12 @@ import torch
 from mmengine.config import Config
 
 from helpers import TINY_ARCHS
-from test_tools_cli import TOOLS, _free_port, _log_text, _run, _test_metrics, _tool, toy
+from paths import ROOT
+from tool_runs import TOOLS, _free_port, _log_text, _run, _test_metrics, _tool
+from visattn_mm import toy_data as toy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops import attention_impl
 
-ROOT = Path(__file__).resolve().parents[1]
 CUDA = pytest.mark.cuda
 
 # --------------------------------------------------------------------------
@@ -41,7 +42,7 @@ AUTOCAST_DTYPES = dict(fp32=None, bf16=torch.bfloat16, fp16=torch.float16)
 # ~100% in float64; a bias right before a BatchNorm has a gradient of rounding noise).
 TOLERANCES = dict(fp32=5e-3, bf16=6e-2, fp16=5e-2)
 # Every torch path a backbone has: the softmax attentions have two; vicinity attention has one (its
-# torch ops, whatever the value; tests/test_vicinity.py checks its opt-in bf16 products).
+# torch ops, whatever the value; tests/test_ops/test_vicinity.py checks its opt-in bf16 products).
 IMPLS = {ViL: ('math', 'fast'), ViLLS: ('math', 'fast'), PaleTransformer: ('math', 'fast'), VVT: ('fast',)}
 # On CUDA each backbone also runs its Triton kernels: these cases are part of the evidence the CUDA
 # defaults table asks of 'triton' (visattn_mm.ops.cuda_defaults).
@@ -153,7 +154,7 @@ def test_backbone_matches_float64_reference(device, cls, impl, dtype, size, exac
 def test_training_step_never_waits_for_the_gpu(cls, impl):
     """A bf16 training step (ViL's random shift on) and an evaluation run under PyTorch's sync debug
     mode 'error' once first steps have cached the per-size constants: no op makes the host wait for
-    the GPU (tests/test_models.py checks the same ops on the CPU)."""
+    the GPU (tests/test_models/test_backbone_contract.py checks the same ops on the CPU)."""
     shift = dict(random_shift=True) if issubclass(cls, ViL) else {}
     model = cls(arch='tiny', attn_impl=impl, **shift).cuda()
     image = torch.randn(2, 3, 93, 141, device='cuda')

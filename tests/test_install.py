@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 TOOLS = ROOT / 'tools'
 
 

@@ -3,16 +3,13 @@
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from mmengine.config import Config
 
+from paths import ROOT
 from visattn_mm.toy_data import make_coco_instances
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 TINY = "dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2))"
 

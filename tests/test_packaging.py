@@ -10,7 +10,7 @@ import configparser
 import glob
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
 
 
 def _package_data_globs():

@@ -11,8 +11,6 @@ from PIL import Image
 
 from visattn_mm import toy_data as toy
 
-ROOT = Path(__file__).resolve().parents[1]
-
 COCO_KW = dict(num_train=6, num_val=3)
 ADE_KW = dict(num_train=5, num_val=3)
 

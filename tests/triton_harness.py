@@ -16,14 +16,13 @@ import os
 import subprocess
 import sys
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
 
+from paths import ROOT
 from visattn_mm.ops import impl
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = 'visattn_mm.ops.triton'
 HOST = 'visattn_mm.ops.triton.host'
 

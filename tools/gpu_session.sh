@@ -37,7 +37,7 @@
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
 #   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py
-#   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_gpu_session.py runs it),
+#   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_tools/test_gpu_session.py runs it),
 #   REHEARSAL_VENV (/tmp/visattn_gpu_rehearsal), REHEARSAL_PYTHON (a Python 3.12; else found on PATH or pyenv).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,15 +56,15 @@ HOST_PINS=requirements/gpu_host.txt
 # pulls in: addict, yapf (-> platformdirs), termcolor, rich (-> markdown-it-py, mdurl, pygments).
 WHEELS=(mmengine==0.10.7 addict yapf termcolor platformdirs rich markdown-it-py mdurl pygments)
 # The tests the defaults table's rule needs (outputs and every gradient against float64), kernels first.
-KERNEL_TESTS="tests/test_triton_kernels.py tests/test_triton_long_short.py tests/test_triton_pale.py
-    tests/test_triton_vicinity.py"
+KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test_ops/test_triton/test_triton_long_short.py
+    tests/test_ops/test_triton/test_triton_pale.py tests/test_ops/test_triton/test_triton_vicinity.py"
 BACKBONE_TESTS="tests/test_cuda.py::test_backbone_matches_float64_reference
     tests/test_cuda.py::test_training_step_never_waits_for_the_gpu"
-TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_benchmark_tools.py}"
-COMPILE_TESTS=tests/test_compile.py
+TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_tools/test_benchmark_tools.py}"
+COMPILE_TESTS=tests/test_ops/test_compile.py
 # Where the H100 and the H200 met an illegal address (2026-11-26: 16-bit kernels launched with 8 warps at head
 # dim 64, now 4): the sliding-chunk kernels at a tiny backbone's third stage, and the backbone test that showed it.
-SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_triton_kernels.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
+SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_ops/test_triton/test_triton_sliding_chunk.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
     tests/test_cuda.py::test_backbone_matches_float64_reference[cuda-ViL-triton-bf16-45x71]}"
 SANITIZE_BUDGET="${SANITIZE_BUDGET:-120}"
 if [[ "$SMOKE" == 1 ]]; then

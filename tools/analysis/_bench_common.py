@@ -16,7 +16,7 @@ Peak memory, always the memory a call needs on top of what existed before it
   ``/proc/self/clear_refs``, Linux >= 4.0). The call's peak is ``VmHWM`` after it
   minus ``VmRSS`` before it. Pages that a call allocates but never touches are not
   resident and are not counted. Timed calls run with the allocator left as it is.
-  ``tests/test_benchmark_tools.py`` checks that known allocations measure right.
+  ``tests/test_tools/test_benchmark_tools.py`` checks that known allocations measure right.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ Precision (autocast is switched off inside; the input dtype and ``bf16_products`
   against 1.7e-3 for fp32 products of the same bf16 inputs, both rounded to bf16),
   but the gradient of ``q`` is a small difference of the numerator's and the
   normaliser's terms, each rounded to bf16: its relative error grows to about 3e-2
-  (2e-3 with fp32 products; ``tests/test_vicinity.py`` measures both).
+  (2e-3 with fp32 products; ``tests/test_ops/test_vicinity.py`` measures both).
   Not the default until a GPU benchmark shows what the speed is worth.
 
 Nothing of size ``N x N`` is built: the largest intermediates are the

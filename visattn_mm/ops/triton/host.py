@@ -93,7 +93,7 @@ def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
 
     As custom ops, the kernel launches are one opaque node per direction for
     torch.compile: Dynamo and AOTAutograd take the output shapes from the fake
-    functions and never trace into Triton (``tests/test_compile.py``).
+    functions and never trace into Triton (``tests/test_ops/test_compile.py``).
 
     Args:
         name (str): The op's name in the ``visattn_mm`` namespace.

@@ -1,6 +1,6 @@
 """The Triton vicinity-attention kernels (``impl='triton'``) against the math path.
 
-As in ``test_triton_kernels.py``: the CPU comparisons run in Triton's
+As in ``test_triton_sliding_chunk.py``: the CPU comparisons run in Triton's
 interpreter, in a subprocess (this file run as a script, see
 :mod:`triton_harness`); every case compares, in float64, the output and the
 gradients of the queries, keys and values with the math path, and counts the

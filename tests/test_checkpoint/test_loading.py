@@ -4,7 +4,6 @@ import argparse
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +12,11 @@ from mmengine.config import Config
 import visattn_mm  # noqa: F401
 from helpers import VIL_TINY_ARCH as TINY_ARCH
 from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
+from paths import ROOT
 from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state_dict
 from visattn_mm.models import Classifier, ViL
 from visattn_mm.ops.rel_pos import resize_rpb_grid, resize_rpb_table
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(depths=(1, 2, 8, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))
 TINY = dict(depths=(1, 1, 9, 1), dims=(48, 96, 192, 384), heads=(1, 3, 3, 6))
 
@@ -243,7 +242,7 @@ def test_ape_tables_are_interpolated_in_1d():
 
 def test_convert_tool_refusal_names_its_own_flag(tmp_path, monkeypatch):
     """The refusal named init_cfg's allow_partial=True, which the tool's command line cannot pass."""
-    from test_tools_cli import _load_tool
+    from tool_runs import _load_tool
 
     source = tmp_path / 'resnet.pth'
     torch.save({'conv1.weight': torch.randn(64, 3, 7, 7), 'fc.weight': torch.randn(1000, 2048)}, source)

@@ -18,7 +18,8 @@ import xml.etree.ElementTree as ElementTree
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 SCRIPT = ROOT / 'tools' / 'gpu_session.sh'
 PROBE = 'gpu_session_probe'
 
@@ -73,7 +74,7 @@ def test_script_is_bash_without_syntax_errors():
 
 def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     """The device call's stages in their CPU smoke mode (the tuning stage's interpreter run is
-    tests/test_triton_resources.py's): its files, the order of the benchmark's grids, a summary."""
+    tests/test_ops/test_triton/test_triton_resources.py's): its files, the order of the benchmark's grids, a summary."""
     _write_probe_wheel(tmp_path / 'wheels')
     result = _run(
         tmp_path,

@@ -1,10 +1,8 @@
 """Pale Transformer backbone: fidelity (parameter counts, FLOPs, attention wiring), its BatchNorm size limit.
 
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
-init_cfg) is tested for every backbone in tests/test_models.py.
+init_cfg) is tested for every backbone in tests/test_models/test_backbone_contract.py.
 """
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +11,10 @@ from torch.utils.flop_counter import FlopCounterMode
 import visattn_mm  # noqa: F401  (registration)
 from helpers import PALE_TINY_ARCH as TINY_ARCH
 from helpers import build_config_model_on_meta
+from paths import ROOT
 from visattn_mm.models import Classifier, PaleTransformer
 from visattn_mm.models.pale import PaleAttention
 from visattn_mm.ops.reference import pale_attention_dense
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def classifier_macs(arch, size=224):
@@ -105,6 +102,6 @@ def test_attention_layer_matches_dense_reference(hw, pale_size):
 
 def test_one_value_per_channel_trains_only_with_norm_eval():
     """A 32x32 image alone gives stage 4 a 1x1 map: training BatchNorm refuses it; with
-    ``norm_eval=True`` it trains (tests/test_models.py checks that and the frozen statistics)."""
+    ``norm_eval=True`` it trains (tests/test_models/test_backbone_contract.py checks that and the frozen statistics)."""
     with pytest.raises(ValueError, match='more than 1 value'):
         PaleTransformer(arch=TINY_ARCH).train()(torch.randn(1, 3, 32, 32))

@@ -1,10 +1,8 @@
 """ViL-LS (Transformer-LS) backbone: fidelity, official checkpoints, attention layout.
 
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
-init_cfg) is tested for every backbone in tests/test_models.py.
+init_cfg) is tested for every backbone in tests/test_models/test_backbone_contract.py.
 """
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +11,11 @@ from mmengine.config import Config
 import visattn_mm  # noqa: F401
 from helpers import VIL_TINY_ARCH as TINY_ARCH
 from helpers import official_vil_layout_checkpoint
+from paths import ROOT
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, ViLLS
 from visattn_mm.models.vil_attention import LongShortAttention, SlidingChunkAttention
 
-ROOT = Path(__file__).resolve().parents[1]
 CLS_LAYOUT = ('long_short', 'long_short', 'full', 'full')
 MEDIUM = dict(depths=(1, 4, 16, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))
 LS_TINY = dict(depths=(1, 1, 9, 1), dims=(48, 96, 192, 384), heads=(1, 3, 3, 6))

@@ -1,7 +1,7 @@
 """ViL backbone: fidelity (parameter counts, attention vs dense), random shift, absolute position embeddings.
 
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
-init_cfg) is tested for every backbone in tests/test_models.py.
+init_cfg) is tested for every backbone in tests/test_models/test_backbone_contract.py.
 """
 
 import copy

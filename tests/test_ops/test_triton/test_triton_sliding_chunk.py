@@ -165,7 +165,7 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
     assert 'triton' in ATTENTION_IMPLS and check_attn_impl('triton', 'ViL') == 'triton'
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with attention_impl('auto'):
-        # 'auto' takes the CUDA defaults table's row (tests/test_cuda_defaults.py checks the rule behind it).
+        # 'auto' takes the CUDA defaults table's row (tests/test_ops/test_cuda_defaults.py checks the rule behind it).
         for op in ('sliding_chunk', 'long_short'):
             for dtype in (torch.float32, torch.bfloat16):
                 assert chosen_path('cuda', True, op=op, dtype=dtype) == cuda_default(op, dtype).path

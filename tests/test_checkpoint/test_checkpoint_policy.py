@@ -15,12 +15,13 @@ import torch
 from mmengine.config import Config
 
 from helpers import VIL_TINY_ARCH, assert_unchanged, numbered_layout_names, snapshot, use_tiny_backbone
-from test_tools_cli import DET_CONFIG, TOOLS, toy
+from paths import ROOT
+from tool_runs import DET_CONFIG, TOOLS
+from visattn_mm import toy_data as toy
 from visattn_mm.checkpoint import CheckpointError, load_model_checkpoint
 from visattn_mm.checkpoint.policy import REFUSED_ACTION
 from visattn_mm.models import Classifier, ViL
 
-ROOT = Path(__file__).resolve().parents[1]
 VIL_CLS_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')  # the official classification layout
 
 

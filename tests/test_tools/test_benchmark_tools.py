@@ -7,15 +7,16 @@ from __future__ import annotations
 import csv
 import importlib.util
 import sys
-from pathlib import Path
 
 import _bench_common as common
 import pytest
 import torch
 
-from test_tools_cli import DET_CONFIG, _run, toy
+from paths import ROOT
+from tool_runs import DET_CONFIG, _run
+from visattn_mm import toy_data as toy
 
-ANALYSIS = Path(__file__).resolve().parents[1] / 'tools' / 'analysis'
+ANALYSIS = ROOT / 'tools' / 'analysis'
 
 
 MIB = 2**20

@@ -1,6 +1,6 @@
 """The Triton long-short kernels (``impl='triton'``) against the math path.
 
-As in ``test_triton_kernels.py``: the CPU comparisons run in Triton's
+As in ``test_triton_sliding_chunk.py``: the CPU comparisons run in Triton's
 interpreter, in a subprocess (this file run as a script, see
 :mod:`triton_harness`); every case compares, in float64, the output and the
 gradients of every input (queries, local / projected / global keys and values,
@@ -112,7 +112,7 @@ def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
 
 
 def test_malformed_shared_keys_and_bias_are_refused():
-    """What only the long-short kernels refuse (the refusals both ops share: test_triton_kernels.py)."""
+    """What only the long-short kernels refuse (the refusals both ops share: test_triton_sliding_chunk.py)."""
     ls = pytest.importorskip(MODULE)
     q = torch.zeros(1, 2, 9, 4)
     with pytest.raises(ValueError, match=r'local_bias has shape \(2, 9, 9\), not .* \(2, 9, 25\)'):

@@ -12,12 +12,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
 
 
 @pytest.fixture(scope='module')

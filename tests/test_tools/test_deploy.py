@@ -20,12 +20,11 @@ from mmengine.config import Config
 from torch import nn
 
 from helpers import PALE_TINY_ARCH, VIL_TINY_ARCH, VVT_TINY_ARCH, build_tiny, use_tiny_backbone
+from paths import ROOT
 from visattn_mm import deploy
 from visattn_mm import toy_data as toy
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 from visattn_mm.ops.impl import attention_impl
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip('onnxruntime', reason='the deploy extra (pip install .[deploy]) is not installed')
 pytest.importorskip('onnxscript', reason='the deploy extra (pip install .[deploy]) is not installed')

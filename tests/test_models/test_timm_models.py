@@ -18,6 +18,7 @@ from timm.models import group_parameters
 from timm.optim import create_optimizer_v2
 
 import visattn_mm  # noqa: F401  (registers the timm names)
+from paths import ROOT
 from visattn_mm import timm_models
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier
@@ -173,7 +174,6 @@ def test_timm_train_wrapper_runs_a_script_with_the_names_registered(tmp_path):
     a stand-in for timm's train.py checks the names resolve in that process."""
     import subprocess
     import sys
-    from pathlib import Path
 
     script = tmp_path / 'train.py'
     script.write_text(
@@ -181,7 +181,7 @@ def test_timm_train_wrapper_runs_a_script_with_the_names_registered(tmp_path):
         "assert sys.argv[1:] == ['--model', 'pale_tiny'], sys.argv\n"
         "print(type(timm.create_model(sys.argv[2], num_classes=3)).__name__)\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     proc = subprocess.run(
         [sys.executable, 'tools/timm_train.py', str(script), '--model', 'pale_tiny'],
         cwd=root,

@@ -1,10 +1,8 @@
 """VVT backbone: fidelity (parameter counts, official checkpoints, attention wiring), precision and memory.
 
 The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, drop path,
-init_cfg) is tested for every backbone in tests/test_models.py.
+init_cfg) is tested for every backbone in tests/test_models/test_backbone_contract.py.
 """
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +10,13 @@ import torch
 import visattn_mm  # noqa: F401  (registration)
 from helpers import VVT_TINY_ARCH as TINY_ARCH
 from helpers import build_config_model_on_meta
+from paths import ROOT
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, VVT
 from visattn_mm.models.vvt import VicinityAttention
 from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import signed_clamp
 
-ROOT = Path(__file__).resolve().parents[1]
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
 
 

@@ -16,7 +16,8 @@ import visattn_mm.ops.long_short
 import visattn_mm.ops.pale
 import visattn_mm.ops.sliding_chunk
 from helpers import build_tiny
-from test_tools_cli import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool, toy
+from tool_runs import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool
+from visattn_mm import toy_data as toy
 from visattn_mm.collect_env import attention_paths, plugin_env
 from visattn_mm.engine import RngStateHook
 from visattn_mm.models import BACKBONES
@@ -75,7 +76,7 @@ def test_attention_lines_name_each_backbone_and_follow_the_selection(monkeypatch
         assert auto['attention ViL'] == 'sliding_chunk math (training) / fast (inference)'
         assert auto['attention PaleTransformer'] == 'pale fast'
         assert auto['attention VVT'] == 'vicinity torch ops'
-        # On CUDA, per dtype, with the defaults table's rows (here none measured; tests/test_cuda_defaults.py).
+        # On CUDA, per dtype, with the defaults table's rows (here none measured; tests/test_ops/test_cuda_defaults.py).
         unmeasured = 'fast on bf16, fp16, fp32 (defaults table: not measured on a GPU yet)'
         assert attention_paths('cuda')['ViLLS'] == f'long_short {unmeasured}, sliding_chunk {unmeasured}'
     with attention_impl('math'):

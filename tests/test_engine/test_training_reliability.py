@@ -2,7 +2,7 @@
 
 The end-to-end runs are real ``tools/train.py`` / ``tools/dist_train.sh``
 subprocesses on the tiny detector configs and toy COCO data of
-``tests/test_tools_cli.py``, with the backbone swapped for one of ours.
+``tests/test_tools/test_tools_cli.py``, with the backbone swapped for one of ours.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from mmengine.config import Config
 
 import visattn_mm  # noqa: F401  (registration)
 from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_finite_grads, build_tiny
-from test_tools_cli import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool, toy
+from tool_runs import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool
+from visattn_mm import toy_data as toy
 from visattn_mm.compat import mmengine_checkpoint_globals
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
 
@@ -138,7 +139,7 @@ def test_other_amp_set_ups_are_accepted(train_tool, dtype, loss_type, on_cuda):
 
 # --------------------------------------------------------------------------
 # Distributed: frozen stages and out_indices leave no parameter unused
-# (each backbone's gradients: tests/test_models.py; here whole dist runs)
+# (each backbone's gradients: tests/test_models/test_backbone_contract.py; here whole dist runs)
 # --------------------------------------------------------------------------
 @pytest.fixture(scope='module')
 def workspace(tmp_path_factory) -> Path:

@@ -192,11 +192,12 @@ def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(B
     lines.append('vil-s,triton,fwd,bf16,8,800,1333,1,1,0.01,0.001,ok')  # forward alone never decides
     (folder / 'benchmark.csv').write_text('\n'.join(lines) + '\n')
     cases = []
-    for module in defaults_tool.KERNEL_TESTS.values():
+    for module, *_older_names in defaults_tool.KERNEL_TESTS.values():
         for dtype in ('fp32', 'bf16'):
             failure = '<failure message="x"/>' if (module, dtype) in failing else ''
             cases.append(
-                f'<testcase classname="tests.{module}" name="test_cuda_kernels_match_float64_math[{dtype}-0-0]">'
+                f'<testcase classname="tests.test_ops.test_triton.{module}" '
+                f'name="test_cuda_kernels_match_float64_math[{dtype}-0-0]">'
                 f'{failure}</testcase>'
             )
     for name in backbones:

@@ -2,7 +2,7 @@
 
 The launchers run from a copy of tools/ in a scratch repository, with a fake
 ``python`` that prints how it was called, so no process group is started.
-(tests/test_tools_cli.py runs dist_train.sh for real.)
+(tests/test_tools/test_tools_cli.py runs dist_train.sh for real.)
 """
 
 import os
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 LAUNCHERS = ('dist_train.sh', 'dist_test.sh', '_torchrun.sh')
 # Answers the launcher's torch probe (`python -c ...`) with `HAS_TORCH`, and
 # otherwise prints its arguments instead of starting torchrun.

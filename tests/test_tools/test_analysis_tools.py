@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import zoo_measure
 import zoo_paper
 import zoo_render
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / 'tools' / 'analysis'
 
 
@@ -135,7 +135,7 @@ def seg_model():
 def test_real_config_params_and_flops(seg_model):
     model, scope = seg_model
     assert scope == 'mmseg'
-    # UperNet VVT-S as tests/test_vvt.py and the paper (55.5M) count it.
+    # UperNet VVT-S as tests/test_models/test_vvt.py and the paper (55.5M) count it.
     assert round(zoo_measure.count_parameters(model) / 1e6, 2) == 55.50
     small, parts = zoo_measure.count_flops(model, scope, 64, 64)
     large, _ = zoo_measure.count_flops(model, scope, 128, 128)
