@@ -1,8 +1,10 @@
-"""Helpers shared by the backbone test files: tiny variants, output checks, gradient checks."""
+"""Helpers shared by the test files: tiny backbones, output and gradient checks, official checkpoints, op recording."""
 
 import re
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import visattn_mm  # noqa: F401  (registration)
 from paths import ROOT
@@ -189,3 +191,40 @@ def numbered_layout_names(state_dict, stage_norm):
         return f'norm{int(norm.group(1)) + 1}.{norm.group(2)}' if norm else key
 
     return {old_name(key): value for key, value in state_dict.items()}
+
+
+def official_vil_checkpoint(spec, seed=0, img_size=224, window=7):
+    """An official ViL classification checkpoint (see :func:`official_vil_layout_checkpoint`).
+
+    Sliding-chunk stages 1-2: separate ``query``/``kv``/``proj`` with duplicate ``*_global``
+    keys sharing the same tensors, ``(4w-1)^2`` tables and index buffers, g2l/g2g biases.
+    """
+
+    def sliding_chunk_keys(net, attn, dim, heads, num_global, rand):
+        for name, rows in (('query', dim), ('kv', 2 * dim), ('proj', dim)):
+            weight, bias = rand(rows, dim), rand(rows)
+            net[f'{attn}.attn.{name}.weight'] = net[f'{attn}.attn.{name}_global.weight'] = weight
+            net[f'{attn}.attn.{name}.bias'] = net[f'{attn}.attn.{name}_global.bias'] = bias
+        net[f'{attn}.attn.local_relative_position_bias_table'] = rand((4 * window - 1) ** 2, heads)
+        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window**2, 9 * window**2, dtype=torch.long)
+        add_global_biases(net, attn, heads, num_global, rand)
+
+    return official_vil_layout_checkpoint(spec, sliding_chunk_keys, seed, img_size, best_acc=82.4)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every ATen op that runs (forward and backward): name, output dtypes and sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.calls.append((str(func.overloadpacket.__name__), [t.dtype for t in tensors], [t.numel() for t in tensors]))
+        return out
+
+    @property
+    def max_numel(self):
+        return max(n for _, _, sizes in self.calls for n in sizes)

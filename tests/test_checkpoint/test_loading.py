@@ -11,7 +11,7 @@ from mmengine.config import Config
 
 import visattn_mm  # noqa: F401
 from helpers import VIL_TINY_ARCH as TINY_ARCH
-from helpers import add_global_biases, assert_unchanged, official_vil_layout_checkpoint, snapshot
+from helpers import assert_unchanged, official_vil_checkpoint, snapshot
 from paths import ROOT
 from visattn_mm.checkpoint import load_pretrained, read_checkpoint, unwrap_state_dict
 from visattn_mm.models import Classifier, ViL
@@ -19,25 +19,6 @@ from visattn_mm.ops.rel_pos import resize_rpb_grid, resize_rpb_table
 
 SMALL = dict(depths=(1, 2, 8, 1), dims=(96, 192, 384, 768), heads=(3, 3, 6, 12))
 TINY = dict(depths=(1, 1, 9, 1), dims=(48, 96, 192, 384), heads=(1, 3, 3, 6))
-
-
-def official_vil_checkpoint(spec, seed=0, img_size=224, window=7):
-    """An official ViL classification checkpoint (see :func:`official_vil_layout_checkpoint`).
-
-    Sliding-chunk stages 1-2: separate ``query``/``kv``/``proj`` with duplicate ``*_global``
-    keys sharing the same tensors, ``(4w-1)^2`` tables and index buffers, g2l/g2g biases.
-    """
-
-    def sliding_chunk_keys(net, attn, dim, heads, num_global, rand):
-        for name, rows in (('query', dim), ('kv', 2 * dim), ('proj', dim)):
-            weight, bias = rand(rows, dim), rand(rows)
-            net[f'{attn}.attn.{name}.weight'] = net[f'{attn}.attn.{name}_global.weight'] = weight
-            net[f'{attn}.attn.{name}.bias'] = net[f'{attn}.attn.{name}_global.bias'] = bias
-        net[f'{attn}.attn.local_relative_position_bias_table'] = rand((4 * window - 1) ** 2, heads)
-        net[f'{attn}.attn.relative_position_index'] = torch.zeros(window**2, 9 * window**2, dtype=torch.long)
-        add_global_biases(net, attn, heads, num_global, rand)
-
-    return official_vil_layout_checkpoint(spec, sliding_chunk_keys, seed, img_size, best_acc=82.4)
 
 
 def bilinear_reference(grid, size):

@@ -292,9 +292,10 @@ def test_img_size_is_accepted_where_nothing_depends_on_it():
 
 def _official_files(tmp_path):
     """Official-format release files (tiny archs) of ViL, ViL-LS and VVT, with their model kwargs."""
-    from test_checkpoint import official_vil_checkpoint
     from test_vil_ls import official_vil_ls_checkpoint
     from test_vvt import official_vvt_checkpoint
+
+    from helpers import official_vil_checkpoint
 
     spec = dict(depths=(1, 1, 1, 1), dims=(8, 16, 16, 16), heads=(1, 2, 2, 2))
     files = {}

@@ -209,7 +209,7 @@ def test_half_precision_autocast_backward_is_finite(dtype):
 
 def test_backbone_memory_is_linear_in_pixels():
     """Forward + backward of the whole backbone: the largest tensor grows with the pixel count."""
-    from test_vicinity import OpRecorder
+    from helpers import OpRecorder
 
     model = VVT(arch=TINY_ARCH, drop_path_rate=0.0)
     peaks = []

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from test_vicinity import OpRecorder
 
+from helpers import OpRecorder
 from visattn_mm.ops.indexing import interlace_stride
 from visattn_mm.ops.pale import RowPermutation, interlaced_column_attention, interlaced_row_attention, pale_attention
 from visattn_mm.ops.reference import pale_attention_dense

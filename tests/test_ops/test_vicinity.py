@@ -2,33 +2,14 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from helpers import OpRecorder
 from visattn_mm.ops import attention_impl
 from visattn_mm.ops.indexing import vicinity_positions, vicinity_weights
 from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import SignedClamp, preserve_features, signed_clamp, vicinity_attention
 
 SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
-
-
-class OpRecorder(TorchDispatchMode):
-    """Records every ATen op that runs (forward and backward): name, output dtypes and sizes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self.calls.append((str(func.overloadpacket.__name__), [t.dtype for t in tensors], [t.numel() for t in tensors]))
-        return out
-
-    @property
-    def max_numel(self):
-        return max(n for _, _, sizes in self.calls for n in sizes)
 
 
 def inputs(height, width, seed=0, heads=2, dim=3, batch=2, positive_v=True):
