@@ -243,10 +243,10 @@ def attention_path(op, q, *biases, impl='auto', window=None, dropout_p=0.0):
     """
     bias_grad = torch.is_grad_enabled() and any(b is not None and b.requires_grad for b in biases)
     path = chosen_path(q.device.type, bias_grad, impl, op=op, dtype=q.dtype, head_dim=q.shape[-1])
+    if path != 'triton':
+        return path
     asked = resolve_impl(impl) == 'triton'
-    if path == 'triton' and not can_run_triton(op, q, window=window, dropout_p=dropout_p, raise_error=asked):
-        return 'fast'
-    return path
+    return path if can_run_triton(op, q, window=window, dropout_p=dropout_p, raise_error=asked) else 'fast'
 
 
 def triton_limit(op, q, window=None, dropout_p=0.0):

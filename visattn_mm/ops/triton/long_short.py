@@ -543,13 +543,14 @@ def _backward(
     )
     grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
-    q_rows, k_rows, v_rows, grad_out_rows = map(host.head_rows, (q, k, v, grad_out))
+    input_args, grad_out_rows = _input_args(*inputs), host.head_rows(grad_out)
+    q_rows, k_rows, v_rows, *_, local_bias_table = input_args
 
     host.launch(
         _long_short_backward_queries,
         grid,
         settings,
-        *_input_args(*inputs),
+        *input_args,
         host.head_rows(out),
         grad_out_rows,
         lse,
@@ -573,7 +574,7 @@ def _backward(
         q_rows,
         k_rows,
         v_rows,
-        host.bias_table(local_bias, q),
+        local_bias_table,
         grad_out_rows,
         lse,
         delta,

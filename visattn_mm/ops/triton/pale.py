@@ -27,6 +27,8 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -41,15 +43,35 @@ __all__ = ['triton_pale_attention']
 MAX_BLOCK = 64
 
 
+class _Branch(NamedTuple):
+    """The kernels' geometry argument for the row or the column branch (see :func:`_branches`): the op's
+    ``heads`` and ``tokens_per_map``; the branch's ``half`` of the heads from ``head_start``, ``tiles`` per
+    group; the map's ``side`` lines (rows or columns) of ``length`` tokens, every ``stride``-th line in a
+    group of ``group_size`` tokens; the token index steps ``line_step`` from one line to the next and
+    ``other_step`` along a line; and ``head_dim``."""
+
+    heads: int
+    tokens_per_map: int
+    half: int
+    head_start: int
+    tiles: int
+    side: int
+    length: int
+    stride: int
+    group_size: int
+    line_step: int
+    other_step: int
+    head_dim: int
+
+
 @triton.jit
 def _group_slots(group, start, geometry, BLOCK: tl.constexpr):
     """Token index (row-major) of slots ``start .. start + BLOCK`` of an interlaced group, and whether
     each slot is a token of the map (not beyond the group or on a padding line)."""
-    _, _, _, _, _, side, length, stride, group_size, line_step, other_step, _ = geometry
     slots = start + tl.arange(0, BLOCK)
-    line = group + (slots // length) * stride
-    valid = (slots < group_size) & (line < side)
-    return line * line_step + (slots % length) * other_step, valid
+    line = group + (slots // geometry.length) * geometry.stride
+    valid = (slots < geometry.group_size) & (line < geometry.side)
+    return line * geometry.line_step + (slots % geometry.length) * geometry.other_step, valid
 
 
 @triton.jit
@@ -71,7 +93,7 @@ def _group_key_tile(
     query-side backward kernel."""
     key_tokens, key_valid = _group_slots(group, start, geometry, BLOCK)
     keys, values, scores = kp.key_tile(
-        queries, k, v, batch, head, key_tokens, key_valid, geometry[11], BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, key_tokens, key_valid, geometry.head_dim, BLOCK_D, DOT_PRECISION
     )
     return keys, values, tl.where(key_valid[None, :], scores, float('-inf'))
 
@@ -81,18 +103,18 @@ def _program_tile(geometry):
     """This program's ``(group, tile, batch, head, lse row)`` on a ``(groups * tiles, batch * half)`` grid of
     a branch whose heads start at ``head_start``; the lse row is the offset of its (batch, head) pair in
     the ``(B * heads, H * W)`` log-sum-exps and deltas."""
-    heads, tokens_per_map, half, head_start, tiles, _, _, _, _, _, _, _ = geometry
     tile = tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch, head = batch_head // half, head_start + batch_head % half
-    return tile // tiles, tile % tiles, batch, head, (batch * heads + head) * tokens_per_map
+    batch, head = batch_head // geometry.half, geometry.head_start + batch_head % geometry.half
+    row = (batch * geometry.heads + head) * geometry.tokens_per_map
+    return tile // geometry.tiles, tile % geometry.tiles, batch, head, row
 
 
 @triton.jit
 def _pale_forward(q, k, v, out, lse, geometry, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Output and log-sum-exp of one tile of a group's queries; grid ``(groups * tiles, batch * half)``."""
     group, tile, batch, head, row = _program_tile(geometry)
-    group_size, head_dim = geometry[8], geometry[11]
+    group_size, head_dim = geometry.group_size, geometry.head_dim
     tokens, query_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
     queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
 
@@ -124,7 +146,7 @@ def _pale_backward_queries(
     """``delta`` (read by :func:`_pale_backward_keys`) and the gradient of one tile of a group's queries;
     grid ``(groups * tiles, batch * half)``."""
     group, tile, batch, head, row = _program_tile(geometry)
-    group_size, head_dim = geometry[8], geometry[11]
+    group_size, head_dim = geometry.group_size, geometry.head_dim
     tokens, query_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q, grad_out, out, batch, head, lse + row, delta + row, tokens, query_valid, head_dim, BLOCK_D
@@ -162,7 +184,7 @@ def _pale_backward_keys(
     never stored, and the products never mix rows.
     """
     group, tile, batch, head, row = _program_tile(geometry)
-    group_size, head_dim = geometry[8], geometry[11]
+    group_size, head_dim = geometry.group_size, geometry.head_dim
     key_tokens, key_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
     keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
@@ -194,7 +216,7 @@ def _branches(batch, heads, head_dim, height, width, pale_size):
 
     Returns:
         list[tuple]: Per branch, its grid ``(groups * tiles, batch * half)``, the
-        kernels' geometry argument (``heads`` to ``other_step``, then ``head_dim``) and its tile side.
+        kernels' geometry argument (:class:`_Branch`) and its tile side.
     """
     half = heads // 2
     s_r, s_c = pale_size_pair(pale_size)
@@ -208,7 +230,7 @@ def _branches(batch, heads, head_dim, height, width, pale_size):
         group_size = size * length
         block = min(host.tile(group_size), MAX_BLOCK)
         tiles = triton.cdiv(group_size, block)
-        geometry = (
+        geometry = _Branch(
             heads,
             height * width,
             half,
@@ -268,7 +290,14 @@ def _backward(
             _pale_backward_queries,
             grid,
             settings,
-            *(q_rows, k_rows, v_rows, host.head_rows(out), grad_out_rows, lse, delta, host.head_rows(grad_q)),
+            q_rows,
+            k_rows,
+            v_rows,
+            host.head_rows(out),
+            grad_out_rows,
+            lse,
+            delta,
+            host.head_rows(grad_q),
             geometry,
             BLOCK=block,
             **constexprs,
@@ -277,7 +306,14 @@ def _backward(
             _pale_backward_keys,
             grid,
             settings,
-            *(q_rows, k_rows, v_rows, grad_out_rows, lse, delta, host.head_rows(grad_k), host.head_rows(grad_v)),
+            q_rows,
+            k_rows,
+            v_rows,
+            grad_out_rows,
+            lse,
+            delta,
+            host.head_rows(grad_k),
+            host.head_rows(grad_v),
             geometry,
             BLOCK=block,
             **constexprs,

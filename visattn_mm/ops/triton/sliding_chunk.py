@@ -547,13 +547,14 @@ def _backward(
     grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
         lse, grid[0] * grid[1], global_k, with_bias=l2g_bias is not None
     )
-    q_rows, k_rows, v_rows, grad_out_rows = map(host.head_rows, (q, k, v, grad_out))
+    input_args, grad_out_rows = _input_args(*inputs), host.head_rows(grad_out)
+    q_rows, k_rows, v_rows, _, _, local_bias_table, _ = input_args
 
     host.launch(
         _sliding_chunk_backward_queries,
         grid,
         settings,
-        *_input_args(*inputs),
+        *input_args,
         host.head_rows(out),
         grad_out_rows,
         lse,
@@ -576,7 +577,7 @@ def _backward(
         q_rows,
         k_rows,
         v_rows,
-        host.bias_table(local_bias, q),
+        local_bias_table,
         grad_out_rows,
         lse,
         delta,
