@@ -33,6 +33,10 @@ HOST = 'visattn_mm.ops.triton.host'
 # chunk, fp16, 8x10 map, w 3): at most 1.4e-3 (the l2g gradient, a sum with cancellation); bf16 has 3
 # mantissa bits fewer. A wrong mask or layout is off by order 1.
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-2}
+#: The dtypes of every op's CUDA kernel tests: those of the defaults table's rows (visattn_mm/ops/cuda_defaults.py),
+#: whose rule wants the op's own kernel tests passed in the row's dtype.
+CUDA_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CUDA_DTYPE_IDS = ['fp32', 'bf16', 'fp16']
 
 
 def interpreter_results(test_file):

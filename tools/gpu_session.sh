@@ -31,7 +31,7 @@
 #
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
-#   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (150),
+#   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (180),
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
@@ -47,7 +47,7 @@ OUT="${OUT:-work_dirs/gpu_session}"
 SITE="${SITE:-/tmp/site}"
 WHEEL_DIR="${WHEEL_DIR:-.whl}"
 BUDGET="${BUDGET:-480}"
-TESTS_BUDGET="${TESTS_BUDGET:-150}"
+TESTS_BUDGET="${TESTS_BUDGET:-180}"
 TESTS_MARKS="${TESTS_MARKS-cuda}"
 TEST_WORKERS="${TEST_WORKERS:-8}"
 SMOKE="${SMOKE:-0}"

@@ -138,7 +138,7 @@ def test_device_call_fits_its_budget_and_carry():
     """The documented device call: one command, 480 s for its stages by default, the tests capped, and
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
-    assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-150}"' in text
+    assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-180}"' in text
     assert 'stages=(setup tests sanitize bench compile tune)' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())

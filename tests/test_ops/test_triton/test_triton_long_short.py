@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from triton_harness import (
+    CUDA_DTYPE_IDS,
+    CUDA_DTYPES,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
@@ -200,7 +202,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('shape', GPU_SHAPES, ids=lambda s: 'x'.join(map(str, s)))
 def test_cuda_kernels_match_float64_math(shape, dtype):
     assert_cuda_within_tolerance(long_short_errors, dtype, 3, *shape)

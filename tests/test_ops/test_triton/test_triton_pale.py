@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from triton_harness import (
+    CUDA_DTYPE_IDS,
+    CUDA_DTYPES,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
@@ -167,7 +169,7 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('shape', GPU_SHAPES, ids=str)
 def test_cuda_kernels_match_float64_math(shape, dtype):
     assert_cuda_within_tolerance(pale_errors, dtype, 6, *shape)

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from triton_harness import (
+    CUDA_DTYPE_IDS,
+    CUDA_DTYPES,
     HOST,
     PACKAGE,
     assert_cuda_within_tolerance,
@@ -369,14 +371,14 @@ def test_interpreter_refuses_an_access_outside_the_tensors(interpreted):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (-1, 0), (1, 0), (0, 4), (-1, 7), (0, -1)])
 def test_cuda_kernels_match_float64_math(masking_mode, shift_mode, dtype):
     assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, shift_mode, GPU_SHAPE)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16], ids=['fp32', 'bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (1, 0), (0, 4)])
 def test_cuda_kernels_match_float64_math_on_a_backbone_stage(masking_mode, shift_mode, dtype):
     assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, shift_mode, BACKBONE_STAGE_SHAPE)

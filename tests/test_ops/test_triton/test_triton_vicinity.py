@@ -15,6 +15,8 @@ import torch
 
 import visattn_mm.ops.vicinity as vicinity
 from triton_harness import (
+    CUDA_DTYPE_IDS,
+    CUDA_DTYPES,
     TOLERANCES,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
@@ -278,7 +280,7 @@ def test_interpreted_bf16_matches_float64_math(interpreted):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('shape', GPU_SHAPES, ids=str)
 def test_cuda_kernels_match_float64_math(shape, dtype):
     assert_cuda_within_tolerance(vicinity_errors, dtype, 4, *shape)
