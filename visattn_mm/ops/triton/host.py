@@ -139,6 +139,122 @@ def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
     return forward_op
 
 
+class LaunchPlan(NamedTuple):
+    """What every kernel launch of one call of a local-window softmax op shares.
+
+    Args:
+        grid (tuple[int, int]): ``(query chunks, batch * heads)``.
+        geometry (tuple[int, ...]): The map's sizes as one kernel argument.
+        constexprs (dict): The constexprs of all three kernels.
+        shared_constexprs (dict): Those of the shared (global, projected) keys, which only the forward and
+            the query-side backward kernel see.
+        settings (dict): ``num_warps`` and ``num_stages`` (:func:`launch_settings`).
+    """
+
+    grid: tuple
+    geometry: tuple
+    constexprs: dict
+    shared_constexprs: dict
+    settings: dict
+
+
+class WindowSoftmaxKernels(NamedTuple):
+    """The kernels of a local-window softmax op (sliding chunk, long-short), which
+    :func:`window_softmax_forward` and :func:`window_softmax_backward` launch. Their arguments, in order:
+
+    * ``forward``: the input arguments (:func:`head_rows` of ``q, k, v``, then the op's other tensors,
+      the local bias as a :func:`bias_table` at the index the op names), ``out`` rows, ``lse``, geometry;
+    * ``backward_queries``: the input arguments, ``out`` and ``grad_out`` rows, ``lse``, ``delta``,
+      ``grad_q`` rows, the local bias gradient, the shared keys' partial gradients, geometry,
+      the bias gradient's copies;
+    * ``backward_keys``: ``q, k, v`` rows, the local bias table, ``grad_out`` rows, ``lse``, ``delta``,
+      ``grad_k`` and ``grad_v`` rows, geometry.
+    """
+
+    forward: object
+    backward_queries: object
+    backward_keys: object
+
+
+def window_softmax_forward(kernels, plan, q, input_args):
+    """Launches ``kernels.forward``: the output and the log-sum-exp of each query's logits, ``(B * heads, N)``."""
+    out, lse = forward_outputs(q)
+    launch(
+        kernels.forward,
+        plan.grid,
+        plan.settings,
+        *input_args,
+        head_rows(out),
+        lse,
+        plan.geometry,
+        **plan.constexprs,
+        **plan.shared_constexprs,
+    )
+    return out, lse
+
+
+def window_softmax_backward(
+    kernels, plan, inputs, input_args, grad_out, out, lse, needs_grad, local_bias_index, shared_grads
+):
+    """Launches the two backward kernels of a local-window softmax op.
+
+    Args:
+        kernels (WindowSoftmaxKernels): The op's kernels.
+        plan (LaunchPlan): The call's launch plan.
+        inputs (tuple): The op's tensor inputs, ``q, k, v`` first.
+        input_args (tuple): ``inputs`` as the kernels take them.
+        grad_out, out, lse (Tensor): The output's gradient, the output and the log-sum-exp.
+        needs_grad (list[bool]): Which of ``inputs`` need a gradient.
+        local_bias_index (int): The local bias's index in ``inputs`` and ``input_args``.
+        shared_grads (tuple): Buffers of the shared keys' partial gradients (None: not needed), which
+            the query-side kernel writes and the op sums.
+
+    Returns:
+        tuple: The gradients of ``q, k, v`` and of the local bias (None where not wanted).
+    """
+    q, k, v = inputs[:3]
+    local_bias = inputs[local_bias_index]
+    local_bias_grad = gradient_wanted(local_bias_index, inputs, needs_grad)
+    copies = bias_grad_copies(plan.grid[0] * plan.grid[1])
+    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = backward_buffers(
+        q, k, v, grad_out, lse, local_bias, local_bias_grad, copies
+    )
+    grad_out_rows = head_rows(grad_out)
+    launch(
+        kernels.backward_queries,
+        plan.grid,
+        plan.settings,
+        *input_args,
+        head_rows(out),
+        grad_out_rows,
+        lse,
+        delta,
+        head_rows(grad_q),
+        stand_in(grad_local_bias, lse),
+        *(stand_in(grad, lse) for grad in shared_grads),
+        plan.geometry,
+        copies,
+        LOCAL_BIAS_GRAD=local_bias_grad,
+        **plan.constexprs,
+        **plan.shared_constexprs,
+    )
+    launch(
+        kernels.backward_keys,
+        plan.grid,
+        plan.settings,
+        *input_args[:3],
+        input_args[local_bias_index],
+        grad_out_rows,
+        lse,
+        delta,
+        head_rows(grad_k),
+        head_rows(grad_v),
+        plan.geometry,
+        **plan.constexprs,
+    )
+    return grad_q, grad_k, grad_v, summed_copies(grad_local_bias, local_bias)
+
+
 def gradient_wanted(index, inputs, needs_grad):
     """Whether the backward op returns the gradient of tensor input ``index``: always for ``q, k, v``
     (their kernels write it anyway), for the others where given and needed."""

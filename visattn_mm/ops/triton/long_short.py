@@ -442,8 +442,7 @@ def _long_short_backward_keys(
 
 
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
-    """Grid, geometry argument, the constexprs of the window and of the shared keys, and the launch
-    settings of the kernels."""
+    """The kernels' :class:`~visattn_mm.ops.triton.host.LaunchPlan`."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
     num_bar = 0 if k_bar is None else k_bar.shape[2]
@@ -459,7 +458,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     shared_constexprs = dict(
         NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar), BLOCK_G=host.tile(num_global)
     )
-    return (
+    return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, cols, head_dim),
         constexprs,
@@ -491,22 +490,10 @@ def _forward(
     window: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, geometry, constexprs, shared_constexprs, settings = _launch_setup(
-        q, k_bar, global_k, local_bias, height, width, window
+    plan = _launch_setup(q, k_bar, global_k, local_bias, height, width, window)
+    return host.window_softmax_forward(
+        _KERNELS, plan, q, _input_args(q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
     )
-    out, lse = host.forward_outputs(q)
-    host.launch(
-        _long_short_forward,
-        grid,
-        settings,
-        *_input_args(q, k, v, k_bar, v_bar, global_k, global_v, local_bias),
-        host.head_rows(out),
-        lse,
-        geometry,
-        **constexprs,
-        **shared_constexprs,
-    )
-    return out, lse
 
 
 def _forward_fake(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window):
@@ -532,58 +519,22 @@ def _backward(
 ) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
-    grid, geometry, constexprs, shared_constexprs, settings = _launch_setup(
-        q, k_bar, global_k, local_bias, height, width, window
-    )
-    local_bias_grad = host.gradient_wanted(7, inputs, needs_grad)
-    parts = grid[0] * grid[1]
-    bias_copies = host.bias_grad_copies(parts)
-    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies
-    )
+    plan = _launch_setup(q, k_bar, global_k, local_bias, height, width, window)
+    parts = plan.grid[0] * plan.grid[1]
     grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
     grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
-    input_args, grad_out_rows = _input_args(*inputs), host.head_rows(grad_out)
-    q_rows, k_rows, v_rows, *_, local_bias_table = input_args
-
-    host.launch(
-        _long_short_backward_queries,
-        grid,
-        settings,
-        *input_args,
-        host.head_rows(out),
-        grad_out_rows,
+    grad_q, grad_k, grad_v, grad_local_bias = host.window_softmax_backward(
+        _KERNELS,
+        plan,
+        inputs,
+        _input_args(*inputs),
+        grad_out,
+        out,
         lse,
-        delta,
-        host.head_rows(grad_q),
-        host.stand_in(grad_local_bias, lse),
-        host.stand_in(grad_k_bar, lse),
-        host.stand_in(grad_v_bar, lse),
-        host.stand_in(grad_global_k, lse),
-        host.stand_in(grad_global_v, lse),
-        geometry,
-        bias_copies,
-        LOCAL_BIAS_GRAD=local_bias_grad,
-        **constexprs,
-        **shared_constexprs,
+        needs_grad,
+        local_bias_index=7,
+        shared_grads=(grad_k_bar, grad_v_bar, grad_global_k, grad_global_v),
     )
-    host.launch(
-        _long_short_backward_keys,
-        grid,
-        settings,
-        q_rows,
-        k_rows,
-        v_rows,
-        local_bias_table,
-        grad_out_rows,
-        lse,
-        delta,
-        host.head_rows(grad_k),
-        host.head_rows(grad_v),
-        geometry,
-        **constexprs,
-    )
-
     return host.gradient_list(
         [
             grad_q,
@@ -593,13 +544,14 @@ def _backward(
             host.summed_parts(grad_v_bar, v_bar),
             host.summed_parts(grad_global_k, global_k),
             host.summed_parts(grad_global_v, global_v),
-            host.summed_copies(grad_local_bias, local_bias),
+            grad_local_bias,
         ],
         inputs,
         needs_grad,
     )
 
 
+_KERNELS = host.WindowSoftmaxKernels(_long_short_forward, _long_short_backward_queries, _long_short_backward_keys)
 _long_short_op = host.define_op('triton_long_short_attention', _forward, _forward_fake, _backward, num_tensor_inputs=8)
 
 

@@ -441,8 +441,7 @@ def _sliding_chunk_backward_keys(
 
 
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
-    """Grid, geometry argument, the constexprs of the local and of the global keys, and the launch
-    settings of the kernels."""
+    """The kernels' :class:`~visattn_mm.ops.triton.host.LaunchPlan`."""
     batch, heads, _, head_dim = q.shape
     rows, cols = chunk_grid(height, width, window)
     blocks = neighbour_blocks(shift_mode)
@@ -458,7 +457,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
     global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
-    return (
+    return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, rows, cols, head_dim),
         constexprs,
@@ -482,22 +481,10 @@ def _forward(
     shift_mode: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the log-sum-exp of each query's logits, ``(B * heads, H * W)``."""
-    grid, geometry, constexprs, global_constexprs, settings = _launch_setup(
-        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
+    plan = _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
+    return host.window_softmax_forward(
+        _KERNELS, plan, q, _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias)
     )
-    out, lse = host.forward_outputs(q)
-    host.launch(
-        _sliding_chunk_forward,
-        grid,
-        settings,
-        *_input_args(q, k, v, global_k, global_v, local_bias, l2g_bias),
-        host.head_rows(out),
-        lse,
-        geometry,
-        **constexprs,
-        **global_constexprs,
-    )
-    return out, lse
 
 
 def _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias):
@@ -535,60 +522,24 @@ def _backward(
 ) -> list[torch.Tensor]:
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
-    grid, geometry, constexprs, global_constexprs, settings = _launch_setup(
-        q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode
-    )
-    heads = geometry[0]
-    local_bias_grad = host.gradient_wanted(5, inputs, needs_grad)
-    bias_copies = host.bias_grad_copies(grid[0] * grid[1])
-    grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = host.backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad, bias_copies
-    )
+    plan = _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
-        lse, grid[0] * grid[1], global_k, with_bias=l2g_bias is not None
+        lse, plan.grid[0] * plan.grid[1], global_k, with_bias=l2g_bias is not None
     )
-    input_args, grad_out_rows = _input_args(*inputs), host.head_rows(grad_out)
-    q_rows, k_rows, v_rows, _, _, local_bias_table, _ = input_args
-
-    host.launch(
-        _sliding_chunk_backward_queries,
-        grid,
-        settings,
-        *input_args,
-        host.head_rows(out),
-        grad_out_rows,
+    grad_q, grad_k, grad_v, grad_local_bias = host.window_softmax_backward(
+        _KERNELS,
+        plan,
+        inputs,
+        _input_args(*inputs),
+        grad_out,
+        out,
         lse,
-        delta,
-        host.head_rows(grad_q),
-        host.stand_in(grad_local_bias, lse),
-        host.stand_in(grad_global_k, lse),
-        host.stand_in(grad_global_v, lse),
-        host.stand_in(grad_l2g, lse),
-        geometry,
-        bias_copies,
-        LOCAL_BIAS_GRAD=local_bias_grad,
-        **constexprs,
-        **global_constexprs,
+        needs_grad,
+        local_bias_index=5,
+        shared_grads=(grad_global_k, grad_global_v, grad_l2g),
     )
-    host.launch(
-        _sliding_chunk_backward_keys,
-        grid,
-        settings,
-        q_rows,
-        k_rows,
-        v_rows,
-        local_bias_table,
-        grad_out_rows,
-        lse,
-        delta,
-        host.head_rows(grad_k),
-        host.head_rows(grad_v),
-        geometry,
-        **constexprs,
-    )
-
     if grad_l2g is not None:
-        grad_l2g = grad_l2g.reshape(q.shape[0], heads, -1, grad_l2g.shape[-1]).sum((0, 2))
+        grad_l2g = grad_l2g.reshape(q.shape[0], q.shape[1], -1, grad_l2g.shape[-1]).sum((0, 2))
     return host.gradient_list(
         [
             grad_q,
@@ -596,7 +547,7 @@ def _backward(
             grad_v,
             host.summed_parts(grad_global_k, global_k),
             host.summed_parts(grad_global_v, global_v),
-            host.summed_copies(grad_local_bias, local_bias),
+            grad_local_bias,
             host.cast_like(grad_l2g, l2g_bias),
         ],
         inputs,
@@ -604,6 +555,9 @@ def _backward(
     )
 
 
+_KERNELS = host.WindowSoftmaxKernels(
+    _sliding_chunk_forward, _sliding_chunk_backward_queries, _sliding_chunk_backward_keys
+)
 _sliding_chunk_op = host.define_op(
     'triton_sliding_chunk_attention', _forward, _forward_fake, _backward, num_tensor_inputs=7
 )
