@@ -173,33 +173,23 @@ def long_short_attention(
         Tensor: ``(B, heads, H*W, d)``.
     """
     path = attention_path('long_short', q, local_bias, impl=impl, window=window, dropout_p=dropout_p)
+    options = dict(k_bar=k_bar, v_bar=v_bar, local_bias=local_bias, dropout_p=dropout_p)
     if leading_global:
         check_leading_global(global_k, global_v)
         if path == 'fast':
             return _fused_long_short_attention(
-                q, k, v, height, width, window, k_bar, v_bar, None, None, local_bias, dropout_p, leading_global
+                q, k, v, height, width, window, global_k=None, global_v=None, leading_global=leading_global, **options
             )
         q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
     if path == 'triton':
         from .triton.long_short import triton_long_short_attention
 
         return triton_long_short_attention(
-            q,
-            k,
-            v,
-            height,
-            width,
-            window,
-            k_bar=k_bar,
-            v_bar=v_bar,
-            global_k=global_k,
-            global_v=global_v,
-            local_bias=local_bias,
-            dropout_p=dropout_p,
+            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
         )
     if path == 'fast':
         return _fused_long_short_attention(
-            q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias, dropout_p
+            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
         )
     w = window
     q_seg = to_chunks(q, height, width, w)

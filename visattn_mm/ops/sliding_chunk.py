@@ -222,59 +222,25 @@ def sliding_chunk_attention(
     """
     check_modes(masking_mode, shift_mode)
     path = attention_path('sliding_chunk', q, local_bias, l2g_bias, impl=impl, window=window, dropout_p=dropout_p)
+    options = dict(
+        local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode, shift_mode=shift_mode, dropout_p=dropout_p
+    )
     if leading_global:
         check_leading_global(global_k, global_v)
         if path == 'fast':
             return _fused_sliding_chunk_attention(
-                q,
-                k,
-                v,
-                height,
-                width,
-                window,
-                None,
-                None,
-                local_bias,
-                l2g_bias,
-                masking_mode,
-                shift_mode,
-                dropout_p,
-                leading_global,
+                q, k, v, height, width, window, leading_global=leading_global, **options
             )
         q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
     if path == 'triton':
         from .triton.sliding_chunk import triton_sliding_chunk_attention
 
         return triton_sliding_chunk_attention(
-            q,
-            k,
-            v,
-            height,
-            width,
-            window,
-            global_k=global_k,
-            global_v=global_v,
-            local_bias=local_bias,
-            l2g_bias=l2g_bias,
-            masking_mode=masking_mode,
-            shift_mode=shift_mode,
-            dropout_p=dropout_p,
+            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
         )
     if path == 'fast':
         return _fused_sliding_chunk_attention(
-            q,
-            k,
-            v,
-            height,
-            width,
-            window,
-            global_k,
-            global_v,
-            local_bias,
-            l2g_bias,
-            masking_mode,
-            shift_mode,
-            dropout_p,
+            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
         )
     w = window
     hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
@@ -317,13 +283,14 @@ def _fused_sliding_chunk_attention(
     height,
     width,
     window,
-    global_k,
-    global_v,
-    local_bias,
-    l2g_bias,
-    masking_mode,
-    shift_mode,
-    dropout_p,
+    *,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    l2g_bias=None,
+    masking_mode=0,
+    shift_mode=0,
+    dropout_p=0.0,
     leading_global=0,
 ):
     """:func:`sliding_chunk_attention` through :func:`fused_attention`.
