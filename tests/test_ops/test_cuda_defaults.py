@@ -25,8 +25,8 @@ from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chos
 DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
 
 
-def _measurement(ratio8, ratio2, tests_passed=True):
-    return Measurement('GPU', '2.11.0', '3.6.0', 'abc1234', '2026-11-26', 'vil-s', ratio8, ratio2, tests_passed)
+def _measurement(ratio8, ratio2, tests='passed'):
+    return Measurement('GPU', '2.11.0', '3.6.0', 'abc1234', '2026-11-26', 'vil-s', ratio8, ratio2, tests)
 
 
 # --- the table ------------------------------------------------------------------------------
@@ -56,7 +56,8 @@ def test_rows_follow_the_rule():
         (_measurement(0.7, 0.9), 'triton'),
         (_measurement(0.7, 1.0), 'fast'),  # not faster at batch 2
         (_measurement(1.1, 0.5), 'fast'),  # not faster at batch 8
-        (_measurement(0.5, 0.5, tests_passed=False), 'fast'),
+        (_measurement(0.5, 0.5, tests='failed'), 'fast'),
+        (_measurement(0.5, 0.5, tests='incomplete'), 'fast'),
     ],
 )
 def test_the_rule(measured, path):
@@ -241,7 +242,11 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
         ('pale', 'bf16'): ('fast', 0.75, 1.167),
     }
     long_short = next(row for row in rows if row.op == 'long_short')
-    assert not long_short.measured.tests_passed and rows[0].measured.tests_passed
+    assert long_short.measured.tests == 'failed' and rows[0].measured.tests == 'passed'
+    # No kernel test in a dtype: the row's tests are incomplete, not failed, and its reason says so.
+    outcomes = defaults_tool.read_tests(session / 'tests.xml')
+    assert defaults_tool.op_tests_outcome('pale', 'fp16', outcomes) == 'incomplete'
+    assert 'CUDA tests incomplete' in CudaDefault('pale', 'fp16', 'fast', _measurement(0.9, 0.9, 'incomplete')).reason
     assert rows[0].measured.device == 'NVIDIA H100 80GB HBM3' and rows[0].measured.triton == '3.6.0'
     assert 'vicinity/bf16: vvt-s lacks fast and triton rows at batch 8 and 2: stays unmeasured' in gaps
     # A failed backbone test on 'triton' counts against every op the backbone runs.

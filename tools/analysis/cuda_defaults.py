@@ -43,7 +43,7 @@ from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
-ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, tests passed'
+ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests'
 SIZE = (800, 1333)
 BATCHES = (8, 2)
 # The test module(s) of each op's kernels: the sliding-chunk one was test_triton_kernels in the sessions on record.
@@ -105,9 +105,10 @@ def read_versions(sessions):
     )
 
 
-def op_tests_passed(op, dtype, outcomes):
-    """Whether the CUDA tests of ``op`` in ``dtype`` passed: its kernel tests, and the backbone tests on
-    'triton' of each backbone that runs it, each group with at least one passed and none failed."""
+def op_tests_outcome(op, dtype, outcomes):
+    """How the CUDA tests of ``op`` in ``dtype`` went (``Measurement.tests``), over its kernel tests and the
+    backbone tests on 'triton' of each backbone that runs it: 'failed' where one failed, else 'passed' where
+    each group had one that passed, else 'incomplete'."""
     classes = [name for name, cls in BACKBONES.items() if any(o == op for o, _ in cls.attention_ops)]
 
     def group(test_id):
@@ -124,7 +125,9 @@ def op_tests_passed(op, dtype, outcomes):
         name = group(test_id)
         if name:
             groups[name].append(outcome)
-    return all('passed' in found and 'failed' not in found for found in groups.values())
+    if any('failed' in found for found in groups.values()):
+        return 'failed'
+    return 'passed' if all('passed' in found for found in groups.values()) else 'incomplete'
 
 
 def measured_rows(sessions, commit, date):
@@ -153,7 +156,7 @@ def measured_rows(sessions, commit, date):
                 model=model,
                 ratio_batch8=round(ratios[0], 3),
                 ratio_batch2=round(ratios[1], 3),
-                tests_passed=op_tests_passed(op, dtype, outcomes),
+                tests=op_tests_outcome(op, dtype, outcomes),
             )
             rows.append(CudaDefault(op, dtype, decide(measurement), measurement))
     return rows, gaps
@@ -172,7 +175,7 @@ def rows_source(rows):
     for row in rows:
         m = row.measured
         assert all(getattr(m, key) == value for key, value in measured_on.items()), 'one invocation, one origin'
-        fields = (row.op, row.dtype, row.path, m.model, m.ratio_batch8, m.ratio_batch2, m.tests_passed)
+        fields = (row.op, row.dtype, row.path, m.model, m.ratio_batch8, m.ratio_batch2, m.tests)
         lines.append(f'    ({", ".join(map(repr, fields))}),')
     lines += [')', END]
     return '\n'.join(lines)

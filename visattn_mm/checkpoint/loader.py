@@ -60,37 +60,44 @@ class LoadReport:
         # 'new <- old' pairs are long: a few examples keep their lines readable.
         pairs = max(1, max_keys // 4)
 
+        def counted(label, entries, detail):
+            """``label: count``, and ``detail`` where there are entries."""
+            return f'  {label}: {len(entries)}' + (f' {detail}' if entries else '')
+
         lines = [
             f'checkpoint {self.source}: container {self.container!r}, layout {self.layout!r}',
             f'  parameter tensors loaded: {self.num_loaded_params}/{self.num_model_params} '
             f'({100 * self.loaded_fraction:.1f}%)',
             f'  loaded as-is: {len(self.loaded)}',
-            f'  converted: {len(self.converted)}'
-            + (f' ({keys((f"{k} <- {v}" for k, v in self.converted.items()), pairs)})' if self.converted else ''),
+            counted(
+                'converted', self.converted, f'({keys((f"{k} <- {v}" for k, v in self.converted.items()), pairs)})'
+            ),
+            # Only layouts that were renamed say so.
             *(
                 [
-                    f'  renamed from an older layout: {len(self.renamed)} '
-                    f'({keys((f"{k} <- {v}" for k, v in self.renamed.items()), pairs)})'
+                    counted(
+                        'renamed from an older layout',
+                        self.renamed,
+                        f'({keys((f"{k} <- {v}" for k, v in self.renamed.items()), pairs)})',
+                    )
                 ]
                 if self.renamed
                 else []
             ),
-            f'  resized: {len(self.resized)}'
-            + (
-                f' ({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})'
-                if self.resized
-                else ''
+            counted(
+                'resized',
+                self.resized,
+                f'({keys(f"{k} {tuple(a)}->{tuple(b)}" for k, (a, b) in self.resized.items())})',
             ),
-            f'  dropped: {len(self.dropped)}' + (f' [{by_reason(self.dropped)}]' if self.dropped else ''),
-            f'  shape mismatch (not loaded): {len(self.mismatched)}'
-            + (
-                f' ({keys(f"{k} ckpt {tuple(a)} vs model {tuple(b)}" for k, (a, b) in self.mismatched.items())})'
-                if self.mismatched
-                else ''
+            counted('dropped', self.dropped, f'[{by_reason(self.dropped)}]'),
+            counted(
+                'shape mismatch (not loaded)',
+                self.mismatched,
+                f'({keys(f"{k} ckpt {tuple(a)} vs model {tuple(b)}" for k, (a, b) in self.mismatched.items())})',
             ),
-            f'  initialised fresh: {len(self.fresh)}' + (f' [{by_reason(self.fresh)}]' if self.fresh else ''),
-            f'  missing: {len(self.missing)}' + (f' ({keys(self.missing)})' if self.missing else ''),
-            f'  unexpected: {len(self.unexpected)}' + (f' ({keys(self.unexpected)})' if self.unexpected else ''),
+            counted('initialised fresh', self.fresh, f'[{by_reason(self.fresh)}]'),
+            counted('missing', self.missing, f'({keys(self.missing)})'),
+            counted('unexpected', self.unexpected, f'({keys(self.unexpected)})'),
         ]
         return '\n'.join(lines)
 

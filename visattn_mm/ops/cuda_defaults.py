@@ -28,6 +28,12 @@ OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 DTYPE_NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16', torch.float32: 'fp32'}
 PATHS = ('fast', 'triton')
 UNMEASURED = 'not measured on a GPU yet'
+#: How a row's CUDA tests went (:attr:`Measurement.tests`), as its reason says it.
+TEST_OUTCOMES = dict(
+    passed='CUDA tests passed',
+    failed='CUDA tests FAILED',
+    incomplete='CUDA tests incomplete (none in this dtype for the op\'s kernels or a backbone that runs it)',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +50,9 @@ class Measurement:
             ``'vil-s'``.
         ratio_batch8 (float): ``triton / fast`` median time, forward + backward, 800x1333, batch 8.
         ratio_batch2 (float): The same at batch 2.
-        tests_passed (bool): Whether the CUDA-marked tests of the op's kernels, and those on ``'triton'``
-            of each backbone that runs the op, passed (each group ran and none failed).
+        tests (str): How the CUDA-marked tests in the row's dtype went, of the op's kernels and on
+            ``'triton'`` of each backbone that runs the op: ``'passed'`` (each group ran and none failed),
+            ``'failed'`` (one failed) or ``'incomplete'`` (none failed, but a group had no test that ran).
     """
 
     device: str
@@ -56,7 +63,7 @@ class Measurement:
     model: str
     ratio_batch8: float
     ratio_batch2: float
-    tests_passed: bool
+    tests: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +98,7 @@ class CudaDefault:
         if self.measured is None:
             return UNMEASURED
         m = self.measured
-        tests = 'CUDA tests passed' if m.tests_passed else 'CUDA tests FAILED'
+        tests = TEST_OUTCOMES[m.tests]
         return (
             f'{tests}; {m.model} triton/fast time {m.ratio_batch8:.2f} at batch 8, {m.ratio_batch2:.2f} at batch 2 '
             f'({m.device}, torch {m.torch}, triton {m.triton}, {m.commit}, {m.date})'
@@ -115,7 +122,7 @@ def decide(measured):
     Returns:
         str: 'triton' or 'fast'.
     """
-    if measured is None or not measured.tests_passed:
+    if measured is None or measured.tests != 'passed':
         return 'fast'
     return 'triton' if measured.ratio_batch8 < 1 and measured.ratio_batch2 < 1 else 'fast'
 
@@ -144,19 +151,19 @@ MEASURED_ON = dict(
     commit='8403249,8f2db67,12c2ad5',
     date='2026-11-27',
 )
-MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, tests passed
-    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, True),
-    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, True),
-    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, True),
-    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, True),
-    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, False),
-    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, True),
-    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, True),
-    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, False),
-    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, True),
-    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, True),
-    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, False),
-    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, True),
+MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests
+    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, 'passed'),
+    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, 'passed'),
+    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, 'passed'),
+    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, 'passed'),
+    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, 'incomplete'),
+    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, 'passed'),
+    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, 'passed'),
+    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, 'incomplete'),
+    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, 'passed'),
+    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, 'passed'),
+    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, 'incomplete'),
+    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, 'passed'),
 )
 # END measured rows
 MEASURED = tuple(
@@ -164,9 +171,9 @@ MEASURED = tuple(
         op,
         dtype,
         path,
-        Measurement(**MEASURED_ON, model=model, ratio_batch8=ratio8, ratio_batch2=ratio2, tests_passed=passed),
+        Measurement(**MEASURED_ON, model=model, ratio_batch8=ratio8, ratio_batch2=ratio2, tests=tests),
     )
-    for op, dtype, path, model, ratio8, ratio2, passed in MEASURED_ROWS
+    for op, dtype, path, model, ratio8, ratio2, tests in MEASURED_ROWS
 )
 
 #: The table: the measured rows first, then 'fast' for every op and dtype they leave out.
