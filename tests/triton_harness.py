@@ -10,6 +10,7 @@ every load, store and atomic the interpreter runs must address a tensor argument
 storage (:func:`bounds_checked`).
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -304,9 +305,28 @@ def compare_backbone(cls):
     )
 
 
+class StandInDriver:
+    """Triton's active driver where there is no GPU: device 0, stream 0, an sm_90 target. Enough for
+    ``JITFunction.warmup`` to bind, specialise and compile a launch's arguments as a launch on a Hopper GPU
+    does, stopping before the launch itself."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget('cuda', 90, 32)
+
+
 def compiling_launches(monkeypatch, tmp_path):
-    """Makes the kernel launches compile the kernel for sm_90 (Triton's bundled compiler and ptxas, no
-    GPU needed) instead of running it, and lets CPU tensors through the device check.
+    """Makes the kernel launches compile the kernel for sm_90 instead of running it, through Triton's own
+    launch path (``kernel.warmup`` under :class:`StandInDriver`: the argument binding and specialisation a
+    GPU launch does, then Triton's bundled compiler and ptxas), and lets CPU tensors through the device
+    check.
 
     Returns:
         list: ``(kernel name, cubin bytes)`` per launch, filled as they happen.
@@ -314,15 +334,18 @@ def compiling_launches(monkeypatch, tmp_path):
     host = pytest.importorskip(HOST)
     if impl.triton_interpreted():
         pytest.skip('TRITON_INTERPRET is on in this process: the kernels are not compilable objects')
-    from triton_resources import compile_launch
+    from triton.runtime.driver import driver
 
     compiled = []
 
     def compile_instead(kernel, grid, settings, *args, **constexprs):
-        binary = compile_launch(kernel, settings, args, constexprs)
+        # The kernel's per-device binders made under the stand-in are dropped after the test.
+        monkeypatch.setattr(kernel, 'device_caches', collections.defaultdict(kernel.create_binder))
+        binary = kernel.warmup(*args, grid=grid, **settings, **constexprs)
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 
     monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))  # compile for real, not from a cache
+    monkeypatch.setattr(driver, '_active', StandInDriver())
     monkeypatch.setattr(host, 'launch', compile_instead)
     set_interpreted(monkeypatch, True)  # CPU tensors pass the device check
     return compiled

@@ -138,16 +138,8 @@ def kernel_resources(name, dtype, size, capability=90):
             return
         seen.add(key)
         resources = compiled_kernel_resources(kernel, settings, args, constexprs, capability)
-        rows.append(
-            dict(
-                model=name,
-                dtype=dtype,
-                kernel=kernel.fn.__name__,
-                head_dim=constexprs['BLOCK_D'],
-                tile=constexprs.get('BLOCK', constexprs.get('BLOCK_N')),
-                **resources,
-            )
-        )
+        head_dim, tile = host.launch_tiles(constexprs)
+        rows.append(dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, head_dim=head_dim, tile=tile, **resources))
 
     class_name, arch = MODELS[name]
     model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()

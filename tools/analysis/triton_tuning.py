@@ -83,7 +83,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         if bias_grad_copies is not None and not takes_copies:
             kernel[grid](*args, **settings, **constexprs)
             return
-        key = (kernel.fn.__name__, constexprs['BLOCK_D'], constexprs.get('BLOCK', constexprs.get('BLOCK_N')))
+        key = (kernel.fn.__name__, *host.launch_tiles(constexprs))
         chosen = settings if candidate is None or key in failed else candidate
         try:
             if cuda:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 from .. import impl
 from ..process_state import STATE
@@ -70,6 +71,23 @@ def tensor_args(args):
             yield from tensor_args(arg)
         elif hasattr(arg, 'device'):
             yield arg
+
+
+def constant_bundle(bundle):
+    """``bundle``, a named tuple of a kernel's compile-time constants passed as one ``tl.constexpr`` argument,
+    with its strings wrapped in ``tl.constexpr``: Triton 3.6's launch path hands the members to the kernel as
+    they are, and a plain str reaching a jitted function's parameter fails to compile ("'str' object has no
+    attribute 'type'"; ``tests/triton_harness.py``'s ``compiling_launches`` goes through that path)."""
+    return type(bundle)(*(tl.constexpr(value) if isinstance(value, str) else value for value in bundle))
+
+
+def launch_tiles(constexprs):
+    """``(head-dim tile, token tile)`` of a launch's constexprs, given one by one or bundled in a ``tile``
+    named tuple (the analysis tools label launches with them)."""
+    names = dict(constexprs)
+    if 'tile' in names:
+        names.update(names.pop('tile')._asdict())
+    return names['BLOCK_D'], names.get('BLOCK', names.get('BLOCK_N'))
 
 
 def launch(kernel, grid, settings, *args, **constexprs):

@@ -35,7 +35,7 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -49,6 +49,27 @@ from . import kernel_parts as kp
 __all__ = ['triton_long_short_attention']
 
 
+class _Tile(NamedTuple):
+    """The compile-time constants every long-short kernel and its helpers read, as one ``tile`` argument
+    (one place to add one).
+
+    Args:
+        WINDOW (int): The segment size ``w``.
+        PAD (int): The patch's margin ``p`` around a segment (:func:`~visattn_mm.ops.indexing.segment_pad`).
+        HAS_LOCAL_BIAS (bool): Whether there is a window RPB.
+        BLOCK (int): Token slots of a tile (:func:`~visattn_mm.ops.triton.host.tile` of ``w*w``).
+        BLOCK_D (int): Head-dim slots of a tile.
+        DOT_PRECISION (str): ``tl.dot``'s input precision (:func:`~visattn_mm.ops.triton.host.dot_precision`).
+    """
+
+    WINDOW: int
+    PAD: int
+    HAS_LOCAL_BIAS: bool
+    BLOCK: int
+    BLOCK_D: int
+    DOT_PRECISION: str
+
+
 @triton.jit
 def _window_logits(
     scores,
@@ -57,8 +78,7 @@ def _window_logits(
     visible,
     local_bias,
     head,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    WINDOW: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """Adds the window RPB (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
     segment's queries and patch keys, and sets hidden logits to ``-inf``.
@@ -68,11 +88,13 @@ def _window_logits(
     ``[None, :]`` for ``(queries, keys)`` tiles, the reverse for transposed ones).
     A visible key lies in the patch, so its patch slot indexes the RPB.
     """
-    if HAS_LOCAL_BIAS:
+    if tile.HAS_LOCAL_BIAS:
         # The patch slot is the key's column in the gathered bias: the key order of rel_pos.long_short_rpb_index.
         base = local_bias.ptr + head * local_bias.head
         pointers = base + query_slots * local_bias.query + patch_slots * local_bias.key
-        scores += tl.load(pointers, mask=visible & (query_slots < WINDOW * WINDOW), other=0.0).to(scores.dtype)
+        scores += tl.load(pointers, mask=visible & (query_slots < tile.WINDOW * tile.WINDOW), other=0.0).to(
+            scores.dtype
+        )
     return tl.where(visible, scores, float('-inf'))
 
 
@@ -88,12 +110,7 @@ def _patch_tile(
     segment_row,
     segment_col,
     geometry,
-    WINDOW: tl.constexpr,
-    PAD: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries: the loop body
     of the forward and the query-side backward kernel.
@@ -103,23 +120,22 @@ def _patch_tile(
         the keys and values, and the ``(queries, keys)`` tile of logits.
     """
     _, height, width, _, head_dim = geometry
-    span = WINDOW + 2 * PAD
-    patch_slots = start + tl.arange(0, BLOCK)
-    y = segment_row * WINDOW - PAD + patch_slots // span
-    x = segment_col * WINDOW - PAD + patch_slots % span
+    span = tile.WINDOW + 2 * tile.PAD
+    patch_slots = start + tl.arange(0, tile.BLOCK)
+    y = segment_row * tile.WINDOW - tile.PAD + patch_slots // span
+    x = segment_col * tile.WINDOW - tile.PAD + patch_slots % span
     key_valid = (patch_slots < span * span) & (y >= 0) & (y < height) & (x >= 0) & (x < width)
     keys, values, scores = kp.key_tile(
-        queries, k, v, batch, head, y * width + x, key_valid, head_dim, BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, y * width + x, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
     )
     scores = _window_logits(
         scores,
-        tl.arange(0, BLOCK)[:, None],
+        tl.arange(0, tile.BLOCK)[:, None],
         patch_slots[None, :],
         key_valid[None, :],
         local_bias,
         head,
-        HAS_LOCAL_BIAS,
-        WINDOW,
+        tile,
     )
     return patch_slots, key_valid, keys, values, scores
 
@@ -137,16 +153,11 @@ def _long_short_forward(
     out,
     lse,
     geometry,
-    WINDOW: tl.constexpr,
-    PAD: tl.constexpr,
+    tile: tl.constexpr,
     NUM_BAR: tl.constexpr,
     NUM_GLOBAL: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
     """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``.
 
@@ -154,10 +165,10 @@ def _long_short_forward(
     """
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
-    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
-    row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
+    row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
     if NUM_BAR > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
             row_max,
@@ -172,12 +183,12 @@ def _long_short_forward(
             head_dim,
             NUM_BAR,
             False,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_R,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
 
-    for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
+    for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
         _, _, _, values, scores = _patch_tile(
             queries,
             start,
@@ -189,14 +200,9 @@ def _long_short_forward(
             row,
             col,
             geometry,
-            WINDOW,
-            PAD,
-            HAS_LOCAL_BIAS,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile,
         )
-        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
     if NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
@@ -212,13 +218,13 @@ def _long_short_forward(
             head_dim,
             NUM_GLOBAL,
             False,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_G,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
 
     lse_row = lse + batch_head * height * width
-    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D)
+    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, tile.BLOCK_D)
 
 
 @triton.jit
@@ -243,17 +249,12 @@ def _long_short_backward_queries(
     grad_global_v,
     geometry,
     bias_copies,
-    WINDOW: tl.constexpr,
-    PAD: tl.constexpr,
+    tile: tl.constexpr,
     NUM_BAR: tl.constexpr,
     NUM_GLOBAL: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
     LOCAL_BIAS_GRAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
     """Gradients seen from one segment's queries; grid ``(rows * cols, batch * heads)``.
 
@@ -265,7 +266,7 @@ def _long_short_backward_queries(
     """
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
-    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q,
         grad_out,
@@ -277,9 +278,9 @@ def _long_short_backward_queries(
         tokens,
         query_valid,
         head_dim,
-        BLOCK_D,
+        tile.BLOCK_D,
     )
-    grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
+    grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
     if NUM_BAR > 0:
@@ -301,9 +302,9 @@ def _long_short_backward_queries(
             head_dim,
             NUM_BAR,
             False,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_R,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
     if NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
@@ -324,12 +325,12 @@ def _long_short_backward_queries(
             head_dim,
             NUM_GLOBAL,
             False,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_G,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
 
-    for start in range(0, (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD), BLOCK):
+    for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
         patch_slots, key_valid, keys, values, scores = _patch_tile(
             queries,
             start,
@@ -341,30 +342,25 @@ def _long_short_backward_queries(
             row,
             col,
             geometry,
-            WINDOW,
-            PAD,
-            HAS_LOCAL_BIAS,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile,
         )
-        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
-        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
+        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
             kp.add_bias_grad(
                 grad_local_bias,
                 bias_copies,
                 heads,
                 head,
-                tl.arange(0, BLOCK),
+                tl.arange(0, tile.BLOCK),
                 patch_slots,
                 grad_scores,
                 query_valid[:, None] & key_valid[None, :],
-                WINDOW * WINDOW,
-                (WINDOW + 2 * PAD) * (WINDOW + 2 * PAD),
+                tile.WINDOW * tile.WINDOW,
+                (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD),
             )
 
-    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
+    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, tile.BLOCK_D)
 
 
 @triton.jit
@@ -379,12 +375,7 @@ def _long_short_backward_keys(
     grad_k,
     grad_v,
     geometry,
-    WINDOW: tl.constexpr,
-    PAD: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """Gradients of one ``w x w`` chunk of local keys and values; grid ``(rows * cols, batch * heads)``.
 
@@ -395,16 +386,19 @@ def _long_short_backward_keys(
     """
     heads, height, width, cols, head_dim = geometry
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
-    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
-    grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, tile.WINDOW, tile.BLOCK)
+    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D)
+    grad_keys, grad_values = (
+        kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D),
+        kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D),
+    )
 
-    span = WINDOW + 2 * PAD
-    slots = tl.arange(0, BLOCK)
+    span = tile.WINDOW + 2 * tile.PAD
+    slots = tl.arange(0, tile.BLOCK)
     for step in range(9):
         row_offset, col_offset = step // 3 - 1, step % 3 - 1
         row, col = key_row + row_offset, key_col + col_offset
-        tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+        tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
         # chunk_tokens already hides segments below or right of the grid (their pixels lie outside the map).
         query_valid = query_valid & (row >= 0) & (col >= 0)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
@@ -418,11 +412,11 @@ def _long_short_backward_keys(
             tokens,
             query_valid,
             head_dim,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile.BLOCK_D,
+            tile.DOT_PRECISION,
         )
-        patch_y = slots // WINDOW - row_offset * WINDOW + PAD
-        patch_x = slots % WINDOW - col_offset * WINDOW + PAD
+        patch_y = slots // tile.WINDOW - row_offset * tile.WINDOW + tile.PAD
+        patch_x = slots % tile.WINDOW - col_offset * tile.WINDOW + tile.PAD
         visible = key_valid & (patch_y >= 0) & (patch_y < span) & (patch_x >= 0) & (patch_x < span)
         scores = _window_logits(
             scores,
@@ -431,14 +425,24 @@ def _long_short_backward_keys(
             visible[:, None],
             local_bias,
             head,
-            HAS_LOCAL_BIAS,
-            WINDOW,
+            tile,
         )
         grad_keys, grad_values = kp.key_grads_step(
-            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
+            grad_keys,
+            grad_values,
+            scores,
+            values,
+            queries,
+            grad_rows,
+            row_lse,
+            row_delta,
+            query_valid,
+            tile.DOT_PRECISION,
         )
 
-    kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
+    kp.store_key_grads(
+        grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, tile.BLOCK_D
+    )
 
 
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
@@ -447,7 +451,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     rows, cols = chunk_grid(height, width, window)
     num_bar = 0 if k_bar is None else k_bar.shape[2]
     num_global = 0 if global_k is None else global_k.shape[2]
-    constexprs = dict(
+    tile = _Tile(
         WINDOW=window,
         PAD=segment_pad(window),
         HAS_LOCAL_BIAS=local_bias is not None,
@@ -461,7 +465,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, cols, head_dim),
-        constexprs,
+        dict(tile=host.constant_bundle(tile)),
         shared_constexprs,
         host.launch_settings(q.dtype),
     )

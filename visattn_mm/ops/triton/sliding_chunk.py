@@ -32,7 +32,7 @@ One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``)
 windows over 11 are refused: tiles of 256 slots do not fit the shared memory of a GPU.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -46,15 +46,40 @@ from . import kernel_parts as kp
 __all__ = ['triton_sliding_chunk_attention']
 
 
+class _Tile(NamedTuple):
+    """The compile-time constants every sliding-chunk kernel and its helpers read, as one ``tile``
+    argument (one place to add one).
+
+    Args:
+        WINDOW (int): The chunk size ``w``.
+        MASKING_MODE (int): 0, -1 or 1 (see :mod:`visattn_mm.ops.sliding_chunk`).
+        NUM_BLOCKS (int): Neighbour chunks of the shift mode: 9, or 2 (the own chunk and ``SECOND_BLOCK``).
+        SECOND_BLOCK (int): The last neighbour block of the shift mode.
+        HAS_LOCAL_BIAS (bool): Whether there is a local bias.
+        BLOCK (int): Token slots of a tile (:func:`~visattn_mm.ops.triton.host.tile` of ``w*w``).
+        BLOCK_D (int): Head-dim slots of a tile.
+        DOT_PRECISION (str): ``tl.dot``'s input precision (:func:`~visattn_mm.ops.triton.host.dot_precision`).
+    """
+
+    WINDOW: int
+    MASKING_MODE: int
+    NUM_BLOCKS: int
+    SECOND_BLOCK: int
+    HAS_LOCAL_BIAS: bool
+    BLOCK: int
+    BLOCK_D: int
+    DOT_PRECISION: str
+
+
 @triton.jit
-def _neighbour_block(step, NUM_BLOCKS: tl.constexpr, SECOND_BLOCK: tl.constexpr):
+def _neighbour_block(step, tile):
     """Index into ``NEIGHBOUR_OFFSETS`` of the ``step``-th key chunk of the shift mode.
 
     All 9 blocks in order, or the own chunk (4) followed by ``SECOND_BLOCK``.
     """
     block = step
-    if NUM_BLOCKS != 9:
-        block = 4 + (SECOND_BLOCK - 4) * step
+    if tile.NUM_BLOCKS != 9:
+        block = 4 + (tile.SECOND_BLOCK - 4) * step
     return block
 
 
@@ -78,9 +103,7 @@ def _mask_local_scores(
     head,
     block,
     in_grid,
-    MASKING_MODE: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    WINDOW: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """Adds the local bias (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
     query chunk and one neighbour chunk, and sets hidden logits to ``-inf``.
@@ -93,21 +116,23 @@ def _mask_local_scores(
         The logits and the visibility mask (which broadcasts against them; it
         depends on the key only in masking modes 0 / -1).
     """
-    if HAS_LOCAL_BIAS:
-        in_chunk = (query_slots < WINDOW * WINDOW) & (key_slots < WINDOW * WINDOW)
+    if tile.HAS_LOCAL_BIAS:
+        in_chunk = (query_slots < tile.WINDOW * tile.WINDOW) & (key_slots < tile.WINDOW * tile.WINDOW)
         # The key's column in the gathered bias: the key order of rel_pos.sliding_chunk_rpb_index.
         base = local_bias.ptr + head * local_bias.head
-        pointers = base + query_slots * local_bias.query + (block * WINDOW * WINDOW + key_slots) * local_bias.key
+        pointers = (
+            base + query_slots * local_bias.query + (block * tile.WINDOW * tile.WINDOW + key_slots) * local_bias.key
+        )
         scores += tl.load(pointers, mask=in_chunk, other=0.0).to(scores.dtype)
     visible = key_valid
-    if MASKING_MODE != -1:
+    if tile.MASKING_MODE != -1:
         visible = visible & in_grid
-    if MASKING_MODE == 1:
+    if tile.MASKING_MODE == 1:
         # Exact window (as sliding_chunk.outside_exact_window): query and key offsets from the query
         # chunk's corner differ by at most w.
-        rel_y = query_slots // WINDOW - ((block // 3 - 1) * WINDOW + key_slots // WINDOW)
-        rel_x = query_slots % WINDOW - ((block % 3 - 1) * WINDOW + key_slots % WINDOW)
-        visible = visible & (tl.abs(rel_y) <= WINDOW) & (tl.abs(rel_x) <= WINDOW)
+        rel_y = query_slots // tile.WINDOW - ((block // 3 - 1) * tile.WINDOW + key_slots // tile.WINDOW)
+        rel_x = query_slots % tile.WINDOW - ((block % 3 - 1) * tile.WINDOW + key_slots % tile.WINDOW)
+        visible = visible & (tl.abs(rel_y) <= tile.WINDOW) & (tl.abs(rel_x) <= tile.WINDOW)
     return tl.where(visible, scores, float('-inf')), visible
 
 
@@ -123,14 +148,7 @@ def _neighbour_tile(
     row,
     col,
     geometry,
-    WINDOW: tl.constexpr,
-    MASKING_MODE: tl.constexpr,
-    NUM_BLOCKS: tl.constexpr,
-    SECOND_BLOCK: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """The ``step``-th key chunk of the shift mode against the query chunk at ``(row, col)``: the loop body
     of the forward and the query-side backward kernel.
@@ -141,13 +159,13 @@ def _neighbour_tile(
         keys)`` tile of logits.
     """
     _, height, width, rows, cols, head_dim = geometry
-    block = _neighbour_block(step, NUM_BLOCKS, SECOND_BLOCK)
+    block = _neighbour_block(step, tile)
     key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, tile.WINDOW, tile.BLOCK)
     keys, values, scores = kp.key_tile(
-        queries, k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D, DOT_PRECISION
+        queries, k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
     )
-    slots = tl.arange(0, BLOCK)
+    slots = tl.arange(0, tile.BLOCK)
     scores, visible = _mask_local_scores(
         scores,
         slots[:, None],
@@ -157,9 +175,7 @@ def _neighbour_tile(
         head,
         block,
         in_grid,
-        MASKING_MODE,
-        HAS_LOCAL_BIAS,
-        WINDOW,
+        tile,
     )
     return block, visible, keys, values, scores
 
@@ -176,25 +192,18 @@ def _sliding_chunk_forward(
     out,
     lse,
     geometry,
-    WINDOW: tl.constexpr,
-    MASKING_MODE: tl.constexpr,
-    NUM_BLOCKS: tl.constexpr,
-    SECOND_BLOCK: tl.constexpr,
+    tile: tl.constexpr,
     NUM_GLOBAL: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
     HAS_L2G_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
     """Output and log-sum-exp of one query chunk; grid ``(rows * cols, batch * heads)``."""
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
-    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
-    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
-    row_max, row_sum, acc = kp.softmax_start(lse, BLOCK, BLOCK_D)
+    row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
     if NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
             row_max,
@@ -209,12 +218,12 @@ def _sliding_chunk_forward(
             head_dim,
             NUM_GLOBAL,
             HAS_L2G_BIAS,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_G,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
 
-    for step in range(NUM_BLOCKS):
+    for step in range(tile.NUM_BLOCKS):
         _, _, _, values, scores = _neighbour_tile(
             queries,
             step,
@@ -226,19 +235,12 @@ def _sliding_chunk_forward(
             row,
             col,
             geometry,
-            WINDOW,
-            MASKING_MODE,
-            NUM_BLOCKS,
-            SECOND_BLOCK,
-            HAS_LOCAL_BIAS,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile,
         )
-        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, DOT_PRECISION)
+        row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
     lse_row = lse + batch_head * height * width
-    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, BLOCK_D)
+    kp.finish_forward(out, batch, head, lse_row, tokens, query_valid, head_dim, row_max, row_sum, acc, tile.BLOCK_D)
 
 
 @triton.jit
@@ -261,18 +263,11 @@ def _sliding_chunk_backward_queries(
     grad_l2g,
     geometry,
     bias_copies,
-    WINDOW: tl.constexpr,
-    MASKING_MODE: tl.constexpr,
-    NUM_BLOCKS: tl.constexpr,
-    SECOND_BLOCK: tl.constexpr,
+    tile: tl.constexpr,
     NUM_GLOBAL: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
     HAS_L2G_BIAS: tl.constexpr,
-    LOCAL_BIAS_GRAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    LOCAL_BIAS_GRAD: tl.constexpr,
 ):
     """Gradients seen from one query chunk; grid ``(rows * cols, batch * heads)``.
 
@@ -285,7 +280,7 @@ def _sliding_chunk_backward_queries(
     """
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
-    tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+    tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
     queries, grad_rows, row_lse, row_delta = kp.backward_rows(
         q,
         grad_out,
@@ -297,9 +292,9 @@ def _sliding_chunk_backward_queries(
         tokens,
         query_valid,
         head_dim,
-        BLOCK_D,
+        tile.BLOCK_D,
     )
-    grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
+    grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
 
     if NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
@@ -320,13 +315,13 @@ def _sliding_chunk_backward_queries(
             head_dim,
             NUM_GLOBAL,
             HAS_L2G_BIAS,
-            BLOCK_D,
+            tile.BLOCK_D,
             BLOCK_G,
-            DOT_PRECISION,
+            tile.DOT_PRECISION,
         )
 
-    slots = tl.arange(0, BLOCK)
-    for step in range(NUM_BLOCKS):
+    slots = tl.arange(0, tile.BLOCK)
+    for step in range(tile.NUM_BLOCKS):
         block, visible, keys, values, scores = _neighbour_tile(
             queries,
             step,
@@ -338,17 +333,10 @@ def _sliding_chunk_backward_queries(
             row,
             col,
             geometry,
-            WINDOW,
-            MASKING_MODE,
-            NUM_BLOCKS,
-            SECOND_BLOCK,
-            HAS_LOCAL_BIAS,
-            BLOCK,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile,
         )
-        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
-        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
+        grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
             kp.add_bias_grad(
                 grad_local_bias,
@@ -356,14 +344,14 @@ def _sliding_chunk_backward_queries(
                 heads,
                 head,
                 slots,
-                block * WINDOW * WINDOW + slots,
+                block * tile.WINDOW * tile.WINDOW + slots,
                 grad_scores,
                 query_valid[:, None] & visible,
-                WINDOW * WINDOW,
-                9 * WINDOW * WINDOW,
+                tile.WINDOW * tile.WINDOW,
+                9 * tile.WINDOW * tile.WINDOW,
             )
 
-    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
+    kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, tile.BLOCK_D)
 
 
 @triton.jit
@@ -378,14 +366,7 @@ def _sliding_chunk_backward_keys(
     grad_k,
     grad_v,
     geometry,
-    WINDOW: tl.constexpr,
-    MASKING_MODE: tl.constexpr,
-    NUM_BLOCKS: tl.constexpr,
-    SECOND_BLOCK: tl.constexpr,
-    HAS_LOCAL_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    tile: tl.constexpr,
 ):
     """Gradients of one key chunk's keys and values; grid ``(rows * cols, batch * heads)``.
 
@@ -395,17 +376,20 @@ def _sliding_chunk_backward_keys(
     """
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, key_row, key_col = kp.program_chunk(heads, cols)
-    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, WINDOW, BLOCK)
-    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, BLOCK_D)
-    grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
+    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, tile.WINDOW, tile.BLOCK)
+    keys, values = kp.key_value_rows(k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D)
+    grad_keys, grad_values = (
+        kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D),
+        kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D),
+    )
 
-    slots = tl.arange(0, BLOCK)
-    for step in range(NUM_BLOCKS):
-        block = _neighbour_block(step, NUM_BLOCKS, SECOND_BLOCK)
+    slots = tl.arange(0, tile.BLOCK)
+    for step in range(tile.NUM_BLOCKS):
+        block = _neighbour_block(step, tile)
         row = (key_row - (block // 3 - 1) + rows) % rows
         col = (key_col - (block % 3 - 1) + cols) % cols
         _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-        tokens, query_valid = kp.chunk_tokens(row, col, height, width, WINDOW, BLOCK)
+        tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
         queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
             keys,
             q,
@@ -417,8 +401,8 @@ def _sliding_chunk_backward_keys(
             tokens,
             query_valid,
             head_dim,
-            BLOCK_D,
-            DOT_PRECISION,
+            tile.BLOCK_D,
+            tile.DOT_PRECISION,
         )
         scores, _ = _mask_local_scores(
             scores,
@@ -429,15 +413,24 @@ def _sliding_chunk_backward_keys(
             head,
             block,
             in_grid,
-            MASKING_MODE,
-            HAS_LOCAL_BIAS,
-            WINDOW,
+            tile,
         )
         grad_keys, grad_values = kp.key_grads_step(
-            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
+            grad_keys,
+            grad_values,
+            scores,
+            values,
+            queries,
+            grad_rows,
+            row_lse,
+            row_delta,
+            query_valid,
+            tile.DOT_PRECISION,
         )
 
-    kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
+    kp.store_key_grads(
+        grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, tile.BLOCK_D
+    )
 
 
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
@@ -446,7 +439,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
     rows, cols = chunk_grid(height, width, window)
     blocks = neighbour_blocks(shift_mode)
     num_global = 0 if global_k is None else global_k.shape[2]
-    constexprs = dict(
+    tile = _Tile(
         WINDOW=window,
         MASKING_MODE=masking_mode,
         NUM_BLOCKS=len(blocks),
@@ -460,7 +453,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, rows, cols, head_dim),
-        constexprs,
+        dict(tile=host.constant_bundle(tile)),
         global_constexprs,
         host.launch_settings(q.dtype),
     )
