@@ -163,16 +163,17 @@ class LaunchPlan(NamedTuple):
     Args:
         grid (tuple[int, int]): ``(query chunks, batch * heads)``.
         geometry (tuple[int, ...]): The map's sizes as one kernel argument.
-        constexprs (dict): The constexprs of all three kernels.
-        shared_constexprs (dict): Those of the shared (global, projected) keys, which only the forward and
-            the query-side backward kernel see.
+        tile (tuple): The op's compile-time constants, which all three kernels take as ``tile``
+            (:func:`constant_bundle` of the op's named tuple).
+        shared (tuple): Those of the shared (global, projected) keys, which the forward and the
+            query-side backward kernel take as ``shared``.
         settings (dict): ``num_warps`` and ``num_stages`` (:func:`launch_settings`).
     """
 
     grid: tuple
     geometry: tuple
-    constexprs: dict
-    shared_constexprs: dict
+    tile: tuple
+    shared: tuple
     settings: dict
 
 
@@ -180,11 +181,11 @@ class WindowSoftmaxKernels(NamedTuple):
     """The kernels of a local-window softmax op (sliding chunk, long-short), which
     :func:`window_softmax_forward` and :func:`window_softmax_backward` launch. Their arguments, in order:
 
-    * ``forward``: the input arguments (:func:`head_rows` of ``q, k, v``, then the op's other tensors,
+    * ``forward``: the inputs as one tuple (:func:`head_rows` of ``q, k, v``, then the op's other tensors,
       the local bias as a :func:`bias_table` at the index the op names), ``out`` rows, ``lse``, geometry;
-    * ``backward_queries``: the input arguments, ``out`` and ``grad_out`` rows, ``lse``, ``delta``,
-      ``grad_q`` rows, the local bias gradient, the shared keys' partial gradients, geometry,
-      the bias gradient's copies;
+    * ``backward_queries``: the inputs, ``out`` and ``grad_out`` rows, ``lse``, ``delta``, ``grad_q``
+      rows, the local bias gradient, the shared keys' partial gradients as one tuple, geometry, the
+      bias gradient's copies;
     * ``backward_keys``: ``q, k, v`` rows, the local bias table, ``grad_out`` rows, ``lse``, ``delta``,
       ``grad_k`` and ``grad_v`` rows, geometry.
     """
@@ -201,12 +202,12 @@ def window_softmax_forward(kernels, plan, q, input_args):
         kernels.forward,
         plan.grid,
         plan.settings,
-        *input_args,
+        input_args,
         head_rows(out),
         lse,
         plan.geometry,
-        **plan.constexprs,
-        **plan.shared_constexprs,
+        tile=plan.tile,
+        shared=plan.shared,
     )
     return out, lse
 
@@ -242,19 +243,19 @@ def window_softmax_backward(
         kernels.backward_queries,
         plan.grid,
         plan.settings,
-        *input_args,
+        input_args,
         head_rows(out),
         grad_out_rows,
         lse,
         delta,
         head_rows(grad_q),
         stand_in(grad_local_bias, lse),
-        *(stand_in(grad, lse) for grad in shared_grads),
+        tuple(stand_in(grad, lse) for grad in shared_grads),
         plan.geometry,
         copies,
         LOCAL_BIAS_GRAD=local_bias_grad,
-        **plan.constexprs,
-        **plan.shared_constexprs,
+        tile=plan.tile,
+        shared=plan.shared,
     )
     launch(
         kernels.backward_keys,
@@ -268,7 +269,7 @@ def window_softmax_backward(
         head_rows(grad_k),
         head_rows(grad_v),
         plan.geometry,
-        **plan.constexprs,
+        tile=plan.tile,
     )
     return grad_q, grad_k, grad_v, summed_copies(grad_local_bias, local_bias)
 

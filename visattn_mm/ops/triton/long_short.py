@@ -70,16 +70,25 @@ class _Tile(NamedTuple):
     DOT_PRECISION: str
 
 
+class _Shared(NamedTuple):
+    """The compile-time constants of the shared keys (projected and global), which the forward and the
+    query-side backward kernel read, as one ``shared`` argument.
+
+    Args:
+        NUM_BAR (int): Projected keys ``r`` (0: none).
+        NUM_GLOBAL (int): Global keys ``G`` (0: none).
+        BLOCK_R (int): Key slots of the projected keys' tile.
+        BLOCK_G (int): Key slots of the global keys' tile.
+    """
+
+    NUM_BAR: int
+    NUM_GLOBAL: int
+    BLOCK_R: int
+    BLOCK_G: int
+
+
 @triton.jit
-def _window_logits(
-    scores,
-    query_slots,
-    patch_slots,
-    visible,
-    local_bias,
-    head,
-    tile: tl.constexpr,
-):
+def _window_logits(scores, query_slots, patch_slots, visible, local_bias, head, tile: tl.constexpr):
     """Adds the window RPB (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
     segment's queries and patch keys, and sets hidden logits to ``-inf``.
 
@@ -99,19 +108,7 @@ def _window_logits(
 
 
 @triton.jit
-def _patch_tile(
-    queries,
-    start,
-    k,
-    v,
-    local_bias,
-    batch,
-    head,
-    segment_row,
-    segment_col,
-    geometry,
-    tile: tl.constexpr,
-):
+def _patch_tile(queries, start, k, v, local_bias, batch, head, segment_row, segment_col, geometry, tile: tl.constexpr):
     """Slots ``start .. start + BLOCK`` of a segment's row-major key patch against its queries: the loop body
     of the forward and the query-side backward kernel.
 
@@ -129,47 +126,25 @@ def _patch_tile(
         queries, k, v, batch, head, y * width + x, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
     )
     scores = _window_logits(
-        scores,
-        tl.arange(0, tile.BLOCK)[:, None],
-        patch_slots[None, :],
-        key_valid[None, :],
-        local_bias,
-        head,
-        tile,
+        scores, tl.arange(0, tile.BLOCK)[:, None], patch_slots[None, :], key_valid[None, :], local_bias, head, tile
     )
     return patch_slots, key_valid, keys, values, scores
 
 
 @triton.jit
-def _long_short_forward(
-    q,
-    k,
-    v,
-    k_bar,
-    v_bar,
-    global_k,
-    global_v,
-    local_bias,
-    out,
-    lse,
-    geometry,
-    tile: tl.constexpr,
-    NUM_BAR: tl.constexpr,
-    NUM_GLOBAL: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
+def _long_short_forward(inputs, out, lse, geometry, tile: tl.constexpr, shared: tl.constexpr):
     """Output and log-sum-exp of one segment's queries; grid ``(rows * cols, batch * heads)``.
 
     The shared keys have no bias: they get ``local_bias`` as their unread bias argument.
     """
+    q, k, v, k_bar, v_bar, global_k, global_v, local_bias = inputs
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
     queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
-    if NUM_BAR > 0:
+    if shared.NUM_BAR > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
             row_max,
             row_sum,
@@ -181,30 +156,18 @@ def _long_short_forward(
             batch,
             head,
             head_dim,
-            NUM_BAR,
+            shared.NUM_BAR,
             False,
             tile.BLOCK_D,
-            BLOCK_R,
+            shared.BLOCK_R,
             tile.DOT_PRECISION,
         )
 
     for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
-        _, _, _, values, scores = _patch_tile(
-            queries,
-            start,
-            k,
-            v,
-            local_bias,
-            batch,
-            head,
-            row,
-            col,
-            geometry,
-            tile,
-        )
+        _, _, _, values, scores = _patch_tile(queries, start, k, v, local_bias, batch, head, row, col, geometry, tile)
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
-    if NUM_GLOBAL > 0:
+    if shared.NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
             row_max,
             row_sum,
@@ -216,10 +179,10 @@ def _long_short_forward(
             batch,
             head,
             head_dim,
-            NUM_GLOBAL,
+            shared.NUM_GLOBAL,
             False,
             tile.BLOCK_D,
-            BLOCK_G,
+            shared.BLOCK_G,
             tile.DOT_PRECISION,
         )
 
@@ -229,32 +192,19 @@ def _long_short_forward(
 
 @triton.jit
 def _long_short_backward_queries(
-    q,
-    k,
-    v,
-    k_bar,
-    v_bar,
-    global_k,
-    global_v,
-    local_bias,
+    inputs,
     out,
     grad_out,
     lse,
     delta,
     grad_q,
     grad_local_bias,
-    grad_k_bar,
-    grad_v_bar,
-    grad_global_k,
-    grad_global_v,
+    shared_grads,
     geometry,
     bias_copies,
     tile: tl.constexpr,
-    NUM_BAR: tl.constexpr,
-    NUM_GLOBAL: tl.constexpr,
+    shared: tl.constexpr,
     LOCAL_BIAS_GRAD: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
 ):
     """Gradients seen from one segment's queries; grid ``(rows * cols, batch * heads)``.
 
@@ -264,6 +214,8 @@ def _long_short_backward_queries(
     (``(batch * heads * rows * cols, r or G, head_dim)``), and adds its patch
     logit gradients to ``grad_local_bias`` (``(bias_copies, heads, w*w, (w + 2p)^2)``, contiguous).
     """
+    q, k, v, k_bar, v_bar, global_k, global_v, local_bias = inputs
+    grad_k_bar, grad_v_bar, grad_global_k, grad_global_v = shared_grads
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
@@ -283,7 +235,7 @@ def _long_short_backward_queries(
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
-    if NUM_BAR > 0:
+    if shared.NUM_BAR > 0:
         grad_queries += kp.shared_keys_backward(
             queries,
             grad_rows,
@@ -300,13 +252,13 @@ def _long_short_backward_queries(
             lse,
             part,
             head_dim,
-            NUM_BAR,
+            shared.NUM_BAR,
             False,
             tile.BLOCK_D,
-            BLOCK_R,
+            shared.BLOCK_R,
             tile.DOT_PRECISION,
         )
-    if NUM_GLOBAL > 0:
+    if shared.NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
             queries,
             grad_rows,
@@ -323,26 +275,16 @@ def _long_short_backward_queries(
             lse,
             part,
             head_dim,
-            NUM_GLOBAL,
+            shared.NUM_GLOBAL,
             False,
             tile.BLOCK_D,
-            BLOCK_G,
+            shared.BLOCK_G,
             tile.DOT_PRECISION,
         )
 
     for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
         patch_slots, key_valid, keys, values, scores = _patch_tile(
-            queries,
-            start,
-            k,
-            v,
-            local_bias,
-            batch,
-            head,
-            row,
-            col,
-            geometry,
-            tile,
+            queries, start, k, v, local_bias, batch, head, row, col, geometry, tile
         )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
@@ -364,19 +306,7 @@ def _long_short_backward_queries(
 
 
 @triton.jit
-def _long_short_backward_keys(
-    q,
-    k,
-    v,
-    local_bias,
-    grad_out,
-    lse,
-    delta,
-    grad_k,
-    grad_v,
-    geometry,
-    tile: tl.constexpr,
-):
+def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k, grad_v, geometry, tile: tl.constexpr):
     """Gradients of one ``w x w`` chunk of local keys and values; grid ``(rows * cols, batch * heads)``.
 
     Patches reach ``p <= w`` pixels beyond their segment, so only the 3 x 3
@@ -419,13 +349,7 @@ def _long_short_backward_keys(
         patch_x = slots % tile.WINDOW - col_offset * tile.WINDOW + tile.PAD
         visible = key_valid & (patch_y >= 0) & (patch_y < span) & (patch_x >= 0) & (patch_x < span)
         scores = _window_logits(
-            scores,
-            slots[None, :],
-            (patch_y * span + patch_x)[:, None],
-            visible[:, None],
-            local_bias,
-            head,
-            tile,
+            scores, slots[None, :], (patch_y * span + patch_x)[:, None], visible[:, None], local_bias, head, tile
         )
         grad_keys, grad_values = kp.key_grads_step(
             grad_keys,
@@ -459,14 +383,12 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
         BLOCK_D=host.tile(head_dim),
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
-    shared_constexprs = dict(
-        NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar), BLOCK_G=host.tile(num_global)
-    )
+    shared = _Shared(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar), BLOCK_G=host.tile(num_global))
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, cols, head_dim),
-        dict(tile=host.constant_bundle(tile)),
-        shared_constexprs,
+        host.constant_bundle(tile),
+        host.constant_bundle(shared),
         host.launch_settings(q.dtype),
     )
 

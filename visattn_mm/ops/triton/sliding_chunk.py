@@ -71,6 +71,21 @@ class _Tile(NamedTuple):
     DOT_PRECISION: str
 
 
+class _Shared(NamedTuple):
+    """The compile-time constants of the global keys, which the forward and the query-side backward kernel
+    read, as one ``shared`` argument.
+
+    Args:
+        NUM_GLOBAL (int): Global keys ``G`` (0: none).
+        HAS_L2G_BIAS (bool): Whether the local->global logits have a bias.
+        BLOCK_G (int): Key slots of their tile.
+    """
+
+    NUM_GLOBAL: int
+    HAS_L2G_BIAS: bool
+    BLOCK_G: int
+
+
 @triton.jit
 def _neighbour_block(step, tile):
     """Index into ``NEIGHBOUR_OFFSETS`` of the ``step``-th key chunk of the shift mode.
@@ -94,17 +109,7 @@ def _neighbour_chunk(chunk_row, chunk_col, block, rows, cols):
 
 
 @triton.jit
-def _mask_local_scores(
-    scores,
-    query_slots,
-    key_slots,
-    key_valid,
-    local_bias,
-    head,
-    block,
-    in_grid,
-    tile: tl.constexpr,
-):
+def _mask_local_scores(scores, query_slots, key_slots, key_valid, local_bias, head, block, in_grid, tile: tl.constexpr):
     """Adds the local bias (a :class:`~visattn_mm.ops.triton.host.BiasTable`) to the dot products of a
     query chunk and one neighbour chunk, and sets hidden logits to ``-inf``.
 
@@ -137,19 +142,7 @@ def _mask_local_scores(
 
 
 @triton.jit
-def _neighbour_tile(
-    queries,
-    step,
-    k,
-    v,
-    local_bias,
-    batch,
-    head,
-    row,
-    col,
-    geometry,
-    tile: tl.constexpr,
-):
+def _neighbour_tile(queries, step, k, v, local_bias, batch, head, row, col, geometry, tile: tl.constexpr):
     """The ``step``-th key chunk of the shift mode against the query chunk at ``(row, col)``: the loop body
     of the forward and the query-side backward kernel.
 
@@ -167,44 +160,22 @@ def _neighbour_tile(
     )
     slots = tl.arange(0, tile.BLOCK)
     scores, visible = _mask_local_scores(
-        scores,
-        slots[:, None],
-        slots[None, :],
-        key_valid[None, :],
-        local_bias,
-        head,
-        block,
-        in_grid,
-        tile,
+        scores, slots[:, None], slots[None, :], key_valid[None, :], local_bias, head, block, in_grid, tile
     )
     return block, visible, keys, values, scores
 
 
 @triton.jit
-def _sliding_chunk_forward(
-    q,
-    k,
-    v,
-    global_k,
-    global_v,
-    local_bias,
-    l2g_bias,
-    out,
-    lse,
-    geometry,
-    tile: tl.constexpr,
-    NUM_GLOBAL: tl.constexpr,
-    HAS_L2G_BIAS: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
+def _sliding_chunk_forward(inputs, out, lse, geometry, tile: tl.constexpr, shared: tl.constexpr):
     """Output and log-sum-exp of one query chunk; grid ``(rows * cols, batch * heads)``."""
+    q, k, v, global_k, global_v, local_bias, l2g_bias = inputs
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
     queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
-    if NUM_GLOBAL > 0:
+    if shared.NUM_GLOBAL > 0:
         row_max, row_sum, acc = kp.shared_keys_forward(
             row_max,
             row_sum,
@@ -216,26 +187,16 @@ def _sliding_chunk_forward(
             batch,
             head,
             head_dim,
-            NUM_GLOBAL,
-            HAS_L2G_BIAS,
+            shared.NUM_GLOBAL,
+            shared.HAS_L2G_BIAS,
             tile.BLOCK_D,
-            BLOCK_G,
+            shared.BLOCK_G,
             tile.DOT_PRECISION,
         )
 
     for step in range(tile.NUM_BLOCKS):
         _, _, _, values, scores = _neighbour_tile(
-            queries,
-            step,
-            k,
-            v,
-            local_bias,
-            batch,
-            head,
-            row,
-            col,
-            geometry,
-            tile,
+            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile
         )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
@@ -245,28 +206,18 @@ def _sliding_chunk_forward(
 
 @triton.jit
 def _sliding_chunk_backward_queries(
-    q,
-    k,
-    v,
-    global_k,
-    global_v,
-    local_bias,
-    l2g_bias,
+    inputs,
     out,
     grad_out,
     lse,
     delta,
     grad_q,
     grad_local_bias,
-    grad_global_k,
-    grad_global_v,
-    grad_l2g,
+    shared_grads,
     geometry,
     bias_copies,
     tile: tl.constexpr,
-    NUM_GLOBAL: tl.constexpr,
-    HAS_L2G_BIAS: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    shared: tl.constexpr,
     LOCAL_BIAS_GRAD: tl.constexpr,
 ):
     """Gradients seen from one query chunk; grid ``(rows * cols, batch * heads)``.
@@ -278,6 +229,8 @@ def _sliding_chunk_backward_queries(
     ``(batch * heads * rows * cols, NUM_GLOBAL)``), and adds its logit gradients
     to ``grad_local_bias`` (``(bias_copies, heads, w*w, 9*w*w)``, contiguous).
     """
+    q, k, v, global_k, global_v, local_bias, l2g_bias = inputs
+    grad_global_k, grad_global_v, grad_l2g = shared_grads
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
@@ -296,7 +249,7 @@ def _sliding_chunk_backward_queries(
     )
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
 
-    if NUM_GLOBAL > 0:
+    if shared.NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
             queries,
             grad_rows,
@@ -313,27 +266,17 @@ def _sliding_chunk_backward_queries(
             grad_l2g,
             batch_head * rows * cols + chunk,
             head_dim,
-            NUM_GLOBAL,
-            HAS_L2G_BIAS,
+            shared.NUM_GLOBAL,
+            shared.HAS_L2G_BIAS,
             tile.BLOCK_D,
-            BLOCK_G,
+            shared.BLOCK_G,
             tile.DOT_PRECISION,
         )
 
     slots = tl.arange(0, tile.BLOCK)
     for step in range(tile.NUM_BLOCKS):
         block, visible, keys, values, scores = _neighbour_tile(
-            queries,
-            step,
-            k,
-            v,
-            local_bias,
-            batch,
-            head,
-            row,
-            col,
-            geometry,
-            tile,
+            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile
         )
         _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
@@ -356,17 +299,7 @@ def _sliding_chunk_backward_queries(
 
 @triton.jit
 def _sliding_chunk_backward_keys(
-    q,
-    k,
-    v,
-    local_bias,
-    grad_out,
-    lse,
-    delta,
-    grad_k,
-    grad_v,
-    geometry,
-    tile: tl.constexpr,
+    q, k, v, local_bias, grad_out, lse, delta, grad_k, grad_v, geometry, tile: tl.constexpr
 ):
     """Gradients of one key chunk's keys and values; grid ``(rows * cols, batch * heads)``.
 
@@ -405,15 +338,7 @@ def _sliding_chunk_backward_keys(
             tile.DOT_PRECISION,
         )
         scores, _ = _mask_local_scores(
-            scores,
-            slots[None, :],
-            slots[:, None],
-            key_valid[:, None],
-            local_bias,
-            head,
-            block,
-            in_grid,
-            tile,
+            scores, slots[None, :], slots[:, None], key_valid[:, None], local_bias, head, block, in_grid, tile
         )
         grad_keys, grad_values = kp.key_grads_step(
             grad_keys,
@@ -449,12 +374,12 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         BLOCK_D=host.tile(head_dim),
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
-    global_constexprs = dict(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
+    shared = _Shared(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, rows, cols, head_dim),
-        dict(tile=host.constant_bundle(tile)),
-        global_constexprs,
+        host.constant_bundle(tile),
+        host.constant_bundle(shared),
         host.launch_settings(q.dtype),
     )
 
