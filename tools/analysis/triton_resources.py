@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -80,12 +81,23 @@ def compile_launch(kernel, settings, args, constexprs, capability=90):
     )
 
 
+def code_digest(ptx):
+    """The first 12 hex digits of the SHA-256 of ``ptx`` without its debug information (``.loc`` and ``.file``
+    lines, comments, debug sections): equal for two sources that compile to the same code, whatever lines
+    the source moved to."""
+    code = re.sub(r'^\s*\.section\s+\.debug.*', '', ptx, flags=re.M | re.S)
+    lines = [
+        line for line in code.splitlines() if line.strip() and not line.strip().startswith(('.loc', '.file', '//'))
+    ]
+    return hashlib.sha256('\n'.join(lines).encode()).hexdigest()[:12]
+
+
 def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
     """Compiles one launch of ``kernel`` (:func:`compile_launch`) and reads its resources.
 
     Returns:
         dict: registers, spill stores and loads (bytes per thread), shared memory (KiB), the
-        launch's warps and pipeline stages.
+        launch's warps and pipeline stages, and the :func:`code_digest` of its PTX.
     """
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -104,6 +116,7 @@ def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
         ).stderr
     spills = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', report)
     return dict(
+        ptx=code_digest(ptx),
         registers=int(re.search(r'Used (\d+) registers', report).group(1)),
         spill_stores=int(spills.group(1)),
         spill_loads=int(spills.group(2)),
@@ -151,12 +164,14 @@ def kernel_resources(name, dtype, size, capability=90):
         training_step(model, torch.randn(1, 3, *size), dtype)
     finally:
         host.launch, impl.triton_interpreted = saved
-    worst = {}
+    worst, digests = {}, {}
     for row in rows:
         key = tuple(row[c] for c in COLUMNS[:7])
+        digests.setdefault(key, set()).add(row['ptx'])
         if key not in worst or row['spill_stores'] > worst[key]['spill_stores']:
             worst[key] = row
-    return list(worst.values())
+    # The code of every launch a row stands for, as one digest.
+    return [dict(row, ptx=code_digest('\n'.join(sorted(digests[key])))) for key, row in worst.items()]
 
 
 def training_step(model, image, dtype):
@@ -172,6 +187,12 @@ def parse_args(argv=None):
     parser.add_argument('--dtypes', default=','.join(DTYPES), help='comma-separated, of fp32, bf16')
     parser.add_argument('--size', default='256x256', help='input HxW of the training step (default 256x256)')
     parser.add_argument('--capability', type=int, default=90, help='compute capability compiled for (default 90)')
+    parser.add_argument(
+        '--ptx',
+        action='store_true',
+        help="add a column 'ptx': a digest of the code of the row's launches without debug information, "
+        'equal where a change of the kernels\' source leaves the compiled code as it was',
+    )
     args = parser.parse_args(argv)
     args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
     args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
@@ -193,7 +214,7 @@ def main(argv=None):
         f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
         f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n'
     )
-    print(common.format_table(rows, COLUMNS))
+    print(common.format_table(rows, COLUMNS + ('ptx',) if args.ptx else COLUMNS))
     return rows
 
 
