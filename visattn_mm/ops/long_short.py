@@ -177,9 +177,7 @@ def long_short_attention(
     if leading_global:
         check_leading_global(global_k, global_v)
         if path == 'fast':
-            return _fused_long_short_attention(
-                q, k, v, height, width, window, global_k=None, global_v=None, leading_global=leading_global, **options
-            )
+            return _fused_long_short_attention(q, k, v, height, width, window, leading_global=leading_global, **options)
         q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
     if path == 'triton':
         from .triton.long_short import triton_long_short_attention
@@ -223,7 +221,20 @@ def long_short_attention(
 
 
 def _fused_long_short_attention(
-    q, k, v, height, width, window, k_bar, v_bar, global_k, global_v, local_bias, dropout_p, leading_global=0
+    q,
+    k,
+    v,
+    height,
+    width,
+    window,
+    *,
+    k_bar=None,
+    v_bar=None,
+    global_k=None,
+    global_v=None,
+    local_bias=None,
+    dropout_p=0.0,
+    leading_global=0,
 ):
     """:func:`long_short_attention` through :func:`fused_attention`.
 

@@ -176,6 +176,11 @@ class LaunchPlan(NamedTuple):
     shared: tuple
     settings: dict
 
+    @property
+    def programs(self):
+        """Programs of each launch (query chunks times ``batch * heads``)."""
+        return self.grid[0] * self.grid[1]
+
 
 class WindowSoftmaxKernels(NamedTuple):
     """The kernels of a local-window softmax op (sliding chunk, long-short), which
@@ -234,7 +239,7 @@ def window_softmax_backward(
     q, k, v = inputs[:3]
     local_bias = inputs[local_bias_index]
     local_bias_grad = gradient_wanted(local_bias_index, inputs, needs_grad)
-    copies = bias_grad_copies(plan.grid[0] * plan.grid[1])
+    copies = bias_grad_copies(plan.programs)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = backward_buffers(
         q, k, v, grad_out, lse, local_bias, local_bias_grad, copies
     )

@@ -446,9 +446,8 @@ def _backward(
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
     plan = _launch_setup(q, k_bar, global_k, local_bias, height, width, window)
-    parts = plan.grid[0] * plan.grid[1]
-    grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, parts, k_bar)
-    grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, parts, global_k)
+    grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, plan.programs, k_bar)
+    grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, plan.programs, global_k)
     grad_q, grad_k, grad_v, grad_local_bias = host.window_softmax_backward(
         _KERNELS,
         plan,

@@ -442,7 +442,7 @@ def _backward(
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
     plan = _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
-        lse, plan.grid[0] * plan.grid[1], global_k, with_bias=l2g_bias is not None
+        lse, plan.programs, global_k, with_bias=l2g_bias is not None
     )
     grad_q, grad_k, grad_v, grad_local_bias = host.window_softmax_backward(
         _KERNELS,
