@@ -33,6 +33,8 @@ def _run(tmp_path, *stages, **env):
         'SITE': str(tmp_path / 'site'),
         'WHEEL_DIR': str(tmp_path / 'wheels'),
         'CUDA_VISIBLE_DEVICES': '',
+        # One pytest process per stage: the stages' CUDA tests all skip here.
+        'TEST_WORKERS': '0',
         **env,
     }
     return subprocess.run(
