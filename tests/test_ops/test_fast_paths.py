@@ -365,10 +365,8 @@ def test_fused_paths_gather_keys_again_in_backward(op_name, monkeypatch):
 
     import visattn_mm.ops.chunk_gather as chunk_gather
     from visattn_mm.analysis.step_cost import trace_step
-    from visattn_mm.ops import long_short, sliding_chunk
 
     height, width, window = 9, 10, 3
-    module = sliding_chunk if op_name == 'sliding_chunk' else long_short
 
     def op(q, k, v, bias):
         if op_name == 'sliding_chunk':
@@ -383,7 +381,7 @@ def test_fused_paths_gather_keys_again_in_backward(op_name, monkeypatch):
     results = {}
     for regather in (True, False):
         if not regather:
-            monkeypatch.setattr(module, 'regathered_in_backward', lambda *a: contextlib.nullcontext())
+            monkeypatch.setattr(chunk_gather, 'regathered_in_backward', lambda *a: contextlib.nullcontext())
         inputs = random_tensors(shapes, torch.float64)
         inputs[3].requires_grad_(False)
         gathers.clear()

@@ -4,15 +4,16 @@ Both fused paths (:mod:`visattn_mm.ops.sliding_chunk`, :mod:`visattn_mm.ops.long
 make the ``w x w`` chunks (segments) the batch of
 :func:`~visattn_mm.ops.common.fused_attention`: queries, and keys with values, are each
 one row gather (:class:`ChunkGather`) from the heads-last tokens. This module holds
-the gather, its functional form for torch.export, the constant rows it appends, and
-the query-side indices both ops share (the key indices are each op's own).
+that path (:func:`chunked_fused_attention`), the gather, its functional form for
+torch.export, the constant rows it appends, and the query-side indices both ops share
+(the key indices are each op's own).
 """
 
 import contextlib
 
 import torch
 
-from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache, storage_key
+from .common import HIDDEN_KEY_LOGIT, chunk_grid, device_cache, fused_attention, storage_key
 
 
 @device_cache
@@ -227,3 +228,56 @@ def regathered_in_backward(gathered, args):
     if torch.is_grad_enabled() and not torch.compiler.is_compiling() and not torch.compiler.is_exporting():
         return RegatherInBackward(gathered, args)
     return contextlib.nullcontext()
+
+
+def chunked_fused_attention(q, keys, values, height, width, window, kv_index, bias, hidden, dropout_p, leading_global):
+    """:func:`~visattn_mm.ops.common.fused_attention` with the ``w x w`` chunks as its batch.
+
+    The queries ``(B*R*C, h, w*w, d)`` are one row gather from ``q`` (padding positions
+    from the extra row), the keys and values ``(B*R*C, h, K, d)`` one row gather from
+    ``keys`` and ``values`` by ``kv_index``, all heads-last, as the fused kernels read
+    them. The attention keeps, in place of the gathered keys and values, the tokens to
+    gather them from (:func:`regathered_in_backward`).
+
+    With a bias, hidden keys are the gather's extra row (see :func:`gather_fill_rows`):
+    queries get an extra feature 1, the hidden key the logit
+    :data:`~visattn_mm.ops.common.HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple
+    of 8. Without one, ``hidden`` masks them.
+
+    Args:
+        q (Tensor): ``(B, heads, first + H*W, d)`` queries, ``first = leading_global``.
+        keys (tuple[Tensor]): ``(B, heads, n, d)`` tensors whose rows, concatenated, then
+            the extra row, ``kv_index`` counts.
+        values (tuple[Tensor]): Likewise, the same sizes.
+        height (int): Map height ``H``.
+        width (int): Map width ``W``.
+        window (int): Chunk size ``w``.
+        kv_index (LongTensor): ``(R*C*K,)`` the key rows of every chunk.
+        bias (Tensor, optional): ``(heads, w*w, K)``, the same for every chunk.
+        hidden (BoolTensor, optional): ``(R*C, K)``, True = hidden; read only without a bias.
+        dropout_p (float): Dropout on the attention probabilities.
+        leading_global (int): Rows of ``q`` before the map's, never queries here.
+
+    Returns:
+        Tensor: ``(B, heads, H*W, d)``.
+    """
+    b, heads, _, d = q.shape
+    rows, cols = chunk_grid(height, width, window)
+    extra = 0 if bias is None else 8 - d % 8
+    q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
+    (q_chunks,) = gather_chunk_rows(chunk_query_index(height, width, window, leading_global, q.device), *q_rows, q)
+    kv_args = (kv_index, *kv_rows, *keys, *values)
+    k_chunks, v_chunks = gather_chunk_rows(*kv_args)
+
+    def heads_first(t):
+        return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
+
+    mask = None if bias is not None else hidden.repeat(b, 1)[:, None, None, :]
+    with regathered_in_backward((k_chunks, v_chunks), kv_args):
+        out = fused_attention(
+            heads_first(q_chunks), heads_first(k_chunks), heads_first(v_chunks), bias, mask, dropout_p
+        )
+    # Back to map tokens: one gather of the in-image query positions (the padding dropped).
+    out = out.transpose(1, 2).reshape(b, rows * cols * window * window, heads, d + extra)
+    out = out.index_select(1, chunk_token_positions(height, width, window, q.device))
+    return out[..., :d].transpose(1, 2)

@@ -172,19 +172,28 @@ def split_leading(tokens, count):
     return tokens.split([count, tokens.shape[2] - count], dim=2)
 
 
-def check_leading_global(global_k, global_v):
-    """Refuses global keys or values given beside ``leading_global`` tokens, which are the global ones."""
-    if global_k is not None or global_v is not None:
-        raise ValueError(
-            'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
-        )
+def run_window_backend(backends, path, q, k, v, geometry, global_k, global_v, leading_global, options):
+    """Runs a window op (sliding-chunk, long-short) on its chosen path, with or without leading globals.
 
+    The op's public function validates and picks ``path``; this is the one place that hands its
+    arguments to the path's backend, ``backends[path](q, k, v, *geometry, global_k=..., global_v=...,
+    **options)``. With ``leading_global`` tokens in ``q``, ``k`` and ``v`` (the global tokens, whose
+    keys and values are the global ones), the fused backend gathers from the whole tensors, so that
+    their gradients need no slicing backward; the other backends get them split, as one split
+    (:func:`split_leading`) per tensor.
 
-def leading_global_split(q, k, v, count):
-    """``(q, k, v, global_k, global_v)`` of ``(B, heads, count + N, d)`` tokens whose first ``count`` are global:
-    the map's queries, keys and values and the global keys and values (see :func:`split_leading`)."""
-    (_, q), (global_k, k), (global_v, v) = (split_leading(t, count) for t in (q, k, v))
-    return q, k, v, global_k, global_v
+    Raises:
+        ValueError: For ``global_k`` or ``global_v`` given beside ``leading_global`` tokens.
+    """
+    if leading_global:
+        if global_k is not None or global_v is not None:
+            raise ValueError(
+                'leading_global: the global keys and values are the leading tokens; global_k and global_v must be None'
+            )
+        if path == 'fast':
+            return backends['fast'](q, k, v, *geometry, leading_global=leading_global, **options)
+        (_, q), (global_k, k), (global_v, v) = (split_leading(t, leading_global) for t in (q, k, v))
+    return backends[path](q, k, v, *geometry, global_k=global_k, global_v=global_v, **options)
 
 
 def chunk_grid(height, width, window):

@@ -33,23 +33,8 @@ share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import (
-    chunk_query_index,
-    chunk_token_positions,
-    gather_chunk_rows,
-    gather_fill_rows,
-    regathered_in_backward,
-)
-from .common import (
-    check_leading_global,
-    chunk_grid,
-    device_cache,
-    from_chunks,
-    fused_attention,
-    leading_global_split,
-    softmax_fp32,
-    to_chunks,
-)
+from .chunk_gather import chunked_fused_attention
+from .common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import segment_pad
 
@@ -148,11 +133,8 @@ def long_short_attention(
     """Local queries attend to ``[projected keys | their segment's patch | global keys]``.
 
     Args:
-        q (Tensor): ``(B, heads, H*W, d)`` local queries, row-major, already scaled.
-        k (Tensor): ``(B, heads, H*W, d)`` local keys.
-        v (Tensor): ``(B, heads, H*W, d)`` local values.
-        height (int): Map height ``H``.
-        width (int): Map width ``W``.
+        q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (row-major, already scaled), keys and values.
+        height, width (int): Map size ``H x W``.
         window (int): Segment size ``w``.
         k_bar (Tensor, optional): ``(B, heads, r, d)`` keys of the dynamic projection.
         v_bar (Tensor, optional): ``(B, heads, r, d)`` values of the dynamic projection.
@@ -163,32 +145,24 @@ def long_short_attention(
         dropout_p (float): Dropout on the attention probabilities.
         impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
-            ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
-            ``global_v`` must then be None), their queries are not attended with. The fused
-            path then gathers from the whole tensors, so that their gradients need no
-            slicing backward. Default: 0.
+        leading_global (int): ``q``, ``k`` and ``v`` begin with this many global tokens, whose
+            keys and values are the global ones (``global_k`` and ``global_v`` must then be None;
+            how each path takes them: :func:`~visattn_mm.ops.common.run_window_backend`). Default: 0.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
     """
     path = attention_path('long_short', q, local_bias, impl=impl, window=window, dropout_p=dropout_p)
     options = dict(k_bar=k_bar, v_bar=v_bar, local_bias=local_bias, dropout_p=dropout_p)
-    if leading_global:
-        check_leading_global(global_k, global_v)
-        if path == 'fast':
-            return _fused_long_short_attention(q, k, v, height, width, window, leading_global=leading_global, **options)
-        q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
-    if path == 'triton':
-        from .triton.long_short import triton_long_short_attention
+    return run_window_backend(
+        _BACKENDS, path, q, k, v, (height, width, window), global_k, global_v, leading_global, options
+    )
 
-        return triton_long_short_attention(
-            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
-        )
-    if path == 'fast':
-        return _fused_long_short_attention(
-            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
-        )
+
+def _math_long_short_attention(
+    q, k, v, height, width, window, *, k_bar, v_bar, global_k, global_v, local_bias, dropout_p
+):
+    """:func:`long_short_attention` in plain tensor ops: every segment's logits, masked, one softmax."""
     w = window
     q_seg = to_chunks(q, height, width, w)
     b, heads, rows, cols, _, d = q_seg.shape
@@ -228,27 +202,21 @@ def _fused_long_short_attention(
     width,
     window,
     *,
-    k_bar=None,
-    v_bar=None,
+    k_bar,
+    v_bar,
     global_k=None,
     global_v=None,
-    local_bias=None,
-    dropout_p=0.0,
     leading_global=0,
+    local_bias,
+    dropout_p,
 ):
-    """:func:`long_short_attention` through :func:`fused_attention`.
+    """:func:`long_short_attention` through :func:`~visattn_mm.ops.chunk_gather.chunked_fused_attention`.
 
-    Segments become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
-    against ``[projected | patch | global]`` keys. Queries and keys+values are each one
-    row gather (:class:`~visattn_mm.ops.chunk_gather.ChunkGather`) from the tokens,
-    heads-last, whose backward accumulates into one buffer; keys outside the image are
-    gathered from the gather's extra row, the hidden key. The window RPB is the same for
-    every segment.
+    Per segment, the keys are ``[projected | patch | global]`` (:func:`segment_key_index`);
+    keys outside the image are the gather's extra row, the hidden key. The window RPB is
+    the same for every segment.
     """
     w = window
-    b, heads, _, d = q.shape
-    rows, cols = chunk_grid(height, width, w)
-    segment = w * w
     num_bar = 0 if k_bar is None else k_bar.shape[2]
     num_global = leading_global or (0 if global_k is None else global_k.shape[2])
     # Every row is gathered in the queries' dtype, the one the fused kernel computes in
@@ -256,31 +224,18 @@ def _fused_long_short_attention(
     keys = [t.to(q.dtype) for t in (k_bar, global_k, k) if t is not None]
     values = [t.to(q.dtype) for t in (v_bar, global_v, v) if t is not None]
     bias = None if local_bias is None else F.pad(local_bias, (num_bar, num_global))
-    extra = 0 if bias is None else 8 - d % 8
-    q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
-    q_index = chunk_query_index(height, width, w, leading_global, q.device)
     kv_index = segment_key_index(height, width, w, num_bar, num_global, q.device)
+    hidden = None if bias is not None else F.pad(window_key_mask(height, width, w, q.device), (num_bar, num_global))
+    return chunked_fused_attention(q, keys, values, height, width, w, kv_index, bias, hidden, dropout_p, leading_global)
 
-    def attend(*tensors):
-        (q_seg,) = gather_chunk_rows(q_index, *q_rows, tensors[0])
-        kv_args = (kv_index, *kv_rows, *tensors[1:])
-        k_win, v_win = gather_chunk_rows(*kv_args)
 
-        def heads_first(t):
-            return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
+def _triton_long_short_attention(*args, **options):
+    from .triton.long_short import triton_long_short_attention  # Triton is optional: imported when used
 
-        hidden = None
-        if bias is None:
-            hidden = window_key_mask(height, width, w, q.device)
-            hidden = F.pad(hidden, (num_bar, num_global)).repeat(b, 1)[:, None, None, :]
-        with regathered_in_backward((k_win, v_win), kv_args):
-            return fused_attention(heads_first(q_seg), heads_first(k_win), heads_first(v_win), bias, hidden, dropout_p)
+    return triton_long_short_attention(*args, **options)
 
-    out = attend(q, *keys, *values)
-    # Back to map tokens: one gather of the in-image query positions (the padding dropped).
-    out = out.transpose(1, 2).reshape(b, rows * cols * segment, heads, d + extra)
-    out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
-    return out[..., :d].transpose(1, 2)
+
+_BACKENDS = dict(math=_math_long_short_attention, fast=_fused_long_short_attention, triton=_triton_long_short_attention)
 
 
 @device_cache

@@ -93,11 +93,8 @@ def sliding_chunk_attention_dense(
     global key gets its ``l2g_bias``. No chunks, no padding: the map is exactly ``H x W``.
 
     Args:
-        q (Tensor): ``(B, heads, H*W, d)`` local queries, already scaled.
-        k (Tensor): ``(B, heads, H*W, d)`` local keys.
-        v (Tensor): ``(B, heads, H*W, d)`` local values.
-        height (int): Map height ``H``.
-        width (int): Map width ``W``.
+        q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (already scaled), keys and values.
+        height, width (int): Map size ``H x W``.
         window (int): Chunk size ``w``.
         global_k (Tensor, optional): ``(B, heads, G, d)`` global keys.
         global_v (Tensor, optional): ``(B, heads, G, d)`` global values.
@@ -170,11 +167,8 @@ def long_short_attention_dense(
     padding here: the map is exactly ``H x W``.
 
     Args:
-        q (Tensor): ``(B, heads, H*W, d)`` local queries, already scaled.
-        k (Tensor): ``(B, heads, H*W, d)`` local keys.
-        v (Tensor): ``(B, heads, H*W, d)`` local values.
-        height (int): Map height ``H``.
-        width (int): Map width ``W``.
+        q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (already scaled), keys and values.
+        height, width (int): Map size ``H x W``.
         window (int): Segment size ``w``.
         k_bar (Tensor, optional): ``(B, heads, r, d)`` projected keys.
         v_bar (Tensor, optional): ``(B, heads, r, d)`` projected values.

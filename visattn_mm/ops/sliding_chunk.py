@@ -25,23 +25,8 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import (
-    chunk_query_index,
-    chunk_token_positions,
-    gather_chunk_rows,
-    gather_fill_rows,
-    regathered_in_backward,
-)
-from .common import (
-    check_leading_global,
-    chunk_grid,
-    device_cache,
-    from_chunks,
-    fused_attention,
-    leading_global_split,
-    softmax_fp32,
-    to_chunks,
-)
+from .chunk_gather import chunked_fused_attention
+from .common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
 from .impl import attention_path
 from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
@@ -195,11 +180,8 @@ def sliding_chunk_attention(
     """Local tokens attend to their neighbour chunks and to the global tokens.
 
     Args:
-        q (Tensor): ``(B, heads, H*W, d)`` local queries, row-major, already scaled.
-        k (Tensor): ``(B, heads, H*W, d)`` local keys.
-        v (Tensor): ``(B, heads, H*W, d)`` local values.
-        height (int): Map height ``H``.
-        width (int): Map width ``W``.
+        q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (row-major, already scaled), keys and values.
+        height, width (int): Map size ``H x W``.
         window (int): Chunk size ``w``.
         global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
         global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
@@ -211,11 +193,9 @@ def sliding_chunk_attention(
         dropout_p (float): Dropout on the attention probabilities.
         impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        leading_global (int): ``q``, ``k`` and ``v`` hold this many global tokens before the
-            ``H*W`` map tokens: their keys and values are the global ones (``global_k`` and
-            ``global_v`` must then be None), their queries are not attended with. The fused
-            path then gathers from the whole tensors, so that their gradients need no
-            slicing backward. Default: 0.
+        leading_global (int): ``q``, ``k`` and ``v`` begin with this many global tokens, whose
+            keys and values are the global ones (``global_k`` and ``global_v`` must then be None;
+            how each path takes them: :func:`~visattn_mm.ops.common.run_window_backend`). Default: 0.
 
     Returns:
         Tensor: ``(B, heads, H*W, d)``.
@@ -225,23 +205,15 @@ def sliding_chunk_attention(
     options = dict(
         local_bias=local_bias, l2g_bias=l2g_bias, masking_mode=masking_mode, shift_mode=shift_mode, dropout_p=dropout_p
     )
-    if leading_global:
-        check_leading_global(global_k, global_v)
-        if path == 'fast':
-            return _fused_sliding_chunk_attention(
-                q, k, v, height, width, window, leading_global=leading_global, **options
-            )
-        q, k, v, global_k, global_v = leading_global_split(q, k, v, leading_global)
-    if path == 'triton':
-        from .triton.sliding_chunk import triton_sliding_chunk_attention
+    return run_window_backend(
+        _BACKENDS, path, q, k, v, (height, width, window), global_k, global_v, leading_global, options
+    )
 
-        return triton_sliding_chunk_attention(
-            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
-        )
-    if path == 'fast':
-        return _fused_sliding_chunk_attention(
-            q, k, v, height, width, window, global_k=global_k, global_v=global_v, **options
-        )
+
+def _math_sliding_chunk_attention(
+    q, k, v, height, width, window, *, global_k, global_v, local_bias, l2g_bias, masking_mode, shift_mode, dropout_p
+):
+    """:func:`sliding_chunk_attention` in plain tensor ops: every chunk's logits, masked, one softmax."""
     w = window
     hidden = key_mask(height, width, w, masking_mode, shift_mode, q.device)
     blocks = neighbour_blocks(shift_mode)
@@ -286,35 +258,24 @@ def _fused_sliding_chunk_attention(
     *,
     global_k=None,
     global_v=None,
-    local_bias=None,
-    l2g_bias=None,
-    masking_mode=0,
-    shift_mode=0,
-    dropout_p=0.0,
     leading_global=0,
+    local_bias,
+    l2g_bias,
+    masking_mode,
+    shift_mode,
+    dropout_p,
 ):
-    """:func:`sliding_chunk_attention` through :func:`fused_attention`.
+    """:func:`sliding_chunk_attention` through :func:`~visattn_mm.ops.chunk_gather.chunked_fused_attention`.
 
-    Chunks become the batch of the fused kernel: queries ``(B*R*C, h, w*w, d)``
-    against ``[global | neighbour]`` keys ``(B*R*C, h, G + nb*w*w, d)``. Each of the
-    three is one row gather (:class:`~visattn_mm.ops.chunk_gather.ChunkGather`) from
-    the tokens, heads-last, which the fused kernels read as they are. Hidden keys
-    (padding, neighbours beyond the grid) are gathered from an extra all-zero row; the
-    bias (RPB, local->global bias, exact window) is the same for every chunk.
-
-    With a bias, the per-chunk hidden keys are folded into the dot product as in
-    :func:`fused_attention` (queries get an extra feature 1, keys ``0`` or
-    :data:`~visattn_mm.ops.common.HIDDEN_KEY_LOGIT`, head dim zero-padded to a multiple
-    of 8), but the extra features are written by the gathers themselves: the extra row
-    is the hidden key.
-    Without a bias the hidden keys are a boolean mask. With ``leading_global`` tokens
-    (see :func:`sliding_chunk_attention`) the global keys and values are the first rows
-    of ``k`` and ``v``, and the queries are gathered past them.
+    Per chunk, the keys are ``[global | neighbour]`` (:func:`neighbour_key_index`). Hidden
+    keys (padding, neighbours beyond the grid) are the gather's extra row; the bias
+    (RPB, local->global bias, exact window) is the same for every chunk. With
+    ``leading_global`` tokens (see :func:`sliding_chunk_attention`) the global keys and
+    values are the first rows of ``k`` and ``v``.
     """
     w = window
     blocks = neighbour_blocks(shift_mode)
-    b, heads, _, d = q.shape
-    rows, cols = chunk_grid(height, width, w)
+    heads = q.shape[1]
     chunk = w * w
     num_global = leading_global or (0 if global_k is None else global_k.shape[2])
 
@@ -330,29 +291,24 @@ def _fused_sliding_chunk_attention(
             bias = torch.cat([to_global.expand(heads, chunk, num_global), bias], dim=-1)
     # Mode 1 = the key-only mask of mode 0 plus the chunk-independent window (in the bias).
     key_masking = 0 if masking_mode == 1 else masking_mode
-    extra = 0 if bias is None else 8 - d % 8
-    q_rows, kv_rows = gather_fill_rows(d, extra, q.dtype, q.device)
-    (q_chunks,) = gather_chunk_rows(chunk_query_index(height, width, w, leading_global, q.device), *q_rows, q)
     keys = (k,) if leading_global or not num_global else (global_k, k)
     values = (v,) if leading_global or not num_global else (global_v, v)
     kv_index = neighbour_key_index(height, width, w, key_masking, shift_mode, num_global, q.device)
-    kv_args = (kv_index, *kv_rows, *keys, *values)
-    k_near, v_near = gather_chunk_rows(*kv_args)
-
-    def heads_first(t):
-        return t.reshape(b * rows * cols, -1, heads, d + extra).transpose(1, 2)
-
     hidden = None
     if bias is None:
-        hidden = key_mask(height, width, w, key_masking, shift_mode, q.device)
-        hidden = F.pad(hidden, (num_global, 0)).repeat(b, 1)[:, None, None, :]
-    # The attention keeps, in place of the neighbour keys and values, the tokens to gather them from.
-    with regathered_in_backward((k_near, v_near), kv_args):
-        out = fused_attention(heads_first(q_chunks), heads_first(k_near), heads_first(v_near), bias, hidden, dropout_p)
-    # Back to map tokens: one gather of the in-image query positions (the padding dropped).
-    out = out.transpose(1, 2).reshape(b, rows * cols * chunk, heads, d + extra)
-    out = out.index_select(1, chunk_token_positions(height, width, w, q.device))
-    return out[..., :d].transpose(1, 2)
+        hidden = F.pad(key_mask(height, width, w, key_masking, shift_mode, q.device), (num_global, 0))
+    return chunked_fused_attention(q, keys, values, height, width, w, kv_index, bias, hidden, dropout_p, leading_global)
+
+
+def _triton_sliding_chunk_attention(*args, **options):
+    from .triton.sliding_chunk import triton_sliding_chunk_attention  # Triton is optional: imported when used
+
+    return triton_sliding_chunk_attention(*args, **options)
+
+
+_BACKENDS = dict(
+    math=_math_sliding_chunk_attention, fast=_fused_sliding_chunk_attention, triton=_triton_sliding_chunk_attention
+)
 
 
 @device_cache

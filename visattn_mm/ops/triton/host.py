@@ -105,7 +105,7 @@ def on_device(device):
     return torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext()
 
 
-def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
+def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
     """Registers a kernel pair as the custom ops ``visattn_mm::<name>`` and
     ``visattn_mm::<name>_backward``, linked by an autograd formula.
 
@@ -118,19 +118,19 @@ def define_op(name, forward, forward_fake, backward, num_tensor_inputs):
         forward (callable): ``(tensor inputs..., geometry...) -> (out, *saved)``,
             with type annotations (they are the op's schema). The first three
             tensor inputs are ``q, k, v``; the others may be None.
-        forward_fake (callable): ``forward``'s outputs as empty tensors, from the
-            same arguments.
         backward (callable): ``(grad_out, tensor inputs..., forward outputs...,
             geometry..., needs_grad) -> list[Tensor]``, annotated; ``needs_grad``
             holds ``needs_input_grad`` of the tensor inputs; the result comes from
             :func:`gradient_list`.
         num_tensor_inputs (int): How many leading arguments of ``forward`` are tensors.
+        forward_fake (callable, optional): ``forward``'s outputs as empty tensors, from the
+            same arguments. Default: a softmax attention's, :func:`forward_outputs` of ``q``.
 
     Returns:
         The forward op: call it with ``forward``'s arguments; it returns ``(out, *saved)``.
     """
     forward_op = torch.library.custom_op(f'visattn_mm::{name}', forward, mutates_args=())
-    forward_op.register_fake(forward_fake)
+    forward_op.register_fake(forward_fake or (lambda q, *_: forward_outputs(q)))
     backward_op = torch.library.custom_op(f'visattn_mm::{name}_backward', backward, mutates_args=())
 
     @backward_op.register_fake

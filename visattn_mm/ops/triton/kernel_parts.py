@@ -119,8 +119,14 @@ def finish_forward(out, batch, head, lse, tokens, query_valid, head_dim, row_max
 
 @triton.jit
 def backward_rows(q, grad_out, out, batch, head, lse, delta, tokens, query_valid, head_dim, BLOCK_D: tl.constexpr):
-    """A query chunk's queries, output gradients, log-sum-exps and ``delta = rowsum(dO * O)``; stores
-    ``delta`` (``lse`` and ``delta`` at the chunk's (batch, head) row) for the key-centric kernel."""
+    """The query side of a query chunk's backward, and stores its ``delta = rowsum(dO * O)`` (``lse`` and
+    ``delta`` at the chunk's (batch, head) row) for the key-centric kernel.
+
+    Returns:
+        The chunk's *query rows*, one tuple ``(queries, grad_rows, row_lse, row_delta, query_valid)``:
+        queries, output gradients, log-sum-exps, deltas and which slots are queries, as
+        :func:`logit_grads`, :func:`key_grads_step` and :func:`shared_keys_backward` take them.
+    """
     queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     outputs = load_rows(out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
@@ -128,13 +134,14 @@ def backward_rows(q, grad_out, out, batch, head, lse, delta, tokens, query_valid
     row_delta = tl.sum(grad_rows.to(acc_dtype) * outputs.to(acc_dtype), 1)
     tl.store(delta + tokens, row_delta, mask=query_valid)
     row_lse = tl.load(lse + tokens, mask=query_valid, other=0.0)
-    return queries, grad_rows, row_lse, row_delta
+    return queries, grad_rows, row_lse, row_delta, query_valid
 
 
 @triton.jit
-def logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION: tl.constexpr):
+def logit_grads(scores, query_rows, values, DOT_PRECISION: tl.constexpr):
     """FlashAttention-2 backward of a ``(queries, keys)`` tile of logits: the probabilities, recomputed
     from the log-sum-exps (0 for padding queries), and the logit gradients ``P * (dO V^T - delta)``."""
+    _, grad_rows, row_lse, row_delta, query_valid = query_rows
     probs = tl.where(query_valid[:, None], tl.exp(scores - row_lse[:, None]), 0.0)
     grad_probs = tl.dot(grad_rows, tl.trans(values), input_precision=DOT_PRECISION)
     return probs, probs * (grad_probs - row_delta[:, None])
@@ -155,34 +162,26 @@ def query_tile(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """For a key-centric kernel: a query chunk's queries, output gradients, saved log-sum-exps and
-    deltas (``lse`` and ``delta`` at the chunk's (batch, head) row), and the ``(keys, queries)`` tile of
+    """For a key-centric kernel: a query chunk's query rows (see :func:`backward_rows`; ``lse`` and
+    ``delta`` at the chunk's (batch, head) row, read, not written) and the ``(keys, queries)`` tile of
     dot products (transposed, see :func:`key_grads_step`)."""
     queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     row_lse = tl.load(lse + tokens, mask=query_valid, other=0.0)
     row_delta = tl.load(delta + tokens, mask=query_valid, other=0.0)
-    return queries, grad_rows, row_lse, row_delta, tl.dot(keys, tl.trans(queries), input_precision=DOT_PRECISION)
+    query_rows = (queries, grad_rows, row_lse, row_delta, query_valid)
+    return query_rows, tl.dot(keys, tl.trans(queries), input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def key_grads_step(
-    grad_keys,
-    grad_values,
-    scores,
-    values,
-    queries,
-    grad_rows,
-    row_lse,
-    row_delta,
-    query_valid,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Adds one query chunk's share to the gradients of a key chunk's keys and values.
+def key_grads_step(grad_keys, grad_values, scores, values, query_rows, DOT_PRECISION: tl.constexpr):
+    """Adds one query chunk's share (its query rows, see :func:`query_tile`) to the gradients of a key
+    chunk's keys and values.
 
     ``scores`` is the ``(keys, queries)`` tile of masked logits: transposed, so
     that the products here need no transposed register tile.
     """
+    queries, grad_rows, row_lse, row_delta, query_valid = query_rows
     probs = tl.where(query_valid[None, :], tl.exp(scores - row_lse[None, :]), 0.0)
     grad_values += tl.dot(probs.to(grad_rows.dtype), grad_rows, input_precision=DOT_PRECISION)
     grad_probs = tl.dot(values, tl.trans(grad_rows), input_precision=DOT_PRECISION)
@@ -282,11 +281,7 @@ def shared_keys_forward(
 
 @triton.jit
 def shared_keys_backward(
-    queries,
-    grad_rows,
-    query_valid,
-    row_lse,
-    row_delta,
+    query_rows,
     keys,
     values,
     bias,
@@ -303,7 +298,8 @@ def shared_keys_backward(
     BLOCK_KEYS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Backward of :func:`shared_keys_forward` for one query chunk.
+    """Backward of :func:`shared_keys_forward` for one query chunk (its query rows, see
+    :func:`backward_rows`).
 
     Stores the chunk's partial gradients of the keys and values (rows ``part``
     of contiguous ``(parts, NUM_KEYS, head_dim)`` buffers, summed afterwards, see
@@ -313,10 +309,11 @@ def shared_keys_backward(
     Returns:
         The chunk's share of the gradient of its queries.
     """
+    queries, grad_rows, _, _, _ = query_rows
     slots, valid, key_rows, value_rows, scores = _shared_key_tile(
         queries, keys, values, bias, batch, head, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION
     )
-    probs, grad_scores = logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, value_rows, DOT_PRECISION)
+    probs, grad_scores = logit_grads(scores, query_rows, value_rows, DOT_PRECISION)
     dims = tl.arange(0, BLOCK_D)
     part_offsets = (part * NUM_KEYS + slots)[:, None] * head_dim + dims[None, :]
     part_mask = valid[:, None] & (dims < head_dim)[None, :]

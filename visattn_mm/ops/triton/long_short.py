@@ -219,7 +219,7 @@ def _long_short_backward_queries(
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
-    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
+    query_rows = kp.backward_rows(
         q,
         grad_out,
         out,
@@ -232,16 +232,13 @@ def _long_short_backward_queries(
         head_dim,
         tile.BLOCK_D,
     )
+    queries = query_rows[0]
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
     if shared.NUM_BAR > 0:
         grad_queries += kp.shared_keys_backward(
-            queries,
-            grad_rows,
-            query_valid,
-            row_lse,
-            row_delta,
+            query_rows,
             k_bar,
             v_bar,
             local_bias,
@@ -260,11 +257,7 @@ def _long_short_backward_queries(
         )
     if shared.NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
-            queries,
-            grad_rows,
-            query_valid,
-            row_lse,
-            row_delta,
+            query_rows,
             global_k,
             global_v,
             local_bias,
@@ -286,7 +279,7 @@ def _long_short_backward_queries(
         patch_slots, key_valid, keys, values, scores = _patch_tile(
             queries, start, k, v, local_bias, batch, head, row, col, geometry, tile
         )
-        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
             kp.add_bias_grad(
@@ -331,7 +324,7 @@ def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k,
         tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
         # chunk_tokens already hides segments below or right of the grid (their pixels lie outside the map).
         query_valid = query_valid & (row >= 0) & (col >= 0)
-        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
+        query_rows, scores = kp.query_tile(
             keys,
             q,
             grad_out,
@@ -352,16 +345,7 @@ def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k,
             scores, slots[None, :], (patch_y * span + patch_x)[:, None], visible[:, None], local_bias, head, tile
         )
         grad_keys, grad_values = kp.key_grads_step(
-            grad_keys,
-            grad_values,
-            scores,
-            values,
-            queries,
-            grad_rows,
-            row_lse,
-            row_delta,
-            query_valid,
-            tile.DOT_PRECISION,
+            grad_keys, grad_values, scores, values, query_rows, tile.DOT_PRECISION
         )
 
     kp.store_key_grads(
@@ -422,10 +406,6 @@ def _forward(
     )
 
 
-def _forward_fake(q, k, v, k_bar, v_bar, global_k, global_v, local_bias, height, width, window):
-    return host.forward_outputs(q)
-
-
 def _backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,
@@ -477,7 +457,7 @@ def _backward(
 
 
 _KERNELS = host.WindowSoftmaxKernels(_long_short_forward, _long_short_backward_queries, _long_short_backward_keys)
-_long_short_op = host.define_op('triton_long_short_attention', _forward, _forward_fake, _backward, num_tensor_inputs=8)
+_long_short_op = host.define_op('triton_long_short_attention', _forward, _backward, num_tensor_inputs=8)
 
 
 def triton_long_short_attention(

@@ -148,16 +148,17 @@ def _pale_backward_queries(
     group, tile, batch, head, row = _program_tile(geometry)
     group_size, head_dim = geometry.group_size, geometry.head_dim
     tokens, query_valid = _group_slots(group, tile * BLOCK, geometry, BLOCK)
-    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
+    query_rows = kp.backward_rows(
         q, grad_out, out, batch, head, lse + row, delta + row, tokens, query_valid, head_dim, BLOCK_D
     )
+    queries = query_rows[0]
 
     grad_queries = kp.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         keys, values, scores = _group_key_tile(
             queries, group, start, k, v, batch, head, geometry, BLOCK, BLOCK_D, DOT_PRECISION
         )
-        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, query_rows, values, DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=DOT_PRECISION)
 
     kp.store_rows(grad_q, batch, head, tokens, query_valid, head_dim, grad_queries, BLOCK_D)
@@ -190,7 +191,7 @@ def _pale_backward_keys(
     grad_keys, grad_values = kp.accumulator(lse, BLOCK, BLOCK_D), kp.accumulator(lse, BLOCK, BLOCK_D)
     for start in range(0, group_size, BLOCK):
         tokens, query_valid = _group_slots(group, start, geometry, BLOCK)
-        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
+        query_rows, scores = kp.query_tile(
             keys,
             q,
             grad_out,
@@ -204,9 +205,7 @@ def _pale_backward_keys(
             BLOCK_D,
             DOT_PRECISION,
         )
-        grad_keys, grad_values = kp.key_grads_step(
-            grad_keys, grad_values, scores, values, queries, grad_rows, row_lse, row_delta, query_valid, DOT_PRECISION
-        )
+        grad_keys, grad_values = kp.key_grads_step(grad_keys, grad_values, scores, values, query_rows, DOT_PRECISION)
 
     kp.store_key_grads(grad_k, grad_v, batch, head, key_tokens, key_valid, head_dim, grad_keys, grad_values, BLOCK_D)
 
@@ -260,10 +259,6 @@ def _forward(
     for grid, geometry, block in _branches(batch, heads, head_dim, height, width, (pale_rows, pale_cols)):
         host.launch(_pale_forward, grid, settings, *views, geometry, BLOCK=block, **constexprs)
     return out, lse
-
-
-def _forward_fake(q, k, v, height, width, pale_rows, pale_cols):
-    return host.forward_outputs(q)
 
 
 def _backward(
@@ -321,7 +316,7 @@ def _backward(
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_pale_op = host.define_op('triton_pale_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
+_pale_op = host.define_op('triton_pale_attention', _forward, _backward, num_tensor_inputs=3)
 
 
 def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):

@@ -234,7 +234,7 @@ def _sliding_chunk_backward_queries(
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
-    queries, grad_rows, row_lse, row_delta = kp.backward_rows(
+    query_rows = kp.backward_rows(
         q,
         grad_out,
         out,
@@ -247,15 +247,12 @@ def _sliding_chunk_backward_queries(
         head_dim,
         tile.BLOCK_D,
     )
+    queries = query_rows[0]
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
 
     if shared.NUM_GLOBAL > 0:
         grad_queries += kp.shared_keys_backward(
-            queries,
-            grad_rows,
-            query_valid,
-            row_lse,
-            row_delta,
+            query_rows,
             global_k,
             global_v,
             l2g_bias,
@@ -278,7 +275,7 @@ def _sliding_chunk_backward_queries(
         block, visible, keys, values, scores = _neighbour_tile(
             queries, step, k, v, local_bias, batch, head, row, col, geometry, tile
         )
-        _, grad_scores = kp.logit_grads(scores, row_lse, row_delta, query_valid, grad_rows, values, tile.DOT_PRECISION)
+        _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
         if LOCAL_BIAS_GRAD:
             kp.add_bias_grad(
@@ -323,7 +320,7 @@ def _sliding_chunk_backward_keys(
         col = (key_col - (block % 3 - 1) + cols) % cols
         _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
         tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
-        queries, grad_rows, row_lse, row_delta, scores = kp.query_tile(
+        query_rows, scores = kp.query_tile(
             keys,
             q,
             grad_out,
@@ -341,16 +338,7 @@ def _sliding_chunk_backward_keys(
             scores, slots[None, :], slots[:, None], key_valid[:, None], local_bias, head, block, in_grid, tile
         )
         grad_keys, grad_values = kp.key_grads_step(
-            grad_keys,
-            grad_values,
-            scores,
-            values,
-            queries,
-            grad_rows,
-            row_lse,
-            row_delta,
-            query_valid,
-            tile.DOT_PRECISION,
+            grad_keys, grad_values, scores, values, query_rows, tile.DOT_PRECISION
         )
 
     kp.store_key_grads(
@@ -416,10 +404,6 @@ def _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias):
     )
 
 
-def _forward_fake(q, k, v, global_k, global_v, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
-    return host.forward_outputs(q)
-
-
 def _backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,
@@ -476,9 +460,7 @@ def _backward(
 _KERNELS = host.WindowSoftmaxKernels(
     _sliding_chunk_forward, _sliding_chunk_backward_queries, _sliding_chunk_backward_keys
 )
-_sliding_chunk_op = host.define_op(
-    'triton_sliding_chunk_attention', _forward, _forward_fake, _backward, num_tensor_inputs=7
-)
+_sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _backward, num_tensor_inputs=7)
 
 
 def triton_sliding_chunk_attention(

@@ -495,7 +495,9 @@ def _backward(
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_vicinity_op = host.define_op('triton_vicinity_attention', _forward, _forward_fake, _backward, num_tensor_inputs=3)
+_vicinity_op = host.define_op(
+    'triton_vicinity_attention', _forward, _backward, num_tensor_inputs=3, forward_fake=_forward_fake
+)
 
 
 def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
