@@ -1,12 +1,32 @@
-"""The ``cuda`` marker: tests that need a CUDA GPU, skipped with the reason where there is none.
+"""The ``cuda`` marker, and the order the test files run in.
 
-Run them on a GPU machine with ``bash tools/run_tests.sh -m cuda``. A CUDA error such as an illegal
-address sticks to the process that met it: once a failed CUDA test leaves the device unusable, the
-process's later CUDA tests are skipped, naming that test, instead of failing on its error.
+``cuda``: tests that need a CUDA GPU, skipped with the reason where there is none. Run them on a GPU
+machine with ``bash tools/run_tests.sh -m cuda``. A CUDA error such as an illegal address sticks to the
+process that met it: once a failed CUDA test leaves the device unusable, the process's later CUDA tests
+are skipped, naming that test, instead of failing on its error.
+
+Order: the slowest files first. ``tools/run_tests.sh`` runs each file in one pytest-xdist process, handed
+out in collection order; a long file handed out last would run alone at the end.
 """
+
+from pathlib import Path
 
 import pytest
 import torch
+
+# The slowest test files, slowest first (`bash tools/run_tests.sh --durations=0` shows where the time goes).
+SLOWEST_FILES = (
+    'test_tools/test_demo.py',
+    'test_ops/test_compile.py',
+    'test_tools/test_deploy.py',
+    'test_ops/test_triton/test_triton_sliding_chunk.py',
+    'test_engine/test_random_shift_hook.py',
+    'test_ops/test_triton/test_triton_resources.py',
+    'test_ops/test_triton/test_triton_long_short.py',
+    'test_engine/test_training_reliability.py',
+    'test_tools/test_tools_cli.py',
+)
+TESTS = Path(__file__).parent
 
 NO_GPU_REASON = (
     'needs a CUDA GPU (torch.cuda.is_available() is False here); run `bash tools/run_tests.sh -m cuda` on a GPU machine'
@@ -20,6 +40,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    stale = [name for name in SLOWEST_FILES if not (TESTS / name).is_file()]
+    if stale:
+        raise pytest.UsageError(f'tests/conftest.py SLOWEST_FILES names files that do not exist: {stale}')
+    rank = {str(TESTS / name): i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the others keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_GPU_REASON)

@@ -262,6 +262,45 @@ def test_kernels_launch_on_their_tensors_device(monkeypatch):
     assert events == ['launch (1,)']
 
 
+# The backward ops' schemas as the hand-annotated backward functions gave them.
+BACKWARD_SCHEMAS = {
+    'triton_sliding_chunk_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? global_k, '
+    'Tensor? global_v, Tensor? local_bias, Tensor? l2g_bias, Tensor out, Tensor lse, SymInt height, SymInt width, '
+    'SymInt window, SymInt masking_mode, SymInt shift_mode, bool[] needs_grad',
+    'triton_long_short_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? k_bar, Tensor? v_bar, '
+    'Tensor? global_k, Tensor? global_v, Tensor? local_bias, Tensor out, Tensor lse, SymInt height, SymInt width, '
+    'SymInt window, bool[] needs_grad',
+    'triton_pale_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, SymInt height, '
+    'SymInt width, SymInt pale_rows, SymInt pale_cols, bool[] needs_grad',
+    'triton_vicinity_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor kv_raw, '
+    'Tensor k_sum, SymInt height, SymInt width, float eps, bool clamp, bool[] needs_grad',
+}
+
+
+def test_backward_schemas_follow_the_forward_annotations():
+    """host.backward_schema types each backward op from its forward's annotations, as annotating the
+    backward function by hand did; a forward argument of another type changes its backward's."""
+    host = pytest.importorskip(HOST)
+    for module in (MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE):
+        __import__(module)
+    for name, arguments in BACKWARD_SCHEMAS.items():
+        schema = getattr(torch.ops.visattn_mm, f'{name}_backward').default._schema
+        assert str(schema) == f'visattn_mm::{name}_backward({arguments}) -> Tensor[]'
+
+    def forward(
+        q: torch.Tensor, bias: torch.Tensor | None, size: int, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise AssertionError('not called')
+
+    def backward(grad_out, q, bias, out, lse, size, scale, needs_grad):
+        raise AssertionError('not called')
+
+    assert host.backward_schema(forward, backward, 2) == (
+        '(Tensor grad_out, Tensor q, Tensor? bias, Tensor out, Tensor lse, SymInt size, float scale, '
+        'bool[] needs_grad) -> Tensor[]'
+    )
+
+
 @pytest.mark.parametrize('module', [MODULE, LONG_SHORT_MODULE, PALE_MODULE, VICINITY_MODULE])
 def test_missing_triton_names_the_fix(monkeypatch, module):
     monkeypatch.setitem(sys.modules, 'triton', None)  # makes `import triton` fail

@@ -11,6 +11,7 @@ the one flag that also steers the ops' choice of path).
 """
 
 import contextlib
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -75,10 +76,27 @@ def tensor_args(args):
 
 def constant_bundle(bundle):
     """``bundle``, a named tuple of a kernel's compile-time constants passed as one ``tl.constexpr`` argument,
-    with its strings wrapped in ``tl.constexpr``: Triton 3.6's launch path hands the members to the kernel as
-    they are, and a plain str reaching a jitted function's parameter fails to compile ("'str' object has no
-    attribute 'type'"; ``tests/triton_harness.py``'s ``compiling_launches`` goes through that path)."""
-    return type(bundle)(*(tl.constexpr(value) if isinstance(value, str) else value for value in bundle))
+    with its strings and the named tuples inside it (e.g. :class:`SharedKeys`) wrapped in ``tl.constexpr``:
+    Triton 3.6's launch path hands the members to the kernel as they are, and a plain str or tuple reaching a
+    jitted function's parameter fails to compile ("'str' object has no attribute 'type'";
+    ``tests/triton_harness.py``'s ``compiling_launches`` goes through that path)."""
+
+    def wrapped(value):
+        if isinstance(value, tuple):
+            return _ConstantTuple(value)
+        return tl.constexpr(value) if isinstance(value, str) else value
+
+    return type(bundle)(*map(wrapped, bundle))
+
+
+class _ConstantTuple(tl.constexpr):
+    """A named tuple as a ``tl.constexpr`` whose fields read as the tuple's (``shared.GLOBAL.NUM``) in the
+    interpreter too, where kernels are plain Python (compiled kernels unwrap a constexpr before reading)."""
+
+    def __getattr__(self, name):  # only for names the constexpr itself lacks
+        if name.startswith('_') or 'value' not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.value, name)
 
 
 def launch_tiles(constexprs):
@@ -105,6 +123,23 @@ def on_device(device):
     return torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext()
 
 
+def backward_schema(forward, backward, num_tensor_inputs):
+    """The schema of a kernel pair's backward op, from ``forward``'s annotations (its schema): ``grad_out``,
+    the forward's tensor inputs, its outputs (tensors, named as ``backward``'s parameters name them), its
+    other arguments, then ``needs_grad``; a list of tensors out. So the types are written once."""
+    arguments = torch.library.infer_schema(forward, mutates_args=()).split(') -> ')[0][1:].split(', ')
+    names = list(inspect.signature(backward).parameters)
+    outputs = names[1 + num_tensor_inputs : len(names) - 1 - (len(arguments) - num_tensor_inputs)]
+    parts = [
+        'Tensor grad_out',
+        *arguments[:num_tensor_inputs],
+        *(f'Tensor {name}' for name in outputs),
+        *arguments[num_tensor_inputs:],
+        'bool[] needs_grad',
+    ]
+    return f'({", ".join(parts)}) -> Tensor[]'
+
+
 def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
     """Registers a kernel pair as the custom ops ``visattn_mm::<name>`` and
     ``visattn_mm::<name>_backward``, linked by an autograd formula.
@@ -119,9 +154,9 @@ def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
             with type annotations (they are the op's schema). The first three
             tensor inputs are ``q, k, v``; the others may be None.
         backward (callable): ``(grad_out, tensor inputs..., forward outputs...,
-            geometry..., needs_grad) -> list[Tensor]``, annotated; ``needs_grad``
-            holds ``needs_input_grad`` of the tensor inputs; the result comes from
-            :func:`gradient_list`.
+            geometry..., needs_grad) -> list[Tensor]``, not annotated: its schema is
+            ``forward``'s (:func:`backward_schema`); ``needs_grad`` holds ``needs_input_grad``
+            of the tensor inputs; the result comes from :func:`gradient_list`.
         num_tensor_inputs (int): How many leading arguments of ``forward`` are tensors.
         forward_fake (callable, optional): ``forward``'s outputs as empty tensors, from the
             same arguments. Default: a softmax attention's, :func:`forward_outputs` of ``q``.
@@ -131,7 +166,12 @@ def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
     """
     forward_op = torch.library.custom_op(f'visattn_mm::{name}', forward, mutates_args=())
     forward_op.register_fake(forward_fake or (lambda q, *_: forward_outputs(q)))
-    backward_op = torch.library.custom_op(f'visattn_mm::{name}_backward', backward, mutates_args=())
+    backward_op = torch.library.custom_op(
+        f'visattn_mm::{name}_backward',
+        backward,
+        mutates_args=(),
+        schema=backward_schema(forward, backward, num_tensor_inputs),
+    )
 
     @backward_op.register_fake
     def _(grad_out, *args):
@@ -155,6 +195,26 @@ def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
 
     forward_op.register_autograd(differentiate, setup_context=setup_context)
     return forward_op
+
+
+class SharedKeys(NamedTuple):
+    """The compile-time constants of one set of keys that every query of a chunk sees (global tokens,
+    projected keys), which ``kernel_parts.shared_keys_forward`` and ``shared_keys_backward`` read.
+
+    Args:
+        NUM (int): How many (0: none; the kernels skip the set).
+        HAS_BIAS (bool): Whether their logits have a bias, one per key and head.
+        BLOCK (int): Key slots of their tile.
+    """
+
+    NUM: int
+    HAS_BIAS: bool
+    BLOCK: int
+
+
+def shared_key_constants(count, has_bias=False):
+    """:class:`SharedKeys` of ``count`` keys (their tile: :func:`tile`)."""
+    return SharedKeys(count, has_bias, tile(count))
 
 
 class LaunchPlan(NamedTuple):

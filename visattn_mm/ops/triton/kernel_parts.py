@@ -223,28 +223,16 @@ def add_bias_grad(
 
 
 @triton.jit
-def _shared_key_tile(
-    queries,
-    keys,
-    values,
-    bias,
-    batch,
-    head,
-    head_dim,
-    NUM_KEYS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _shared_key_tile(queries, key_set, batch, head, head_dim, constants: tl.constexpr, tile: tl.constexpr):
     """Slots, validity, keys, values and logits (plus the per-key bias; ``-inf`` in the padding
-    slots) of ``NUM_KEYS`` shared keys (global or projected) for a query chunk."""
-    slots = tl.arange(0, BLOCK_KEYS)
-    valid = slots < NUM_KEYS
+    slots) of a set of shared keys (global or projected) for a query chunk."""
+    keys, values, bias = key_set
+    slots = tl.arange(0, constants.BLOCK)
+    valid = slots < constants.NUM
     key_rows, value_rows, scores = key_tile(
-        queries, keys, values, batch, head, slots, valid, head_dim, BLOCK_D, DOT_PRECISION
+        queries, keys, values, batch, head, slots, valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
     )
-    if HAS_BIAS:
+    if constants.HAS_BIAS:
         pointers = bias.ptr + head * bias.head + slots * bias.key
         scores += tl.load(pointers, mask=valid, other=0.0).to(scores.dtype)[None, :]
     return slots, valid, key_rows, value_rows, tl.where(valid[None, :], scores, float('-inf'))
@@ -252,81 +240,53 @@ def _shared_key_tile(
 
 @triton.jit
 def shared_keys_forward(
-    row_max,
-    row_sum,
-    acc,
-    queries,
-    keys,
-    values,
-    bias,
-    batch,
-    head,
-    head_dim,
-    NUM_KEYS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    row_max, row_sum, acc, queries, key_set, batch, head, head_dim, constants: tl.constexpr, tile: tl.constexpr
 ):
-    """Online-softmax step over the ``NUM_KEYS`` keys every query sees.
+    """Online-softmax step over a set of keys every query sees.
 
-    ``keys`` and ``values`` are :class:`~visattn_mm.ops.triton.host.HeadRows`, ``bias`` a
-    :class:`~visattn_mm.ops.triton.host.BiasTable` of one logit per key, read only where ``HAS_BIAS``.
+    ``key_set`` is ``(keys, values, bias)``: :class:`~visattn_mm.ops.triton.host.HeadRows` and a
+    :class:`~visattn_mm.ops.triton.host.BiasTable` of one logit per key, read only where ``constants``
+    (:class:`~visattn_mm.ops.triton.host.SharedKeys`) says ``HAS_BIAS``; ``tile`` is the kernel's
+    bundle (its ``BLOCK_D`` and ``DOT_PRECISION``).
     """
-    _, _, _, value_rows, scores = _shared_key_tile(
-        queries, keys, values, bias, batch, head, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION
-    )
-    return softmax_step(row_max, row_sum, acc, scores, value_rows, DOT_PRECISION)
+    _, _, _, value_rows, scores = _shared_key_tile(queries, key_set, batch, head, head_dim, constants, tile)
+    return softmax_step(row_max, row_sum, acc, scores, value_rows, tile.DOT_PRECISION)
 
 
 @triton.jit
 def shared_keys_backward(
-    query_rows,
-    keys,
-    values,
-    bias,
-    batch,
-    head,
-    grad_keys_part,
-    grad_values_part,
-    grad_bias_part,
-    part,
-    head_dim,
-    NUM_KEYS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    query_rows, key_set, grad_parts, part, batch, head, head_dim, constants: tl.constexpr, tile: tl.constexpr
 ):
     """Backward of :func:`shared_keys_forward` for one query chunk (its query rows, see
     :func:`backward_rows`).
 
-    Stores the chunk's partial gradients of the keys and values (rows ``part``
-    of contiguous ``(parts, NUM_KEYS, head_dim)`` buffers, summed afterwards, see
-    :func:`~visattn_mm.ops.triton.host.shared_key_parts`) and, where ``HAS_BIAS``, of the bias
-    (``(parts, NUM_KEYS)``).
+    Stores the chunk's partial gradients of the keys and values (rows ``part`` of contiguous
+    ``(parts, NUM, head_dim)`` buffers, the first two of ``grad_parts``, summed afterwards, see
+    :func:`~visattn_mm.ops.triton.host.shared_key_parts`) and, where ``constants.HAS_BIAS``, of the
+    bias (``(parts, NUM)``, the third).
 
     Returns:
         The chunk's share of the gradient of its queries.
     """
+    grad_keys_part, grad_values_part, grad_bias_part = grad_parts
     queries, grad_rows, _, _, _ = query_rows
     slots, valid, key_rows, value_rows, scores = _shared_key_tile(
-        queries, keys, values, bias, batch, head, head_dim, NUM_KEYS, HAS_BIAS, BLOCK_D, BLOCK_KEYS, DOT_PRECISION
+        queries, key_set, batch, head, head_dim, constants, tile
     )
-    probs, grad_scores = logit_grads(scores, query_rows, value_rows, DOT_PRECISION)
-    dims = tl.arange(0, BLOCK_D)
-    part_offsets = (part * NUM_KEYS + slots)[:, None] * head_dim + dims[None, :]
+    probs, grad_scores = logit_grads(scores, query_rows, value_rows, tile.DOT_PRECISION)
+    dims = tl.arange(0, tile.BLOCK_D)
+    part_offsets = (part * constants.NUM + slots)[:, None] * head_dim + dims[None, :]
     part_mask = valid[:, None] & (dims < head_dim)[None, :]
     tl.store(
         grad_keys_part + part_offsets,
-        tl.dot(tl.trans(grad_scores.to(queries.dtype)), queries, input_precision=DOT_PRECISION),
+        tl.dot(tl.trans(grad_scores.to(queries.dtype)), queries, input_precision=tile.DOT_PRECISION),
         mask=part_mask,
     )
     tl.store(
         grad_values_part + part_offsets,
-        tl.dot(tl.trans(probs.to(grad_rows.dtype)), grad_rows, input_precision=DOT_PRECISION),
+        tl.dot(tl.trans(probs.to(grad_rows.dtype)), grad_rows, input_precision=tile.DOT_PRECISION),
         mask=part_mask,
     )
-    if HAS_BIAS:
-        tl.store(grad_bias_part + part * NUM_KEYS + slots, tl.sum(grad_scores, 0), mask=valid)
-    return tl.dot(grad_scores.to(key_rows.dtype), key_rows, input_precision=DOT_PRECISION)
+    if constants.HAS_BIAS:
+        tl.store(grad_bias_part + part * constants.NUM + slots, tl.sum(grad_scores, 0), mask=valid)
+    return tl.dot(grad_scores.to(key_rows.dtype), key_rows, input_precision=tile.DOT_PRECISION)

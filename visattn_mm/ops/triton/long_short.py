@@ -75,16 +75,12 @@ class _Shared(NamedTuple):
     query-side backward kernel read, as one ``shared`` argument.
 
     Args:
-        NUM_BAR (int): Projected keys ``r`` (0: none).
-        NUM_GLOBAL (int): Global keys ``G`` (0: none).
-        BLOCK_R (int): Key slots of the projected keys' tile.
-        BLOCK_G (int): Key slots of the global keys' tile.
+        BAR (SharedKeys): The ``r`` projected keys (:class:`~visattn_mm.ops.triton.host.SharedKeys`; no bias).
+        GLOBAL (SharedKeys): The ``G`` global keys (no bias).
     """
 
-    NUM_BAR: int
-    NUM_GLOBAL: int
-    BLOCK_R: int
-    BLOCK_G: int
+    BAR: host.SharedKeys
+    GLOBAL: host.SharedKeys
 
 
 @triton.jit
@@ -144,46 +140,20 @@ def _long_short_forward(inputs, out, lse, geometry, tile: tl.constexpr, shared: 
     queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
-    if shared.NUM_BAR > 0:
+    if shared.BAR.NUM > 0:
+        bar_set = (k_bar, v_bar, local_bias)  # no bias: local_bias stands in, unread
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max,
-            row_sum,
-            acc,
-            queries,
-            k_bar,
-            v_bar,
-            local_bias,
-            batch,
-            head,
-            head_dim,
-            shared.NUM_BAR,
-            False,
-            tile.BLOCK_D,
-            shared.BLOCK_R,
-            tile.DOT_PRECISION,
+            row_max, row_sum, acc, queries, bar_set, batch, head, head_dim, shared.BAR, tile
         )
 
     for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
         _, _, _, values, scores = _patch_tile(queries, start, k, v, local_bias, batch, head, row, col, geometry, tile)
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
-    if shared.NUM_GLOBAL > 0:
+    if shared.GLOBAL.NUM > 0:
+        global_set = (global_k, global_v, local_bias)  # no bias: local_bias stands in, unread
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max,
-            row_sum,
-            acc,
-            queries,
-            global_k,
-            global_v,
-            local_bias,
-            batch,
-            head,
-            head_dim,
-            shared.NUM_GLOBAL,
-            False,
-            tile.BLOCK_D,
-            shared.BLOCK_G,
-            tile.DOT_PRECISION,
+            row_max, row_sum, acc, queries, global_set, batch, head, head_dim, shared.GLOBAL, tile
         )
 
     lse_row = lse + batch_head * height * width
@@ -219,60 +189,25 @@ def _long_short_backward_queries(
     heads, height, width, cols, head_dim = geometry
     segment, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    lse_row, delta_row = lse + batch_head * height * width, delta + batch_head * height * width
     query_rows = kp.backward_rows(
-        q,
-        grad_out,
-        out,
-        batch,
-        head,
-        lse + batch_head * height * width,
-        delta + batch_head * height * width,
-        tokens,
-        query_valid,
-        head_dim,
-        tile.BLOCK_D,
+        q, grad_out, out, batch, head, lse_row, delta_row, tokens, query_valid, head_dim, tile.BLOCK_D
     )
     queries = query_rows[0]
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
     part = batch_head * tl.num_programs(0) + segment
 
-    if shared.NUM_BAR > 0:
+    if shared.BAR.NUM > 0:
+        bar_set = (k_bar, v_bar, local_bias)
+        grad_parts = (grad_k_bar, grad_v_bar, lse)  # no bias gradient: lse stands in, unwritten
         grad_queries += kp.shared_keys_backward(
-            query_rows,
-            k_bar,
-            v_bar,
-            local_bias,
-            batch,
-            head,
-            grad_k_bar,
-            grad_v_bar,
-            lse,
-            part,
-            head_dim,
-            shared.NUM_BAR,
-            False,
-            tile.BLOCK_D,
-            shared.BLOCK_R,
-            tile.DOT_PRECISION,
+            query_rows, bar_set, grad_parts, part, batch, head, head_dim, shared.BAR, tile
         )
-    if shared.NUM_GLOBAL > 0:
+    if shared.GLOBAL.NUM > 0:
+        global_set = (global_k, global_v, local_bias)
+        grad_parts = (grad_global_k, grad_global_v, lse)  # no bias gradient: lse stands in, unwritten
         grad_queries += kp.shared_keys_backward(
-            query_rows,
-            global_k,
-            global_v,
-            local_bias,
-            batch,
-            head,
-            grad_global_k,
-            grad_global_v,
-            lse,
-            part,
-            head_dim,
-            shared.NUM_GLOBAL,
-            False,
-            tile.BLOCK_D,
-            shared.BLOCK_G,
-            tile.DOT_PRECISION,
+            query_rows, global_set, grad_parts, part, batch, head, head_dim, shared.GLOBAL, tile
         )
 
     for start in range(0, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD), tile.BLOCK):
@@ -318,6 +253,7 @@ def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k,
 
     span = tile.WINDOW + 2 * tile.PAD
     slots = tl.arange(0, tile.BLOCK)
+    lse_row, delta_row = lse + batch_head * height * width, delta + batch_head * height * width
     for step in range(9):
         row_offset, col_offset = step // 3 - 1, step % 3 - 1
         row, col = key_row + row_offset, key_col + col_offset
@@ -330,8 +266,8 @@ def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k,
             grad_out,
             batch,
             head,
-            lse + batch_head * height * width,
-            delta + batch_head * height * width,
+            lse_row,
+            delta_row,
             tokens,
             query_valid,
             head_dim,
@@ -367,7 +303,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
         BLOCK_D=host.tile(head_dim),
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
-    shared = _Shared(NUM_BAR=num_bar, NUM_GLOBAL=num_global, BLOCK_R=host.tile(num_bar), BLOCK_G=host.tile(num_global))
+    shared = _Shared(BAR=host.shared_key_constants(num_bar), GLOBAL=host.shared_key_constants(num_global))
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, cols, head_dim),
@@ -407,22 +343,8 @@ def _forward(
 
 
 def _backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_bar: Optional[torch.Tensor],
-    v_bar: Optional[torch.Tensor],
-    global_k: Optional[torch.Tensor],
-    global_v: Optional[torch.Tensor],
-    local_bias: Optional[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    height: int,
-    width: int,
-    window: int,
-    needs_grad: list[bool],
-) -> list[torch.Tensor]:
+    grad_out, q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse, height, width, window, needs_grad
+):
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
     inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
     plan = _launch_setup(q, k_bar, global_k, local_bias, height, width, window)

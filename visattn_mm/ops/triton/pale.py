@@ -261,19 +261,7 @@ def _forward(
     return out, lse
 
 
-def _backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    height: int,
-    width: int,
-    pale_rows: int,
-    pale_cols: int,
-    needs_grad: list[bool],
-) -> list[torch.Tensor]:
+def _backward(grad_out, q, k, v, out, lse, height, width, pale_rows, pale_cols, needs_grad):
     """The gradients of ``q, k, v``."""
     batch, heads, _, head_dim = q.shape
     constexprs = dict(BLOCK_D=host.tile(head_dim), DOT_PRECISION=host.dot_precision(q.dtype))

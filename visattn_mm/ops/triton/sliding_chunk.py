@@ -72,18 +72,15 @@ class _Tile(NamedTuple):
 
 
 class _Shared(NamedTuple):
-    """The compile-time constants of the global keys, which the forward and the query-side backward kernel
+    """The compile-time constants of the shared keys, which the forward and the query-side backward kernel
     read, as one ``shared`` argument.
 
     Args:
-        NUM_GLOBAL (int): Global keys ``G`` (0: none).
-        HAS_L2G_BIAS (bool): Whether the local->global logits have a bias.
-        BLOCK_G (int): Key slots of their tile.
+        GLOBAL (SharedKeys): The ``G`` global keys (:class:`~visattn_mm.ops.triton.host.SharedKeys`;
+            their bias: the local->global one).
     """
 
-    NUM_GLOBAL: int
-    HAS_L2G_BIAS: bool
-    BLOCK_G: int
+    GLOBAL: host.SharedKeys
 
 
 @triton.jit
@@ -175,23 +172,10 @@ def _sliding_chunk_forward(inputs, out, lse, geometry, tile: tl.constexpr, share
     queries = kp.load_rows(q, batch, head, tokens, query_valid, head_dim, tile.BLOCK_D)
 
     row_max, row_sum, acc = kp.softmax_start(lse, tile.BLOCK, tile.BLOCK_D)
-    if shared.NUM_GLOBAL > 0:
+    if shared.GLOBAL.NUM > 0:
+        global_set = (global_k, global_v, l2g_bias)
         row_max, row_sum, acc = kp.shared_keys_forward(
-            row_max,
-            row_sum,
-            acc,
-            queries,
-            global_k,
-            global_v,
-            l2g_bias,
-            batch,
-            head,
-            head_dim,
-            shared.NUM_GLOBAL,
-            shared.HAS_L2G_BIAS,
-            tile.BLOCK_D,
-            shared.BLOCK_G,
-            tile.DOT_PRECISION,
+            row_max, row_sum, acc, queries, global_set, batch, head, head_dim, shared.GLOBAL, tile
         )
 
     for step in range(tile.NUM_BLOCKS):
@@ -225,49 +209,26 @@ def _sliding_chunk_backward_queries(
     Writes ``delta = rowsum(dO * O)`` of the chunk's queries (read by
     :func:`_sliding_chunk_backward_keys`), their gradient, this chunk's partial
     sums of the global gradients (``grad_global_k / grad_global_v``:
-    ``(batch * heads * rows * cols, NUM_GLOBAL, head_dim)``, ``grad_l2g``:
-    ``(batch * heads * rows * cols, NUM_GLOBAL)``), and adds its logit gradients
+    ``(batch * heads * rows * cols, G, head_dim)``, ``grad_l2g``:
+    ``(batch * heads * rows * cols, G)``), and adds its logit gradients
     to ``grad_local_bias`` (``(bias_copies, heads, w*w, 9*w*w)``, contiguous).
     """
     q, k, v, global_k, global_v, local_bias, l2g_bias = inputs
-    grad_global_k, grad_global_v, grad_l2g = shared_grads
     heads, height, width, rows, cols, head_dim = geometry
     chunk, batch_head, batch, head, row, col = kp.program_chunk(heads, cols)
     tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    lse_row, delta_row = lse + batch_head * height * width, delta + batch_head * height * width
     query_rows = kp.backward_rows(
-        q,
-        grad_out,
-        out,
-        batch,
-        head,
-        lse + batch_head * height * width,
-        delta + batch_head * height * width,
-        tokens,
-        query_valid,
-        head_dim,
-        tile.BLOCK_D,
+        q, grad_out, out, batch, head, lse_row, delta_row, tokens, query_valid, head_dim, tile.BLOCK_D
     )
     queries = query_rows[0]
     grad_queries = kp.accumulator(lse, tile.BLOCK, tile.BLOCK_D)
 
-    if shared.NUM_GLOBAL > 0:
+    if shared.GLOBAL.NUM > 0:
+        global_set = (global_k, global_v, l2g_bias)
+        part = batch_head * rows * cols + chunk
         grad_queries += kp.shared_keys_backward(
-            query_rows,
-            global_k,
-            global_v,
-            l2g_bias,
-            batch,
-            head,
-            grad_global_k,
-            grad_global_v,
-            grad_l2g,
-            batch_head * rows * cols + chunk,
-            head_dim,
-            shared.NUM_GLOBAL,
-            shared.HAS_L2G_BIAS,
-            tile.BLOCK_D,
-            shared.BLOCK_G,
-            tile.DOT_PRECISION,
+            query_rows, global_set, shared_grads, part, batch, head, head_dim, shared.GLOBAL, tile
         )
 
     slots = tl.arange(0, tile.BLOCK)
@@ -314,6 +275,7 @@ def _sliding_chunk_backward_keys(
     )
 
     slots = tl.arange(0, tile.BLOCK)
+    lse_row, delta_row = lse + batch_head * height * width, delta + batch_head * height * width
     for step in range(tile.NUM_BLOCKS):
         block = _neighbour_block(step, tile)
         row = (key_row - (block // 3 - 1) + rows) % rows
@@ -326,8 +288,8 @@ def _sliding_chunk_backward_keys(
             grad_out,
             batch,
             head,
-            lse + batch_head * height * width,
-            delta + batch_head * height * width,
+            lse_row,
+            delta_row,
             tokens,
             query_valid,
             head_dim,
@@ -362,7 +324,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         BLOCK_D=host.tile(head_dim),
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
-    shared = _Shared(NUM_GLOBAL=num_global, HAS_L2G_BIAS=l2g_bias is not None, BLOCK_G=host.tile(num_global))
+    shared = _Shared(GLOBAL=host.shared_key_constants(num_global, has_bias=l2g_bias is not None))
     return host.LaunchPlan(
         (rows * cols, batch * heads),
         (heads, height, width, rows, cols, head_dim),
@@ -405,23 +367,23 @@ def _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias):
 
 
 def _backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    global_k: Optional[torch.Tensor],
-    global_v: Optional[torch.Tensor],
-    local_bias: Optional[torch.Tensor],
-    l2g_bias: Optional[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    height: int,
-    width: int,
-    window: int,
-    masking_mode: int,
-    shift_mode: int,
-    needs_grad: list[bool],
-) -> list[torch.Tensor]:
+    grad_out,
+    q,
+    k,
+    v,
+    global_k,
+    global_v,
+    local_bias,
+    l2g_bias,
+    out,
+    lse,
+    height,
+    width,
+    window,
+    masking_mode,
+    shift_mode,
+    needs_grad,
+):
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
     inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
     plan = _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)

@@ -441,20 +441,7 @@ def _forward_fake(q, k, v, height, width, eps, clamp):
     return host.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
 
 
-def _backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    kv_raw: torch.Tensor,
-    k_sum: torch.Tensor,
-    height: int,
-    width: int,
-    eps: float,
-    clamp: bool,
-    needs_grad: list[bool],
-) -> list[torch.Tensor]:
+def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, needs_grad):
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
     weights, grid, settings, geometry, constexprs = _launch_setup(q, height, width)
     constexprs.update(CLAMP=clamp)
