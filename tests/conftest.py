@@ -39,12 +39,17 @@ def pytest_configure(config):
     )
 
 
-def pytest_collection_modifyitems(config, items):
+def _slowest_first(items):
     stale = [name for name in SLOWEST_FILES if not (TESTS / name).is_file()]
     if stale:
         raise pytest.UsageError(f'tests/conftest.py SLOWEST_FILES names files that do not exist: {stale}')
     rank = {str(TESTS / name): i for i, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the others keep their order
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.rootpath / 'tests' == TESTS:  # this suite, not a copy of this file (tests/test_cuda_marker.py)
+        _slowest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_GPU_REASON)

@@ -3,7 +3,8 @@
 # Extra arguments go to pytest, e.g. `bash tools/run_tests.sh -k vil -x`.
 #
 # The tests run in TEST_WORKERS processes (pytest-xdist; default: one per core, at most 4), each
-# test file's tests in one process, so that a file's module fixtures are built once. Each process
+# test file's tests in one process, so that a file's module fixtures are built once, the files handed
+# out in collection order (tests/conftest.py puts the slowest first), not by test count. Each process
 # gets its share of the cores for torch's threads (OMP_NUM_THREADS, unless set). Most of the
 # suite's time is single-threaded (subprocess start-up, compiling, the Triton interpreter), which
 # the processes overlap. TEST_WORKERS=0 runs everything in this process (e.g. for --pdb).
@@ -15,6 +16,6 @@ CORES="$(nproc)"
 TEST_WORKERS="${TEST_WORKERS:-$((CORES < 4 ? CORES : 4))}"
 if ((TEST_WORKERS > 1)); then
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((CORES / TEST_WORKERS > 0 ? CORES / TEST_WORKERS : 1))}"
-    exec .venv/bin/python -m pytest -n "$TEST_WORKERS" --dist loadfile "$@"
+    exec .venv/bin/python -m pytest -n "$TEST_WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -136,10 +136,8 @@ def long_short_attention(
         q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (row-major, already scaled), keys and values.
         height, width (int): Map size ``H x W``.
         window (int): Segment size ``w``.
-        k_bar (Tensor, optional): ``(B, heads, r, d)`` keys of the dynamic projection.
-        v_bar (Tensor, optional): ``(B, heads, r, d)`` values of the dynamic projection.
-        global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
-        global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
+        k_bar, v_bar (Tensor, optional): ``(B, heads, r, d)`` keys and values of the dynamic projection.
+        global_k, global_v (Tensor, optional): ``(B, heads, G, d)`` keys and values of the global tokens.
         local_bias (Tensor, optional): ``(heads, w*w, (w + 2p)**2)`` window RPB, e.g.
             ``table[long_short_rpb_index(w)]`` (:mod:`visattn_mm.ops.rel_pos`) with heads moved first.
         dropout_p (float): Dropout on the attention probabilities.

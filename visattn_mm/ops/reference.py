@@ -96,8 +96,7 @@ def sliding_chunk_attention_dense(
         q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (already scaled), keys and values.
         height, width (int): Map size ``H x W``.
         window (int): Chunk size ``w``.
-        global_k (Tensor, optional): ``(B, heads, G, d)`` global keys.
-        global_v (Tensor, optional): ``(B, heads, G, d)`` global values.
+        global_k, global_v (Tensor, optional): ``(B, heads, G, d)`` global keys and values.
         table (Tensor, optional): ``((4w - 1)**2, heads)`` RPB table.
         l2g_bias (Tensor, optional): ``(heads, G)`` bias of the local->global logits.
         masking_mode (int): 0, -1 or 1 (cyclic mode needs 3 chunks per axis here).
@@ -170,10 +169,8 @@ def long_short_attention_dense(
         q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (already scaled), keys and values.
         height, width (int): Map size ``H x W``.
         window (int): Segment size ``w``.
-        k_bar (Tensor, optional): ``(B, heads, r, d)`` projected keys.
-        v_bar (Tensor, optional): ``(B, heads, r, d)`` projected values.
-        global_k (Tensor, optional): ``(B, heads, G, d)`` global keys.
-        global_v (Tensor, optional): ``(B, heads, G, d)`` global values.
+        k_bar, v_bar (Tensor, optional): ``(B, heads, r, d)`` projected keys and values.
+        global_k, global_v (Tensor, optional): ``(B, heads, G, d)`` global keys and values.
         table (Tensor, optional): ``(rows, heads)`` window RPB table.
 
     Returns:

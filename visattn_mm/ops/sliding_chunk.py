@@ -183,8 +183,7 @@ def sliding_chunk_attention(
         q, k, v (Tensor): ``(B, heads, H*W, d)`` local queries (row-major, already scaled), keys and values.
         height, width (int): Map size ``H x W``.
         window (int): Chunk size ``w``.
-        global_k (Tensor, optional): ``(B, heads, G, d)`` keys of the global tokens.
-        global_v (Tensor, optional): ``(B, heads, G, d)`` values of the global tokens.
+        global_k, global_v (Tensor, optional): ``(B, heads, G, d)`` keys and values of the global tokens.
         local_bias (Tensor, optional): ``(heads, w*w, 9*w*w)`` RPB over all 9
             neighbour chunks; the columns of the shift mode are picked here.
         l2g_bias (Tensor, optional): ``(heads, G)`` bias of local->global logits.

@@ -178,8 +178,8 @@ def test_reductions_are_split_over_the_tokens():
 
     def launch(batch, heads, height, width, head_dim):
         q = torch.empty(1, 1, 1, 1).expand(batch, heads, height * width, head_dim)
-        _, grid, settings, shape, constexprs = tv._launch_setup(q, height, width)
-        return constexprs['BLOCK_N'], grid, settings['num_warps'], shape[-1]
+        _, grid, settings, shape, tile = tv._launch_setup(q, height, width, 1e-6, True)
+        return tile.BLOCK_N, grid, settings['num_warps'], shape[-1]
 
     assert launch(8, 1, 200, 334, 48) == (16, (64, 8), 16, 66)
     assert launch(8, 8, 25, 42, 32) == (32, (7, 64), 8, 5)

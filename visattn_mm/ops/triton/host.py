@@ -76,17 +76,14 @@ def tensor_args(args):
 
 def constant_bundle(bundle):
     """``bundle``, a named tuple of a kernel's compile-time constants passed as one ``tl.constexpr`` argument,
-    with its strings and the named tuples inside it (e.g. :class:`SharedKeys`) wrapped in ``tl.constexpr``:
-    Triton 3.6's launch path hands the members to the kernel as they are, and a plain str or tuple reaching a
-    jitted function's parameter fails to compile ("'str' object has no attribute 'type'";
-    ``tests/triton_harness.py``'s ``compiling_launches`` goes through that path)."""
+    with every member wrapped in ``tl.constexpr`` (a named tuple inside it in :class:`_ConstantTuple`).
 
-    def wrapped(value):
-        if isinstance(value, tuple):
-            return _ConstantTuple(value)
-        return tl.constexpr(value) if isinstance(value, str) else value
-
-    return type(bundle)(*map(wrapped, bundle))
+    The compiled kernel reads a member as it is: a plain str or tuple reaching a jitted function's parameter
+    fails to compile on Triton 3.6's launch path ("'str' object has no attribute 'type'";
+    ``tests/triton_harness.py``'s ``compiling_launches`` goes through that path), and a shape such as
+    ``[4 * tile.BLOCK_D]`` built from plain ints fails on 3.6 and 3.7 alike.
+    """
+    return type(bundle)(*(_ConstantTuple(v) if isinstance(v, tuple) else tl.constexpr(v) for v in bundle))
 
 
 class _ConstantTuple(tl.constexpr):
@@ -105,7 +102,8 @@ def launch_tiles(constexprs):
     names = dict(constexprs)
     if 'tile' in names:
         names.update(names.pop('tile')._asdict())
-    return names['BLOCK_D'], names.get('BLOCK', names.get('BLOCK_N'))
+    head_tile, token_tile = names['BLOCK_D'], names.get('BLOCK', names.get('BLOCK_N'))
+    return tuple(getattr(size, 'value', size) for size in (head_tile, token_tile))  # unwrapped (constant_bundle)
 
 
 def launch(kernel, grid, settings, *args, **constexprs):

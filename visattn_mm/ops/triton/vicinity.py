@@ -51,6 +51,8 @@ gradients are stored in the inputs' dtype. The interpreter: see
 :mod:`visattn_mm.ops.triton`.
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -60,6 +62,25 @@ from . import host
 from . import kernel_parts as kp
 
 __all__ = ['triton_vicinity_attention']
+
+
+class _Tile(NamedTuple):
+    """The compile-time constants the vicinity kernels read, as one ``tile`` argument.
+
+    Args:
+        BLOCK_N (int): Token rows of a tile (:func:`_layout`).
+        BLOCK_D (int): Head-dim slots of a tile.
+        DOT_PRECISION (str): ``tl.dot``'s input precision (:func:`~visattn_mm.ops.triton.host.dot_precision`).
+        CLAMP (bool): Whether the sums, numerators, normalisers and outputs are clamped (the official code's clamp).
+        EPS (float): Added to every denominator.
+    """
+
+    BLOCK_N: int
+    BLOCK_D: int
+    DOT_PRECISION: str
+    CLAMP: bool
+    EPS: float
+
 
 # Largest token tile; tests lower it to run the tile loops at tiny sizes. Products are in fp32 (CUDA cores), 8 warps
 # a program. With head-dim tiles of 32, tiles of 64 tokens spill registers on sm_90, 32 do not.
@@ -108,6 +129,15 @@ def _token_rows(t, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D: tl.co
     """A ``(BLOCK_N, BLOCK_D)`` tile of the ``(batch, head)`` rows of a ``(B, heads, N, d)`` tensor (a
     :class:`~visattn_mm.ops.triton.host.HeadRows`) in the accumulation dtype, zero where not valid."""
     return kp.load_rows(t, batch, head, rows, valid, head_dim, BLOCK_D).to(acc_dtype)
+
+
+@triton.jit
+def _paired_token_rows(a, b, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D: tl.constexpr):
+    """:func:`_token_rows` of the same rows of two tensors (keys and values; queries and output gradients)."""
+    return (
+        _token_rows(a, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D),
+        _token_rows(b, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D),
+    )
 
 
 @triton.jit
@@ -173,23 +203,13 @@ def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim
 
 
 @triton.jit
-def _query_terms(
-    queries,
-    row_weights,
-    valid,
-    kv,
-    k_sum,
-    EPS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _query_terms(queries, row_weights, valid, kv, k_sum, tile: tl.constexpr):
     """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
-    features = _features(queries, row_weights, BLOCK_N, BLOCK_D)
-    numerators = tl.dot(features, kv, input_precision=DOT_PRECISION)
-    denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([BLOCK_N], EPS, features.dtype)
+    features = _features(queries, row_weights, tile.BLOCK_N, tile.BLOCK_D)
+    numerators = tl.dot(features, kv, input_precision=tile.DOT_PRECISION)
+    denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([tile.BLOCK_N], tile.EPS, features.dtype)
     normalisers = 1.0 / denominators
-    if EPS < TINY_EPS:
+    if tile.EPS < TINY_EPS:
         # The denominator of a row beyond the map is eps alone: the backward's 0 * (1 / eps)^2 would be NaN.
         normalisers = tl.where(valid, normalisers, 0.0)
     return features, numerators, normalisers
@@ -203,105 +223,72 @@ def _program_split(heads):
 
 
 @triton.jit
-def _vicinity_sums(
-    k,
-    v,
-    weights,
-    kv_parts,
-    k_sum_parts,
-    geometry,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _vicinity_sums(k, v, weights, kv_parts, k_sum_parts, geometry, tile: tl.constexpr):
     """Partial ``sum_j kf_j^T v_j`` and ``sum_j kf_j`` over the split's token tiles, stored as part
     ``batch_head * splits + split`` of the buffers."""
     heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
-    kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
-    k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
+    kv = tl.zeros([4 * tile.BLOCK_D, tile.BLOCK_D], acc_dtype)
+    k_sum = tl.zeros([4 * tile.BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        keys = _token_rows(k, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        features = _features(keys, row_weights, BLOCK_N, BLOCK_D)
-        kv += tl.dot(tl.trans(features), values, input_precision=DOT_PRECISION)
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
+        keys, values = _paired_token_rows(k, v, batch, head, rows, valid, head_dim, acc_dtype, tile.BLOCK_D)
+        features = _features(keys, row_weights, tile.BLOCK_N, tile.BLOCK_D)
+        kv += tl.dot(tl.trans(features), values, input_precision=tile.DOT_PRECISION)
         k_sum += tl.sum(features, 0)
-    _store_summaries(kv_parts, k_sum_parts, batch_head * tl.num_programs(0) + split, kv, k_sum, head_dim, BLOCK_D)
+    _store_summaries(kv_parts, k_sum_parts, batch_head * tl.num_programs(0) + split, kv, k_sum, head_dim, tile.BLOCK_D)
 
 
 @triton.jit
-def _vicinity_forward(
-    q,
-    weights,
-    kv_raw,
-    k_sum,
-    out,
-    geometry,
-    CLAMP: tl.constexpr,
-    EPS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _vicinity_forward(q, weights, kv_raw, k_sum, out, geometry, tile: tl.constexpr):
     """Output rows of the split's token tiles."""
     heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
-    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
-    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
+    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, tile.BLOCK_D), tile.CLAMP)
+    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, tile.BLOCK_D)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(q, batch, head, rows, valid, head_dim, weights.dtype.element_ty, BLOCK_D)
-        _, numerators, normalisers = _query_terms(
-            queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
+        queries = _token_rows(q, batch, head, rows, valid, head_dim, weights.dtype.element_ty, tile.BLOCK_D)
+        _, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, tile)
+        rows_out = _signed_clamp(
+            _signed_clamp(numerators, tile.CLAMP) * _signed_clamp(normalisers, tile.CLAMP)[:, None], tile.CLAMP
         )
-        rows_out = _signed_clamp(_signed_clamp(numerators, CLAMP) * _signed_clamp(normalisers, CLAMP)[:, None], CLAMP)
-        kp.store_rows(out, batch, head, rows, valid, head_dim, rows_out, BLOCK_D)
+        kp.store_rows(out, batch, head, rows, valid, head_dim, rows_out, tile.BLOCK_D)
 
 
 @triton.jit
 def _vicinity_backward_queries(
-    q,
-    grad_out,
-    weights,
-    kv_raw,
-    k_sum,
-    grad_q,
-    grad_kv_parts,
-    grad_k_sum_parts,
-    geometry,
-    CLAMP: tl.constexpr,
-    EPS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    q, grad_out, weights, kv_raw, k_sum, grad_q, grad_kv_parts, grad_k_sum_parts, geometry, tile: tl.constexpr
 ):
     """Gradient of the queries of the split's token tiles, and their partial sums of the gradients of ``KV``
     and ``S``, stored as part ``batch_head * splits + split`` of the buffers."""
     heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
-    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP)
-    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, BLOCK_D)
-    grad_kv = tl.zeros([4 * BLOCK_D, BLOCK_D], acc_dtype)
-    grad_k_sum = tl.zeros([4 * BLOCK_D], acc_dtype)
+    kv = _signed_clamp(_load_matrix(kv_raw, batch_head, head_dim, tile.BLOCK_D), tile.CLAMP)
+    pair_k_sum = _load_vector(k_sum, batch_head, head_dim, tile.BLOCK_D)
+    grad_kv = tl.zeros([4 * tile.BLOCK_D, tile.BLOCK_D], acc_dtype)
+    grad_k_sum = tl.zeros([4 * tile.BLOCK_D], acc_dtype)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        queries = _token_rows(q, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        grad_rows = _token_rows(grad_out, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        features, numerators, normalisers = _query_terms(
-            queries, row_weights, valid, kv, pair_k_sum, EPS, BLOCK_N, BLOCK_D, DOT_PRECISION
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
+        queries, grad_rows = _paired_token_rows(
+            q, grad_out, batch, head, rows, valid, head_dim, acc_dtype, tile.BLOCK_D
         )
-        clamped_numerators = _signed_clamp(numerators, CLAMP)
-        clamped_normalisers = _signed_clamp(normalisers, CLAMP)
-        grad_rows = tl.where(_clamp_passes(clamped_numerators * clamped_normalisers[:, None], CLAMP), grad_rows, 0.0)
-        grad_numerators = tl.where(_clamp_passes(numerators, CLAMP), grad_rows * clamped_normalisers[:, None], 0.0)
-        grad_normalisers = tl.where(_clamp_passes(normalisers, CLAMP), tl.sum(grad_rows * clamped_numerators, 1), 0.0)
+        features, numerators, normalisers = _query_terms(queries, row_weights, valid, kv, pair_k_sum, tile)
+        clamped_numerators = _signed_clamp(numerators, tile.CLAMP)
+        clamped_normalisers = _signed_clamp(normalisers, tile.CLAMP)
+        grad_rows = tl.where(
+            _clamp_passes(clamped_numerators * clamped_normalisers[:, None], tile.CLAMP), grad_rows, 0.0
+        )
+        grad_numerators = tl.where(_clamp_passes(numerators, tile.CLAMP), grad_rows * clamped_normalisers[:, None], 0.0)
+        grad_normalisers = tl.where(
+            _clamp_passes(normalisers, tile.CLAMP), tl.sum(grad_rows * clamped_numerators, 1), 0.0
+        )
         # d(1 / den) / d den = -(1 / den)^2; rows beyond the map have a zero gradient here.
         grad_denominators = -grad_normalisers * normalisers * normalisers
         grad_features = (
-            tl.dot(grad_numerators, tl.trans(kv), input_precision=DOT_PRECISION)
+            tl.dot(grad_numerators, tl.trans(kv), input_precision=tile.DOT_PRECISION)
             + grad_denominators[:, None] * pair_k_sum[None, :]
         )
         kp.store_rows(
@@ -311,48 +298,41 @@ def _vicinity_backward_queries(
             rows,
             valid,
             head_dim,
-            _fold_features(grad_features, queries, row_weights, BLOCK_N, BLOCK_D),
-            BLOCK_D,
+            _fold_features(grad_features, queries, row_weights, tile.BLOCK_N, tile.BLOCK_D),
+            tile.BLOCK_D,
         )
-        grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=DOT_PRECISION)
+        grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=tile.DOT_PRECISION)
         grad_k_sum += tl.sum(grad_denominators[:, None] * features, 0)
     _store_summaries(
-        grad_kv_parts, grad_k_sum_parts, batch_head * tl.num_programs(0) + split, grad_kv, grad_k_sum, head_dim, BLOCK_D
+        grad_kv_parts,
+        grad_k_sum_parts,
+        batch_head * tl.num_programs(0) + split,
+        grad_kv,
+        grad_k_sum,
+        head_dim,
+        tile.BLOCK_D,
     )
 
 
 @triton.jit
-def _vicinity_backward_keys(
-    k,
-    v,
-    weights,
-    kv_raw,
-    grad_kv,
-    grad_k_sum,
-    grad_k,
-    grad_v,
-    geometry,
-    CLAMP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _vicinity_backward_keys(k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, grad_v, geometry, tile: tl.constexpr):
     """Gradients of the keys and values of the split's token tiles from the summed gradients of ``KV`` (before
     its clamp's mask) and ``S``."""
     heads, tokens, head_dim, tiles_per_split = geometry
     split, batch_head, batch, head = _program_split(heads)
     acc_dtype = weights.dtype.element_ty
     pair_grad_kv = tl.where(
-        _clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, BLOCK_D), CLAMP),
-        _load_matrix(grad_kv, batch_head, head_dim, BLOCK_D),
+        _clamp_passes(_load_matrix(kv_raw, batch_head, head_dim, tile.BLOCK_D), tile.CLAMP),
+        _load_matrix(grad_kv, batch_head, head_dim, tile.BLOCK_D),
         0.0,
     )
-    pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, BLOCK_D)
+    pair_grad_k_sum = _load_vector(grad_k_sum, batch_head, head_dim, tile.BLOCK_D)
     for step in range(tiles_per_split):
-        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, BLOCK_N)
-        keys = _token_rows(k, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        values = _token_rows(v, batch, head, rows, valid, head_dim, acc_dtype, BLOCK_D)
-        grad_features = tl.dot(values, tl.trans(pair_grad_kv), input_precision=DOT_PRECISION) + pair_grad_k_sum[None, :]
+        rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
+        keys, values = _paired_token_rows(k, v, batch, head, rows, valid, head_dim, acc_dtype, tile.BLOCK_D)
+        grad_features = (
+            tl.dot(values, tl.trans(pair_grad_kv), input_precision=tile.DOT_PRECISION) + pair_grad_k_sum[None, :]
+        )
         kp.store_rows(
             grad_k,
             batch,
@@ -360,13 +340,13 @@ def _vicinity_backward_keys(
             rows,
             valid,
             head_dim,
-            _fold_features(grad_features, keys, row_weights, BLOCK_N, BLOCK_D),
-            BLOCK_D,
+            _fold_features(grad_features, keys, row_weights, tile.BLOCK_N, tile.BLOCK_D),
+            tile.BLOCK_D,
         )
         grad_values = tl.dot(
-            _features(keys, row_weights, BLOCK_N, BLOCK_D), pair_grad_kv, input_precision=DOT_PRECISION
+            _features(keys, row_weights, tile.BLOCK_N, tile.BLOCK_D), pair_grad_kv, input_precision=tile.DOT_PRECISION
         )
-        kp.store_rows(grad_v, batch, head, rows, valid, head_dim, grad_values, BLOCK_D)
+        kp.store_rows(grad_v, batch, head, rows, valid, head_dim, grad_values, tile.BLOCK_D)
 
 
 def _layout(batch_heads, tokens, max_block):
@@ -378,21 +358,21 @@ def _layout(batch_heads, tokens, max_block):
     return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
 
-def _launch_setup(q, height, width):
-    """Position weights, grid, launch settings, geometry argument and constexprs of the four kernels."""
+def _launch_setup(q, height, width, eps, clamp):
+    """Position weights, grid, launch settings, geometry argument and ``tile`` bundle of the four kernels."""
     batch, heads, tokens, head_dim = q.shape
     pairs = batch * heads
     acc_dtype = host.acc_dtype(q.dtype)
     block_d = host.tile(head_dim)
     wide = block_d >= WIDE_BLOCK_D
     block, splits, tiles_per_split = _layout(pairs, tokens, min(MAX_BLOCK_N, WIDE_BLOCK_N) if wide else MAX_BLOCK_N)
-    constexprs = dict(BLOCK_N=block, BLOCK_D=block_d, DOT_PRECISION=host.dot_precision(acc_dtype))
+    tile = _Tile(block, block_d, host.dot_precision(acc_dtype), clamp, eps)
     return (
         vicinity_weights(height, width, q.device, acc_dtype),
         (splits, pairs),
         dict(num_warps=WIDE_WARPS if wide else 8),
         (heads, tokens, head_dim, tiles_per_split),
-        constexprs,
+        host.constant_bundle(tile),
     )
 
 
@@ -400,7 +380,7 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float, clamp: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
-    weights, grid, settings, geometry, constexprs = _launch_setup(q, height, width)
+    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
     host.launch(
@@ -413,7 +393,7 @@ def _forward(
         kv_parts,
         k_sum_parts,
         geometry,
-        **constexprs,
+        tile=tile,
     )
     kv_raw, k_sum = kv_parts.sum(1), k_sum_parts.sum(1)
 
@@ -428,9 +408,7 @@ def _forward(
         k_sum,
         host.head_rows(out),
         geometry,
-        CLAMP=clamp,
-        EPS=eps,
-        **constexprs,
+        tile=tile,
     )
     return out, kv_raw, k_sum
 
@@ -443,8 +421,7 @@ def _forward_fake(q, k, v, height, width, eps, clamp):
 
 def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, needs_grad):
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
-    weights, grid, settings, geometry, constexprs = _launch_setup(q, height, width)
-    constexprs.update(CLAMP=clamp)
+    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp)
     grad_q, grad_k, grad_v = host.like_heads_last(q), host.like_heads_last(k), host.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
     grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
@@ -461,8 +438,7 @@ def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, 
         grad_kv_parts,
         grad_k_sum_parts,
         geometry,
-        EPS=eps,
-        **constexprs,
+        tile=tile,
     )
     host.launch(
         _vicinity_backward_keys,
@@ -477,7 +453,7 @@ def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, 
         host.head_rows(grad_k),
         host.head_rows(grad_v),
         geometry,
-        **constexprs,
+        tile=tile,
     )
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
