@@ -12,7 +12,8 @@
 #   rehearse  on this machine: a throw-away Python 3.12 environment with the host's own versions
 #             (requirements/gpu_host.txt: torch, triton, timm, numpy, ...), the carried wheels installed as the
 #             device call installs them, the default stages with SMOKE=1 (results in $OUT/rehearsal/), then
-#             tools/analysis/triton_resources.py: every kernel compiled for sm_90 by the host's Triton
+#             tools/analysis/triton_resources.py: every kernel compiled for sm_90 by the host's Triton, and by ours
+#             against the kernel digests the call will report (--digests check)
 #   setup     install the carried wheels; the environment report: python, GPU, torch, CUDA, triton, timm, the
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
@@ -164,6 +165,9 @@ stage_rehearse() {
     # Every kernel compiled for sm_90 by the host's Triton (no GPU needed).
     PYTHONPATH="$venv/site:$PYTHONPATH" "$venv/bin/python" tools/analysis/triton_resources.py \
         --capability 90 || { ((status)) || status=1; }
+    # The kernel digests the call's environment report carries, and the defaults table's new rows record, are
+    # those of this tree's kernels (compiled by our stack's Triton, as visattn_mm/ops/kernel_digests.py is).
+    "$PY" tools/analysis/triton_resources.py --digests check | tail -1 || { ((status)) || status=1; }
     return "$status"
 }
 

@@ -5,7 +5,8 @@ Reads what device calls of ``tools/gpu_session.sh`` bring back (``SESSION ...``:
 in the order they ran): ``benchmark.csv`` (the bench stage; a later call's row replaces an earlier one's),
 ``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
-``session.log`` (the GPU and the versions, from the first call that reported them). For each op of
+``session.log`` (the GPU and the versions, from the first call that reported them, and the digest of each op's
+compiled kernels that every call reporting one reported: ``visattn_mm.collect_env.KERNEL_DIGESTS_KEY``). For each op of
 ``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
 
 * the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
@@ -14,7 +15,9 @@ call runs the code fixed after the earlier, and a failure stands until a later c
   failed), and the backbone tests on ``'triton'`` of every backbone that runs the op (for each such
   backbone, at least one passed and none failed);
 
-and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured.
+and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured. Each row records
+its op's kernel digest; where no call reported one, or calls reported different ones, it records None, which
+'auto' does not trust (the row runs 'fast' until a session on one tree measures it).
 
 Prints the measured rows as Python (``--write`` puts them into the package's table) and a markdown
 table: per model, path and batch, time and peak memory x Swin-T, with the step-cost tracer's
@@ -36,6 +39,7 @@ import xml.etree.ElementTree as ElementTree
 
 import _bench_common as common
 
+from visattn_mm.collect_env import KERNEL_DIGESTS_KEY
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import cuda_defaults
 from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
@@ -43,7 +47,7 @@ from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
-ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests'
+ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest'
 SIZE = (800, 1333)
 BATCHES = (8, 2)
 # The test module(s) of each op's kernels: the sliding-chunk one was test_triton_kernels in the sessions on record.
@@ -105,6 +109,34 @@ def read_versions(sessions):
     )
 
 
+def read_kernel_digests(sessions):
+    """Each op's digest of its compiled kernels over the ``session.log`` files of ``sessions`` that report them.
+
+    Args:
+        sessions (list[str]): The device calls' folders.
+
+    Returns:
+        tuple: ``{op: digest or None}`` for every op (None where no call reported one or calls reported
+        different ones), and a line for each op recorded as None.
+    """
+    reported = {op: set() for op in cuda_defaults.OPS}
+    for session in sessions:
+        log = open(osp.join(session, 'session.log')).read()
+        for line in re.findall(rf'^{re.escape(KERNEL_DIGESTS_KEY)}: (.*)$', log, re.M):
+            for op, digest in re.findall(r'(\w+)=([0-9a-f]+)', line):
+                if op in reported:
+                    reported[op].add(digest)
+    digests, gaps = {}, []
+    for op, found in reported.items():
+        if len(found) == 1:
+            (digests[op],) = found
+            continue
+        digests[op] = None
+        why = f'calls ran different kernels ({", ".join(sorted(found))})' if found else 'no call reported it'
+        gaps.append(f"{op}: no kernel digest ({why}): its rows record None, and 'auto' runs 'fast' for them")
+    return digests, gaps
+
+
 def op_tests_outcome(op, dtype, outcomes):
     """How the CUDA tests of ``op`` in ``dtype`` went (``Measurement.tests``), over its kernel tests and the
     backbone tests on 'triton' of each backbone that runs it: 'failed' where one failed, else 'passed' where
@@ -137,7 +169,8 @@ def measured_rows(sessions, commit, date):
     latest = {test_id: outcome for path in tests if osp.exists(path) for test_id, outcome in read_tests(path)}
     outcomes = list(latest.items())
     versions = read_versions(sessions)
-    rows, gaps = [], []
+    digests, gaps = read_kernel_digests(sessions)
+    rows = []
     for op in cuda_defaults.OPS:
         model = cuda_defaults.DECIDED_BY[op]
         for dtype in cuda_defaults.DTYPE_NAMES.values():
@@ -157,6 +190,7 @@ def measured_rows(sessions, commit, date):
                 ratio_batch8=round(ratios[0], 3),
                 ratio_batch2=round(ratios[1], 3),
                 tests=op_tests_outcome(op, dtype, outcomes),
+                kernel_digest=digests[op],
             )
             rows.append(CudaDefault(op, dtype, decide(measurement), measurement))
     return rows, gaps
@@ -175,7 +209,7 @@ def rows_source(rows):
     for row in rows:
         m = row.measured
         assert all(getattr(m, key) == value for key, value in measured_on.items()), 'one invocation, one origin'
-        fields = (row.op, row.dtype, row.path, m.model, m.ratio_batch8, m.ratio_batch2, m.tests)
+        fields = (row.op, row.dtype, row.decided, m.model, m.ratio_batch8, m.ratio_batch2, m.tests, m.kernel_digest)
         lines.append(f'    ({", ".join(map(repr, fields))}),')
     lines += [')', END]
     return '\n'.join(lines)
