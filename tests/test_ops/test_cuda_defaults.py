@@ -173,7 +173,9 @@ def test_auto_does_not_trust_kernels_changed_since_the_gpu_measured_them(monkeyp
     monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, **measured))
     assert all(_auto_on_cuda(row.op, row.dtype) == 'triton' for row in triton_rows)
 
-    monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, sliding_chunk='0123456789ab'))
+    monkeypatch.setattr(
+        kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, sliding_chunk='0123456789ab')
+    )
     for row in triton_rows:
         assert _auto_on_cuda(row.op, row.dtype) == ('fast' if row.op == 'sliding_chunk' else 'triton'), row.name
     row = cuda_defaults.cuda_default('sliding_chunk', torch.bfloat16, 32)
@@ -284,7 +286,8 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     table = tmp_path / 'cuda_defaults.py'
     shutil.copy(defaults_tool.TABLE_FILE, table)
     rows, gaps = defaults_tool.measured_rows([str(session)], 'abc1234', '2026-11-26')
-    decided = {(row.op, row.dtype): (row.path, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
+    # The rule's decisions ('auto' runs them where this tree's kernels are the session's: below).
+    decided = {(row.op, row.dtype): (row.decided, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
     assert decided == {
         ('sliding_chunk', 'bf16'): ('triton', 0.75, 0.833),
         ('long_short', 'bf16'): ('fast', 0.75, 0.833),
@@ -304,20 +307,20 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     }
     # A failed backbone test on 'triton' counts against every op the backbone runs.
     later = _session(tmp_path / 'later', times, failing_backbone='ViLLS')
-    paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
+    paths = {(row.op, row.dtype): row.decided for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
     assert paths['sliding_chunk', 'bf16'] == paths['long_short', 'bf16'] == 'fast'
     # Over two calls a test's later outcome counts: a failure stands until a later call passes the test.
     both = defaults_tool.measured_rows([str(session), str(later)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in both} == paths
+    assert {(row.op, row.dtype): row.decided for row in both} == paths
     fixed = _session(tmp_path / 'fixed', times)
     after_fix = defaults_tool.measured_rows([str(later), str(fixed)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in after_fix}['long_short', 'bf16'] == 'triton'
+    assert {(row.op, row.dtype): row.decided for row in after_fix}['long_short', 'bf16'] == 'triton'
     before_fix = defaults_tool.measured_rows([str(fixed), str(later)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in before_fix}['long_short', 'bf16'] == 'fast'
+    assert {(row.op, row.dtype): row.decided for row in before_fix}['long_short', 'bf16'] == 'fast'
     # Kernel tests alone are not enough: each backbone that runs the op needs a passing test of its own.
     without_vil = _session(tmp_path / 'without-vil', times, backbones=('ViLLS', 'PaleTransformer', 'VVT'))
     rows_without = defaults_tool.measured_rows([str(without_vil)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in rows_without}['sliding_chunk', 'bf16'] == 'fast'
+    assert {(row.op, row.dtype): row.decided for row in rows_without}['sliding_chunk', 'bf16'] == 'fast'
     # Digests: a call that did not report them (a tests-only call) adds nothing; calls that reported different
     # kernels of an op, or none at all, leave its rows without one, which 'auto' does not trust.
     quiet = _session(tmp_path / 'quiet', times)
@@ -332,8 +335,8 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     ]
     unreported, quiet_gaps = defaults_tool.measured_rows([str(quiet)], 'c', 'd')
     assert {row.measured.kernel_digest for row in unreported} == {None} and {row.path for row in unreported} == {'fast'}
-    assert "sliding_chunk: no kernel digest (no call reported it): its rows record None, and 'auto' runs 'fast' " (
-        'for them'
+    assert (
+        "sliding_chunk: no kernel digest (no call reported it): its rows record None, and 'auto' runs 'fast' for them"
     ) in quiet_gaps
     # --write: the rows land between the markers, and the module built from them holds them; 'auto' takes their
     # path while the kernels compile to the recorded code.

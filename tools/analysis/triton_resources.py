@@ -46,9 +46,8 @@ from visattn_mm.ops import cuda_defaults, kernel_digests
 MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
 DTYPES = ('fp32', 'bf16')
 DEFAULT_SIZE = '256x256'
-DIGESTS_FILE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'visattn_mm', 'ops', 'kernel_digests.py'
-)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGESTS_FILE = os.path.join(ROOT, 'visattn_mm', 'ops', 'kernel_digests.py')
 DIGESTS_COMMAND = '.venv/bin/python tools/analysis/triton_resources.py --digests write'
 COLUMNS = (
     'model',
@@ -228,8 +227,8 @@ def digest_changes(digests, committed=None):
     ]
 
 
-DIGESTS_DOC = '''"""The compiled code of each op's Triton kernels in this tree, one digest per op: a measured row of the CUDA
-defaults table (:mod:`visattn_mm.ops.cuda_defaults`) whose recorded digest differs runs 'fast'.
+DIGESTS_DOC = '''"""The compiled code of each op's Triton kernels in this tree, one digest per op: a measured row of
+the CUDA defaults table (:mod:`visattn_mm.ops.cuda_defaults`) whose recorded digest differs runs 'fast'.
 
 Generated, not edited: ``{command}`` compiles every
 kernel launch of a training step of each backbone ({size}, fp32 and bf16 autocast) for sm_{capability} under
@@ -264,9 +263,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', default=','.join(MODELS), help=f'comma-separated, of {", ".join(MODELS)}')
     parser.add_argument('--dtypes', default=','.join(DTYPES), help='comma-separated, of fp32, bf16')
-    parser.add_argument(
-        '--size', default=DEFAULT_SIZE, help=f'input HxW of the training step (default {DEFAULT_SIZE})'
-    )
+    parser.add_argument('--size', default=DEFAULT_SIZE, help=f'input HxW of the training step (default {DEFAULT_SIZE})')
     parser.add_argument('--capability', type=int, default=90, help='compute capability compiled for (default 90)')
     parser.add_argument(
         '--ptx',
@@ -286,7 +283,9 @@ def parse_args(argv=None):
     args.size = common.parse_size(args.size, '--size')
     defaults = (list(MODELS), list(DTYPES), common.parse_size(DEFAULT_SIZE, '--size'), parser.get_default('capability'))
     if args.digests and (list(args.models), list(args.dtypes), args.size, args.capability) != defaults:
-        parser.error('--digests covers every kernel at the defaults: leave out --models, --dtypes, --size, --capability')
+        parser.error(
+            '--digests covers every kernel at the defaults: leave --models, --dtypes, --size, --capability out'
+        )
     return args
 
 

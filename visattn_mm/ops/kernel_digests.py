@@ -2,4 +2,6 @@
 
 TRITON = '3.7.1'
 CAPABILITY = 90
-KERNEL_DIGESTS = dict()
+KERNEL_DIGESTS = dict(
+    sliding_chunk='TODO_sliding_chunk', long_short='TODO_long_short', pale='TODO_pale', vicinity='TODO_vicinity'
+)

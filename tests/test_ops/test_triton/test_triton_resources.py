@@ -108,7 +108,9 @@ def test_digests_are_written_as_the_package_reads_them(tmp_path, monkeypatch, ca
     monkeypatch.setattr(kernel_digests, 'TRITON', module.TRITON)
     triton_resources.check_or_write_digests(digests, 'check', 90)
     assert 'is current' in capsys.readouterr().out
-    with pytest.raises(SystemExit, match=f"(?s)pale: the table says {'2' * 12}, its kernels compile to f+.*--digests write"):
+    with pytest.raises(
+        SystemExit, match=f"(?s)pale: the table says {'2' * 12}, its kernels compile to f+.*--digests write"
+    ):
         triton_resources.check_or_write_digests(dict(digests, pale='f' * 12), 'check', 90)
 
 
