@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import xml.etree.ElementTree as ElementTree
 import zipfile
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
         'setup',
         'tests',
         'sanitize',
+        'decide',
         'bench',
         'compile',
         SMOKE='1',
@@ -93,17 +95,32 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
     assert re.fullmatch(
-        rf'gpu_session: setup ok, tests ok, sanitize ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)',
+        rf'gpu_session: setup ok, tests ok, sanitize ok, decide ok, bench ok, compile ok in \d+ s '
+        rf'\(log: {out}/session.log\)',
         summary,
     )
     assert result.stdout.strip().endswith(summary)
-    # What a device call brings back: at most 8 files, none in a folder.
+    # What a device call brings back: at most 8 files, none in a folder; past 7, all but the log and the
+    # summary in one archive.
     files = sorted(p.name for p in out.iterdir())
-    assert files == ['benchmark.csv', 'benchmark.md', 'compile.xml', 'session.log', 'summary.txt', 'tests.xml']
-    assert all((out / name).is_file() for name in files)
+    assert files == ['results.tar.gz', 'session.log', 'summary.txt']
+    with tarfile.open(out / 'results.tar.gz') as archive:
+        archive.extractall(out, filter='data')
+    packed = ['benchmark.csv', 'benchmark.md', 'compile.xml', 'decide.csv', 'decide.md', 'tests.xml']
+    assert sorted(p.name for p in out.iterdir() if p.name not in files) == packed
+    assert all((out / name).is_file() for name in packed)
 
     log = (out / 'session.log').read_text()
-    assert re.findall(r'^=== (\w+)', log, re.M) == ['install', 'setup', 'tests', 'sanitize', 'bench', 'compile']
+    assert re.findall(r'^=== (\w+)', log, re.M) == [
+        'install',
+        'setup',
+        'tests',
+        'sanitize',
+        'decide',
+        'bench',
+        'compile',
+    ]
+    assert 'packed 6 files into' in log
     assert 'no compute-sanitizer here: sanitize skipped' in log
     # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
     # and this environment's versions against the rehearsal's pins.
@@ -119,21 +136,35 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert suite.get('errors') == '0'
     compiled = ElementTree.parse(out / 'compile.xml').getroot().find('testsuite')
     assert int(compiled.get('tests')) >= 1 and compiled.get('skipped') == compiled.get('tests')
-    # bench: grid by grid, the baseline first in each, both paths of the decision grid.
-    with open(out / 'benchmark.csv', newline='') as f:
-        rows = list(csv.DictReader(f))
-    assert [(r['model'], r['impl'], r['mode'], r['status']) for r in rows] == [
-        ('swin-t', '-', 'fwd+bwd', 'ok'),
-        ('r50', '-', 'fwd+bwd', 'ok'),
-        ('vil-t', 'fast', 'fwd+bwd', 'ok'),
-        ('vil-t', 'triton', 'fwd+bwd', 'ok'),
-        ('swin-t', '-', 'fwd', 'ok'),
-        ('r50', '-', 'fwd', 'ok'),
-        ('vil-t', 'math', 'fwd', 'ok'),
-    ]
-    assert all(r['time_ms_vs_swin-t'] for r in rows)
-    table = (out / 'benchmark.md').read_text().splitlines()
-    assert table[0].startswith('| model | impl |') and len(table) == 2 + len(rows)
+    # decide, then bench: grid by grid, the baseline first in each, both paths of the decision grid.
+    expected = dict(
+        decide=[
+            ('swin-t', '-', 'fwd+bwd'),
+            ('r50', '-', 'fwd+bwd'),
+            ('vil-t', 'fast', 'fwd+bwd'),
+            ('vil-t', 'triton', 'fwd+bwd'),
+        ],
+        benchmark=[('swin-t', '-', 'fwd'), ('r50', '-', 'fwd'), ('vil-t', 'math', 'fwd')],
+    )
+    for name, cases in expected.items():
+        with open(out / f'{name}.csv', newline='') as f:
+            rows = list(csv.DictReader(f))
+        assert [(r['model'], r['impl'], r['mode']) for r in rows] == cases
+        assert all(r['status'] == 'ok' and r['time_ms_vs_swin-t'] for r in rows)
+        table = (out / f'{name}.md').read_text().splitlines()
+        assert table[0].startswith('| model | impl |') and len(table) == 2 + len(rows)
+
+
+def test_detector_stage_trains_and_tests_a_real_config_on_toy_data(tmp_path):
+    """The detector stage in its CPU smoke mode: the demo's Mask R-CNN ViL-T and UperNet ViL-T through
+    tools/train.py and tools/test.py, one iteration each, on toy data written beside their configs."""
+    result = _run(tmp_path, 'detector', SMOKE='1', DETECTOR_ITERS='1', SCRATCH=str(tmp_path / 'scratch'))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / 'out' / 'summary.txt').read_text().startswith('gpu_session: detector ok in ')
+    for name in ('maskrcnn_vil_t_toy', 'upernet_vil_t_160k_ade20k'):
+        assert (tmp_path / 'scratch' / name / 'train' / 'iter_1.pth').is_file(), name
+    log = (tmp_path / 'out' / 'session.log').read_text()
+    assert 'coco/bbox_mAP' in log and 'mIoU' in log
 
 
 def test_device_call_fits_its_budget_and_carry():
@@ -141,10 +172,11 @@ def test_device_call_fits_its_budget_and_carry():
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
     assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-180}"' in text
-    assert 'stages=(setup tests sanitize bench compile tune)' in text
+    assert 'stages=(setup tests sanitize decide detector throughput bench compile tune)' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
-    assert size < 48 * 2**20, f'the tracked files are {size / 2**20:.1f} MiB; a device call carries 64 MiB in all'
+    # The carried wheels: mmcv with its CUDA ops (about 30 MB) and the rest (about 10 MB).
+    assert size < 16 * 2**20, f'the tracked files are {size / 2**20:.1f} MiB; a device call carries 64 MiB in all'
 
 
 def test_later_stages_run_after_a_failed_one(tmp_path):

@@ -2,7 +2,8 @@
 table of docs/benchmarks.md.
 
 Reads what device calls of ``tools/gpu_session.sh`` bring back (``SESSION ...``: their ``$OUT`` folders,
-in the order they ran): ``benchmark.csv`` (the bench stage; a later call's row replaces an earlier one's),
+in the order they ran): ``decide.csv`` and ``benchmark.csv`` (the decide and bench stages; a later call's row
+replaces an earlier one's; a call whose files came back packed: unpack its ``results.tar.gz`` there first),
 ``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
 ``session.log`` (the GPU and the versions, from the first call that reported them). For each op of
@@ -60,8 +61,7 @@ def read_benchmark(sessions):
     """``{(model, impl, dtype, batch): row}`` of the forward + backward rows at :data:`SIZE` that ran, over
     ``sessions`` in order (a later row replaces an earlier one)."""
     found = {}
-    for session in sessions:
-        path = osp.join(session, 'benchmark.csv')
+    for path in (osp.join(session, name) for session in sessions for name in ('decide.csv', 'benchmark.csv')):
         if not osp.exists(path):
             continue
         with open(path, newline='') as file:
