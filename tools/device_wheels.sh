@@ -60,15 +60,20 @@ print(torch.__version__, torch.version.cuda, site.getsitepackages()[0])')
     key="mmcv-$version-torch$torch_version-py$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')-sm${ARCH//./}"
     cache="${VISATTN_WHEEL_CACHE:-$HOME/.cache/visattn_mm/wheels}/$key"
     if ! ls "$cache"/mmcv-*.whl >/dev/null 2>&1; then
+        # An unfinished build stays in $tools: a rerun resumes it where ninja left off (a session may end mid-build).
         tools="$cache.build"
-        rm -rf "$tools" && mkdir -p "$tools"
+        mkdir -p "$tools"
         # The build's own tools, beside (not in) the host's environment: mmcv's setup.py imports pkg_resources,
         # which setuptools 70 removed; nvcc and its parts of the CUDA 13.0 toolkit.
-        "$PY" -m pip install -q --disable-pip-version-check --target "$tools/py" $(section build)
-        "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$tools/cuda" $(section cuda)
+        [[ -f "$tools/py/.complete" ]] || { rm -rf "$tools/py" &&
+            "$PY" -m pip install -q --disable-pip-version-check --target "$tools/py" $(section build) &&
+            touch "$tools/py/.complete"; }
+        [[ -f "$tools/cuda/.complete" ]] || { rm -rf "$tools/cuda" &&
+            "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$tools/cuda" $(section cuda) &&
+            touch "$tools/cuda/.complete"; }
         # CUDA_HOME: nvcc's bin/ and nvvm/, the headers and libraries of both the compiler's packages and torch's.
         cuda_home="$tools/cuda_home"
-        mkdir -p "$cuda_home/include" "$cuda_home/lib64"
+        rm -rf "$cuda_home" && mkdir -p "$cuda_home/include" "$cuda_home/lib64"
         ln -s "$tools/cuda/nvidia/cu13/bin" "$tools/cuda/nvidia/cu13/nvvm" "$cuda_home/"
         local from
         for from in "$site/nvidia/cu13" "$tools/cuda/nvidia/cu13"; do
@@ -76,17 +81,26 @@ print(torch.__version__, torch.version.cuda, site.getsitepackages()[0])')
             [[ ! -d "$from/lib" ]] || cp -rsf "$from/lib/." "$cuda_home/lib64/"
         done
         ln -sf libcudart.so.13 "$cuda_home/lib64/libcudart.so"
+        # The source, unpacked once: pip builds a local folder in place, so ninja's objects outlive the build.
+        if [[ ! -f "$tools/src/setup.py" ]]; then
+            rm -rf "$tools/sdist" "$tools/src"
+            PYTHONPATH="$tools/py" "$PY" -m pip download -q --disable-pip-version-check --no-deps \
+                --no-binary :all: --no-build-isolation -d "$tools/sdist" "mmcv==$version"
+            mkdir "$tools/src" && tar -xzf "$tools"/sdist/mmcv-*.tar.gz -C "$tools/src" --strip-components 1
+        fi
         echo "[device_wheels] building mmcv $version with CUDA ops for sm_${ARCH//./} against torch $torch_version" \
-             "(CUDA $cuda; $(nproc) cores: ~40 min on 2, ~4 on 16)"
+             "(CUDA $cuda; on $(nproc) cores: about 4 min on 16, over an hour on 2)"
         started=$SECONDS
         # No build isolation: the build must see the host's torch, or the ops are silently left out.
         env PATH="$cuda_home/bin:$PATH" CUDA_HOME="$cuda_home" PYTHONPATH="$tools/py" MMCV_WITH_OPS=1 FORCE_CUDA=1 \
             TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
             "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps --no-cache-dir \
-            -w "$tools/wheel" "mmcv==$version"
+            -w "$tools/wheel" "$tools/src" || { echo "$((SECONDS - started))" >> "$tools/seconds"; return 1; }
+        echo "$((SECONDS - started))" >> "$tools/seconds"
         mkdir -p "$cache"
         mv "$tools"/wheel/mmcv-*.whl "$cache/"
-        echo "built in $((SECONDS - started)) s on $(nproc) cores" > "$cache/BUILD"
+        echo "built in $(awk '{s += $1} END {print s}' "$tools/seconds") s on $(nproc) cores ($(wc -l < "$tools/seconds") runs)" \
+            > "$cache/BUILD"
         rm -rf "$tools"
     fi
     cp "$cache"/mmcv-*.whl "$WHEEL_DIR/"

@@ -29,7 +29,7 @@
 #   detector  the user's commands at the configs' sizes on toy data (tools/make_toy_data.py --config): tools/train.py
 #             --amp for DETECTOR_ITERS iterations, then tools/test.py on the checkpoint it wrote, for Mask R-CNN ViL-S
 #             (1333x800, CocoMetric) and UperNet ViL-S (512x512, IoUMetric); each run at most DETECTOR_BUDGET s,
-#             a later one runs when an earlier one fails (their logs: detector.log)
+#             a later one runs when an earlier one fails (their output: session.log)
 #   throughput  tools/analysis/train_throughput.py at batch 2 in bf16 and fp16 (THROUGHPUT_DTYPES): Mask R-CNN with
 #             the four backbones against mmdet's Mask R-CNN Swin-T, then UperNet against mmseg's UperNet Swin-T
 #             (throughput_maskrcnn.csv, throughput_upernet.csv), each set at most THROUGHPUT_BUDGET s
@@ -48,8 +48,10 @@
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
-#   BENCH_MODELS (comma-separated), DECIDE_GRIDS and BENCH_GRIDS (newline-separated --grid values), DETECTOR_ITERS
-#   (2), DETECTOR_BUDGET (seconds per train or test run, 90), THROUGHPUT_DTYPES (bf16,fp16), THROUGHPUT_BUDGET (150 per set),
+#   BENCH_MODELS (comma-separated), DECIDE_GRIDS and BENCH_GRIDS (newline-separated --grid values), DETECTORS (the
+#   detector stage's configs, space-separated; upernet_* on toy ADE20K, the others on toy COCO), DETECTOR_ITERS (2),
+#   DETECTOR_BUDGET (seconds per train or test run, 90; 300 with SMOKE=1), THROUGHPUT_DTYPES (bf16,fp16),
+#   THROUGHPUT_BUDGET (150 per set),
 #   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py
 #   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_tools/test_gpu_session.py runs it),
 #   REHEARSAL_VENV (/tmp/visattn_gpu_rehearsal), REHEARSAL_PYTHON (a Python 3.12; else found on PATH or pyenv).
@@ -65,6 +67,7 @@ TESTS_BUDGET="${TESTS_BUDGET:-180}"
 TESTS_MARKS="${TESTS_MARKS-cuda}"
 TEST_WORKERS="${TEST_WORKERS:-8}"
 SMOKE="${SMOKE:-0}"
+declare -A TOY_SIZES  # the toy images of each layout (HEIGHT WIDTH) for the detector stage
 HOST_PINS=requirements/gpu_host.txt
 # The tests the defaults table's rule needs (outputs and every gradient against float64), kernels first.
 KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test_ops/test_triton/test_triton_long_short.py
@@ -83,11 +86,11 @@ if [[ "$SMOKE" == 1 ]]; then
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
     DECIDE_DEFAULT="batches=1 dtypes=fp32 impls=fast,triton modes=fwd+bwd"
     BENCH_DEFAULT="batches=1 dtypes=fp32 impls=math modes=fwd"
-    # On the CPU: the demo's Mask R-CNN ViL-T at its own scale and UperNet ViL-T; no AMP (CPU autocast is not
-    # what --amp runs on a GPU).
-    DETECTOR_CONFIGS=(configs/demo/maskrcnn_vil_t_toy.py configs/upernet_vil_t_160k_ade20k.py)
-    DETECTOR_DATA=(coco ade20k)
-    DETECTOR_SIZES=("128 160" "128 128")
+    # On the CPU: the demo's Mask R-CNN ViL-T at its own scale and UperNet ViL-T, on small images; no AMP (CPU
+    # autocast is not what --amp runs on a GPU).
+    DETECTORS_DEFAULT="configs/demo/maskrcnn_vil_t_toy.py configs/upernet_vil_t_160k_ade20k.py"
+    TOY_SIZES=([coco]="128 160" [ade20k]="128 128")
+    DETECTOR_BUDGET="${DETECTOR_BUDGET:-300}"
     AMP=()
     THROUGHPUT=(--image-size 64x96 --warmup 0 --iters 1 --workers 0 --dtypes fp32)
     THROUGHPUT_SETS=("configs/maskrcnn_vil_t_1x.py" "configs/upernet_vil_t_160k_ade20k.py")
@@ -106,9 +109,8 @@ models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
     # The configs' own pipelines on toy data of their sizes, as users run them on a GPU (--amp: fp16).
-    DETECTOR_CONFIGS=(configs/maskrcnn_vil_s_1x.py configs/upernet_vil_s_160k_ade20k.py)
-    DETECTOR_DATA=(coco ade20k)
-    DETECTOR_SIZES=("800 1333" "512 512")
+    DETECTORS_DEFAULT="configs/maskrcnn_vil_s_1x.py configs/upernet_vil_s_160k_ade20k.py"
+    TOY_SIZES=([coco]="800 1333" [ade20k]="512 512")
     AMP=(--amp)
     THROUGHPUT=(--batch 2 --warmup 2 --iters 5 --dtypes "${THROUGHPUT_DTYPES:-bf16,fp16}")
     # Each set: its configs, measured against the baseline of their library (mmdet's or mmseg's Swin-T).
@@ -118,6 +120,7 @@ batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
 fi
 DECIDE_GRIDS="${DECIDE_GRIDS:-$DECIDE_DEFAULT}"
 BENCH_GRIDS="${BENCH_GRIDS:-$BENCH_DEFAULT}"
+DETECTORS="${DETECTORS:-$DETECTORS_DEFAULT}"
 DETECTOR_ITERS="${DETECTOR_ITERS:-2}"
 DETECTOR_BUDGET="${DETECTOR_BUDGET:-90}"
 THROUGHPUT_BUDGET="${THROUGHPUT_BUDGET:-150}"
@@ -288,16 +291,17 @@ stage_bench() { run_benchmark "$BENCH_GRIDS" benchmark; }
 # tools/make_toy_data.py writes each config pointed at toy data of its size as a short run; tools/train.py
 # trains it (--amp on the GPU), tools/test.py evaluates the checkpoint it wrote. Each run within DETECTOR_BUDGET.
 stage_detector() {
-    local i config name data toy work status=0
-    for i in "${!DETECTOR_CONFIGS[@]}"; do
-        config="${DETECTOR_CONFIGS[$i]}"
+    local config name layout data toy work status=0
+    for config in $DETECTORS; do
         name="$(basename "$config" .py)"
-        data="$SCRATCH/toy_${DETECTOR_DATA[$i]}_${DETECTOR_SIZES[$i]// /x}"
+        layout=coco
+        [[ "$name" != upernet* ]] || layout=ade20k
+        data="$SCRATCH/toy_${layout}_${TOY_SIZES[$layout]// /x}"
         work="$SCRATCH/$name"
         echo "--- $name: tools/train.py ${AMP[*]} for $DETECTOR_ITERS iterations, then tools/test.py"
         # shellcheck disable=SC2086  # the size is two words
-        "$PY" tools/make_toy_data.py "${DETECTOR_DATA[$i]}" "$data" --num-train 4 --num-val 2 \
-            --image-size ${DETECTOR_SIZES[$i]} --config "$config" --iters "$DETECTOR_ITERS" || { status=1; continue; }
+        "$PY" tools/make_toy_data.py "$layout" "$data" --num-train 4 --num-val 2 --image-size ${TOY_SIZES[$layout]} \
+            --config "$config" --iters "$DETECTOR_ITERS" || { status=1; continue; }
         toy="$data/${name}_toy.py"
         rm -rf "$work"
         CAP=$DETECTOR_BUDGET limited "$PY" tools/train.py "$toy" --work-dir "$work/train" "${AMP[@]}" \
