@@ -29,14 +29,13 @@ import warnings
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
 from ..ops.process_state import STATE
-from .block_compile import BlockCompiler, check_compile_option
+from .block_compile import BlockCompiler, call_block, check_compile_option
 from .layers import (
     check_arch,
     check_int,
@@ -268,9 +267,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         under ``compile_blocks``."""
         if self.block_compiler is not None:
             return self.block_compiler.run(block, tokens, hw, *args, with_cp=self.with_cp)
-        if self.with_cp and tokens.requires_grad:
-            return cp.checkpoint(block, tokens, hw, *args, use_reentrant=False)
-        return block(tokens, hw, *args)
+        return call_block(block, tokens, hw, *args, with_cp=self.with_cp)
 
     def finish_stage(self, i, tokens):
         """Stage ``i``'s tokens (after its stage norm, if any) as the next stage reads them (default: as

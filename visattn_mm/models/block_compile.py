@@ -96,7 +96,9 @@ def missing_cpp_compiler():
     return None
 
 
-def _run_block(block, *inputs, with_cp=False):
+def call_block(block, *inputs, with_cp=False):
+    """``block(*inputs)``, recomputed in backward under ``with_cp`` when the tokens (``inputs[0]``) need
+    gradients; the code every block's compiled runner is a copy of."""
     # Gradient checkpointing inside the compiled function: dynamo traces it as a region that the
     # backward recomputes, which Inductor supports (compiled code inside an eager checkpoint would
     # run its compiled forward twice and keep the compiled graph's own saved tensors).
@@ -110,9 +112,9 @@ def compiled_block_runner(name, options):
 
     The copy has its own code object, hence its own dynamo cache (see the module docstring).
     """
-    code = _run_block.__code__.replace(co_name=name, co_qualname=name)
-    runner = types.FunctionType(code, _run_block.__globals__, name, None, None)
-    runner.__kwdefaults__ = dict(_run_block.__kwdefaults__)
+    code = call_block.__code__.replace(co_name=name, co_qualname=name)
+    runner = types.FunctionType(code, call_block.__globals__, name, None, None)
+    runner.__kwdefaults__ = dict(call_block.__kwdefaults__)
     return torch.compile(runner, **options)
 
 
@@ -159,7 +161,7 @@ class BlockCompiler:
             with_cp (bool): Gradient checkpointing of the block (when the tokens require grad).
         """
         if torch.compiler.is_compiling() or not self.can_compile(inputs[0].device.type):
-            return _run_block(block, *inputs, with_cp=with_cp)
+            return call_block(block, *inputs, with_cp=with_cp)
         frames_before = torch._dynamo.utils.counters['frames']['ok']
         start = time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=BLOCK_RECOMPILE_LIMIT):
