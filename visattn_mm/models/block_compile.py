@@ -6,9 +6,9 @@ code under its own name. One block's shapes (another stage's channels) never mak
 dimensions dynamic, and no block's variants (input sizes, random-shift neighbours, the switch to
 evaluation) count against another's recompile limit. A block compiles its first input size with
 static shapes and, at the next size, one graph with dynamic sizes that serves every later size
-(dynamo's default, ``dynamic=None``). Blocks whose graphs are equal (the blocks of a stage in
-evaluation, or in training without stochastic depth, whose rate is a constant of the graph) are
-compiled once: Inductor's graph cache serves the later ones. The patch embeddings, stage norms,
+(dynamo's default, ``dynamic=None``). Dynamo traces every block; where two blocks' graphs are equal
+(the blocks of a stage in evaluation, or in training without stochastic depth, whose rate is a
+constant of the graph), Inductor's FX graph cache can serve the second from the first's code. The patch embeddings, stage norms,
 output norms and everything after the backbone (necks, heads) stay eager. Our Triton attention ops
 are torch custom ops with fake functions: Inductor calls them as they are.
 
