@@ -8,9 +8,10 @@ evaluation) count against another's recompile limit. A block compiles its first 
 static shapes and, at the next size, one graph with dynamic sizes that serves every later size
 (dynamo's default, ``dynamic=None``). Dynamo traces every block; where two blocks' graphs are equal
 (the blocks of a stage in evaluation, or in training without stochastic depth, whose rate is a
-constant of the graph), Inductor's FX graph cache can serve the second from the first's code. The patch embeddings, stage norms,
-output norms and everything after the backbone (necks, heads) stay eager. Our Triton attention ops
-are torch custom ops with fake functions: Inductor calls them as they are.
+constant of the graph), Inductor's FX graph cache can serve the second from the first's code. The
+patch embeddings, stage norms, output norms and everything after the backbone (necks, heads) stay
+eager. Our Triton attention ops are torch custom ops with fake functions: Inductor calls them as
+they are.
 
 Where compilation cannot run (a Python dynamo does not support, no C++ compiler for Inductor on the
 CPU, no Triton for Inductor on a GPU), the backbone says why in one warning line through mmengine's
