@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from cuda_defaults import RESULTS_DIR
+
 from paths import ROOT
 
 RESULTS = Path(RESULTS_DIR)

@@ -15,9 +15,9 @@ import benchmark
 import cuda_defaults as defaults_tool  # the tool, not visattn_mm.ops.cuda_defaults
 import pytest
 import torch
-from paths import ROOT
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
+from paths import ROOT
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
