@@ -22,7 +22,7 @@ table: per model, path and batch, time and peak memory x Swin-T, with the step-c
 predicted peak (``visattn_mm.analysis.step_cost``, CUDA emulated on the CPU) beside the measured
 one (``--no-predict`` leaves the tracing out).
 
-Example (after two device calls whose files came back to DIR1 and DIR2)::
+Example (after two device calls whose files came back to DIR1 and DIR2, kept in ``results/``)::
 
     .venv/bin/python tools/analysis/cuda_defaults.py DIR1 DIR2 --commit 3cb5f65 --date 2026-11-26 --write
 """
@@ -43,6 +43,11 @@ from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
+#: Where the device calls' files are kept, one folder per call (``gpu_DATE/callN``; results/README.md).
+RESULTS_DIR = osp.join(ROOT, 'results')
+#: The device calls whose files decided the table's measured rows, in the order they ran (folders of
+#: :data:`RESULTS_DIR`): a ``--write`` from other calls lists those here (a test runs the tool on these).
+DECIDING_CALLS = ('gpu_2026-11-26/call3', 'gpu_2026-11-26/call5', 'gpu_2026-11-27/call1', 'gpu_2026-11-27/call2')
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
 ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests'
 SIZE = (800, 1333)
