@@ -39,6 +39,7 @@ CALL_DIRS = ('docs/gpu_*/call*', 'results/gpu_*/call*')
 DEFAULT_HELD_OUT = ('gpu_2026-11-26/call2', 'gpu_2026-11-27/call1')
 RATES_MODULE = osp.join(ROOT, 'visattn_mm', 'analysis', 'step_time_rates.py')
 CASE_KEYS = ('model', 'impl', 'dtype', 'batch', 'height', 'width', 'mode')
+TRACED_AS = {'fp16': 'bf16'}
 TABLE_COLUMNS = ('gpu', 'call', 'model', 'impl', 'dtype', 'batch', 'est_ms', 'measured_ms', 'error')
 
 
@@ -92,6 +93,12 @@ def measured_rows(models, modes=('fwd+bwd',), root=ROOT):
     return rows
 
 
+def traced_case(row):
+    """The case a row is traced as: fp16 autocast as bf16, the same program (same sizes, the same
+    CUDA autocast lists; the counts of six such pairs were identical), so each is traced once."""
+    return tuple(TRACED_AS.get(row[key], row[key]) if key == 'dtype' else row[key] for key in CASE_KEYS)
+
+
 def trace_terms(rows, cache_dir):
     """Adds ``terms`` (:func:`step_time.step_terms`) to each row, tracing each distinct case once."""
     import step_cost
@@ -101,7 +108,7 @@ def trace_terms(rows, cache_dir):
     from visattn_mm.ops.impl import attention_impl
 
     os.makedirs(cache_dir, exist_ok=True)
-    cases = sorted({tuple(row[key] for key in CASE_KEYS) for row in rows})
+    cases = sorted({traced_case(row) for row in rows})
     terms, models = {}, {}
     for case in cases:
         model_name, impl, dtype, batch, height, width, mode = case
@@ -122,7 +129,7 @@ def trace_terms(rows, cache_dir):
         os.replace(path + '.part', path)
         print(f'traced {" ".join(map(str, case))} in {time.perf_counter() - begin:.0f} s', flush=True)
     for row in rows:
-        row['terms'] = terms[tuple(row[key] for key in CASE_KEYS)]
+        row['terms'] = terms[traced_case(row)]
     return rows
 
 
@@ -196,6 +203,24 @@ def cost_table(costs):
     return common.format_table(rows, ('term', *kinds))
 
 
+def compact_table(rows):
+    """The held-out rows as one line per GPU kind, call, model and path, one column per dtype and batch:
+    ``estimate / measured ms (error)``."""
+    held = [row for row in rows if row['held_out']]
+    settings = sorted({(row['dtype'], row['batch']) for row in held}, key=lambda s: (s[0], -s[1]))
+    columns = [f'{dtype} b{batch}' for dtype, batch in settings]
+    lines = {}
+    for row in held:
+        line = lines.setdefault(
+            (row['gpu'], row['call'], row['model'], row['impl']),
+            dict(gpu=row['gpu'], call=row['call'], model=row['model'], impl=row['impl']),
+        )
+        estimate = '-' if row['est_ms'] is None else f"{row['est_ms']:.0f}"
+        error = '' if row['error'] is None else f" ({row['error']:+.0%})"
+        line[f"{row['dtype']} b{row['batch']}"] = f"{estimate} / {row['measured_ms']:.0f}{error}"
+    return common.format_table(list(lines.values()), ('gpu', 'call', 'model', 'impl', *columns))
+
+
 def error_summary(rows):
     """One line per GPU kind and side (fit, held out): rows, median and largest |error|."""
     lines = []
@@ -246,6 +271,8 @@ def main(argv=None):
     ]
     print('\nEstimated step time (an estimate from CPU-traced counts) against the measured time, held-out rows:\n')
     print(common.format_table(shown, TABLE_COLUMNS))
+    print('\nThe same, one line per model and path (estimate / measured ms (error)):\n')
+    print(compact_table(rows))
     print('\n' + error_summary(rows))
     fits = '; '.join(f'{kind}: {", ".join(calls)}' for kind, calls in fitted_on.items())
     print(f'\nFitted costs as effective rates (fit on {fits}):\n\n' + cost_table(costs))
