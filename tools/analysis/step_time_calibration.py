@@ -245,6 +245,9 @@ def parse_args(argv=None):
         default=','.join(DEFAULT_HELD_OUT),
         help='comma-separated calls (gpu_<date>/call<n>) left out of the fit; the table shows their rows',
     )
+    parser.add_argument(
+        '--models', default='all', help='comma-separated models whose rows are used (benchmark.py names), or "all"'
+    )
     parser.add_argument('--modes', default='fwd+bwd', help='comma-separated: fwd+bwd, fwd')
     parser.add_argument('--trace-cache', default='work_dirs/step_time/traces', help='cached traces, one per case')
     parser.add_argument('--write', action='store_true', help=f'write the fitted costs to {osp.relpath(RATES_MODULE)}')
@@ -252,7 +255,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.held_out = common.parse_list(args.held_out, option='--held-out')
     args.modes = common.check_choices(common.parse_list(args.modes, option='--modes'), common.MODES, '--modes')
-    args.models = tuple(benchmark.MODEL_ZOO) + ('swin-t',)
+    known = tuple(benchmark.MODEL_ZOO)
+    chosen = known if args.models == 'all' else common.parse_list(args.models, option='--models')
+    args.models = tuple(common.check_choices(chosen, known, '--models'))
     return args
 
 
