@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def dump_configs(config_dir):
-    """``{path relative to config_dir: Config.fromfile(path).to_dict()}`` for every final config."""
+    """``{path relative to config_dir: Config.fromfile(path).to_dict()}`` for every final config.
+
+    Args:
+        config_dir (str | Path): A ``configs/`` folder; its ``_base_/`` files are left out.
+    """
     from mmengine.config import Config
 
     config_dir = Path(config_dir)
@@ -39,6 +43,11 @@ def differences(before, after, path=''):
     Dicts are compared key by key and lists item by item, so a difference names the leaf it is
     in; values of other types compare with ``==`` and their types (``1`` is not ``1.0``, nor a
     tuple a list).
+
+    Args:
+        before: A value of the old dump.
+        after: The value at the same place in the new dump.
+        path (str): Where they are (``optim_wrapper.optimizer``), for the lines.
     """
     if isinstance(before, dict) and isinstance(after, dict):
         lines = []
