@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check of a short session on a bare GPU host (torch, triton, timm; no OpenMMLab stack), in ONE
-# command of at most BUDGET seconds: the CUDA tests, then the benchmark in order of value, then the rest
-# while time is left. Everything it measures is in $OUT the moment it is measured.
+# command of at most BUDGET seconds: the CUDA tests, a kernel profile, the benchmark in order of value, then
+# the rest while time is left. Everything it measures is in $OUT the moment it is measured.
 #
 #   bash tools/gpu_session.sh wheels      # beforehand, here: the pure-Python wheels into .whl/ (carried)
 #   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
-#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): setup tests sanitize bench compile tune
+#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): the default stages, below
 #
-# Stages (run in the order given; none given: setup tests sanitize bench compile tune):
+# Stages (run in the order given; none given: setup tests profile sanitize bench compile tune):
 #   wheels    download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
 #   rehearse  on this machine: a throw-away Python 3.12 environment with the host's own versions
 #             (requirements/gpu_host.txt: torch, triton, timm, numpy, ...), the carried wheels installed as the
@@ -17,6 +17,11 @@
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
 #             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
+#   profile   tools/analysis/profile_step.py: Swin-T and our four backbones at batch 8 then 2, 800x1333, bf16 fwd+bwd on
+#             'auto', a few steps under torch.profiler: kernel time by class (ours kernel by kernel), launches per
+#             step, wall time, the GPU's busy fraction, each step's floor; at most PROFILE_BUDGET seconds. No file of
+#             its own: its tables and then its CSV (between '--- profile_step.csv' and '--- end profile_step.csv')
+#             go into session.log
 #   sanitize  SANITIZE_TESTS under compute-sanitizer's memcheck, one process, at most SANITIZE_BUDGET seconds: the
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
@@ -33,6 +38,7 @@
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (180),
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
+#   PROFILE_BUDGET (60), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
@@ -67,6 +73,7 @@ COMPILE_TESTS=tests/test_ops/test_compile.py
 SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_ops/test_triton/test_triton_sliding_chunk.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
     tests/test_cuda.py::test_backbone_matches_float64_reference[cuda-ViL-triton-bf16-45x71]}"
 SANITIZE_BUDGET="${SANITIZE_BUDGET:-120}"
+PROFILE_BUDGET="${PROFILE_BUDGET:-60}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
@@ -74,6 +81,8 @@ if [[ "$SMOKE" == 1 ]]; then
 batches=1 dtypes=fp32 impls=math modes=fwd"
     # The interpreter runs the kernels (slowly): one candidate, one step.
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-t}" --batches 1 --size 64x64 --warmup 0 --steps 1 --profiled-steps 1
+        --threads 1)
 else
     DEVICE=cuda
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
@@ -86,6 +95,9 @@ models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd
 models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
+    # Few steps: about a minute for 10 cases, the first Triton compilations and the floors' traces.
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-s,vil-ls-s,pale-t,vvt-s}" --batches 8,2 --size 800x1333 --warmup 2
+        --steps 3 --profiled-steps 2)
 fi
 BENCH_GRIDS="${BENCH_GRIDS:-$DEFAULT_GRIDS}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
@@ -208,6 +220,23 @@ stage_tests() {
         ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
+stage_profile() {
+    # Its files stay out of $OUT (at most 7 files come back): the tables are printed, the CSV follows them.
+    local dir status
+    dir="$(mktemp -d)"
+    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+    CAP=$PROFILE_BUDGET limited "$PY" tools/analysis/profile_step.py --device "$DEVICE" "${PROFILE[@]}" \
+        --out-dir "$dir" ${PROFILE_ARGS:-}
+    status=$?
+    if [[ -f "$dir/profile_step.csv" ]]; then
+        echo "--- profile_step.csv"
+        cat "$dir/profile_step.csv"
+        echo "--- end profile_step.csv"
+    fi
+    rm -rf "$dir"
+    return "$status"
+}
+
 stage_sanitize() {
     # On PATH, or in the CUDA toolkit's bin/ (the GPU host's image has it there, not always on PATH).
     local sanitizer
@@ -244,10 +273,10 @@ stage_tune() {
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests sanitize bench compile tune)
+((${#stages[@]})) || stages=(setup tests profile sanitize bench compile tune)
 for stage in "${stages[@]}"; do
-    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|sanitize|bench|compile|tune)$ ]]; then
-        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, sanitize, bench, compile, tune" >&2
+    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|profile|sanitize|bench|compile|tune)$ ]]; then
+        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, profile, sanitize, bench, compile, tune" >&2
         exit 2
     fi
 done
