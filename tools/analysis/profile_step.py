@@ -1,9 +1,10 @@
 """Where a training step's GPU time goes: each backbone's kernels by class, its busy fraction, its floor.
 
-For Swin-T and each family's backbone beside it (``--models``, named as ``benchmark.py`` names them,
-built by the same builders), one training step as the benchmark runs it (forward + backward, loss = sum
-of the output maps' means, gradients freed) on ``--batches`` images of ``--size`` under ``--dtype``
-autocast, on the attention path ``--impl`` (default ``'auto'``: what a user gets). Per model and batch:
+For Swin-T and each family's backbone beside it (``--models``, named and built as ``benchmark.py`` and
+``step_cost.py`` do: Swin-T is timm's, as in the GPU measurements and the floor), one training step as
+the benchmark runs it (forward + backward, loss = sum of the output maps' means, gradients freed) on
+``--batches`` images of ``--size`` under ``--dtype`` autocast, on the attention path ``--impl``
+(default ``'auto'``: what a user gets). Per model and batch:
 ``--warmup`` untimed steps, ``--steps`` timed ones (wall time per step: their median; peak memory: as
 ``benchmark.py`` measures it), then ``--profiled-steps`` steps under ``torch.profiler``. The cases run
 batch by batch, Swin-T first.
@@ -97,9 +98,7 @@ _PATTERNS = tuple((name, re.compile(pattern)) for name, pattern in KERNEL_PATTER
 _TRACER_CLASSES = dict(
     layout='copy', matmul='gemm', attention='sdpa', norm='norm', softmax='softmax', reduction='reduction', fill='fill'
 )
-_ATEN_CLASSES = {
-    f'aten::{op}': _TRACER_CLASSES[tracer_class] for tracer_class, ops in OP_CLASSES.items() for op in ops
-}
+_ATEN_CLASSES = {f'aten::{op}': _TRACER_CLASSES[tracer_class] for tracer_class, ops in OP_CLASSES.items() for op in ops}
 CSV_COLUMNS = (
     'model',
     'impl',
@@ -180,15 +179,22 @@ def is_own(kind):
 
 
 def kernel_samples(events):
-    """``(name, microseconds, launched)`` of each kernel, copy and fill the GPU ran, from the profiler's
-    events (``profile.events()``)."""
+    """``(name, microseconds, launched)`` of each kernel, copy and fill the GPU ran.
+
+    Args:
+        events (Iterable): The profiler's events (``torch.profiler.profile.events()``).
+    """
     gpu = [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
     return [(event.name, event.time_range.elapsed_us(), True) for event in gpu]
 
 
 def cpu_op_samples(events):
-    """``(name, own microseconds, launched)`` of each CPU op in the profiler's events: a ``copy_`` that
-    ``_to_copy`` called named as its caller (a cast), and launched where it called no other op."""
+    """``(name, own microseconds, launched)`` of each CPU op: a ``copy_`` that ``_to_copy`` called named as
+    its caller (a cast), and launched where it called no other op.
+
+    Args:
+        events (Iterable): The profiler's events (``torch.profiler.profile.events()``).
+    """
     samples = []
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU or event.is_user_annotation:
@@ -221,8 +227,17 @@ def summarize(samples, own, steps):
 
 
 def profile_steps(fn, device, steps):
-    """Runs ``fn`` ``steps`` times under ``torch.profiler``; returns the ``(name, microseconds, launched)``
-    samples: the GPU's kernels on CUDA (:func:`kernel_samples`), else the CPU's ops (:func:`cpu_op_samples`)."""
+    """Runs ``fn`` ``steps`` times under ``torch.profiler``.
+
+    Args:
+        fn (callable): One training step.
+        device (torch.device): Where it runs.
+        steps (int): How many steps to profile.
+
+    Returns:
+        list[tuple[str, float, bool]]: ``(name, microseconds, launched)`` samples: the GPU's kernels on
+        CUDA (:func:`kernel_samples`), else the CPU's ops (:func:`cpu_op_samples`).
+    """
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
@@ -237,7 +252,17 @@ def profile_steps(fn, device, steps):
 def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
     """The floor of one step in milliseconds: its bytes moved at ``bandwidth_tbs`` TB/s plus its attention
     FLOPs at ``peak_tflops`` TFLOP/s, as the step-cost tracer counts them for CUDA (on a copy of the model
-    built here: the tracer makes its parameters fake)."""
+    built here: the tracer makes its parameters fake).
+
+    Args:
+        name (str): The model, a key of ``benchmark.MODEL_ZOO``.
+        impl (str): Its attention path (``common.NO_IMPL`` for the baselines).
+        batch (int): Images per step.
+        size (tuple[int, int]): Their height and width.
+        dtype (str): 'fp32', or 'bf16' / 'fp16' autocast.
+        bandwidth_tbs (float): Memory bandwidth, TB/s.
+        peak_tflops (float): FLOP rate of the attention, TFLOP/s.
+    """
     model = step_cost.build_backbone(name).train()
     with attention_impl('auto' if impl == common.NO_IMPL else impl):
         cost = trace_step(model, (batch, 3, *size), dtype=dtype, mode='fwd+bwd', device_type='cuda')
@@ -247,10 +272,29 @@ def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
 
 
 def profile_case(name, model, batch, device, meter, args, own):
-    """Measures and profiles one model at one batch; returns its CSV rows (its ``all`` row first)."""
+    """Measures and profiles one model at one batch.
+
+    Args:
+        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        model (nn.Module): The model, on ``device``.
+        batch (int): Images per step.
+        device (torch.device): Where it runs.
+        meter: The peak-memory meter (``_bench_common.memory_meter``).
+        args (argparse.Namespace): The run's options (:func:`parse_args`).
+        own (dict[str, str]): :func:`own_kernels`.
+
+    Returns:
+        list[dict]: The case's CSV rows, its ``all`` row first (alone, with the reason, where it failed).
+    """
     impl = args.impl if benchmark.MODEL_ZOO[name][1] else common.NO_IMPL
     case = dict(
-        model=name, impl=impl, device=device.type, dtype=args.dtype, batch=batch, height=args.size[0], width=args.size[1]
+        model=name,
+        impl=impl,
+        device=device.type,
+        dtype=args.dtype,
+        batch=batch,
+        height=args.size[0],
+        width=args.size[1],
     )
     images = torch.randn(batch, 3, *args.size, device=device)
     fn = benchmark.case_function(model, images, 'fwd+bwd', device, args.dtype)
@@ -286,9 +330,19 @@ def profile_case(name, model, batch, device, meter, args, own):
     return rows
 
 
+def _readable(value):
+    """A figure for the tables: whole numbers from 100 up (``common.format_value`` writes 3 significant
+    digits, 1.23e+03 for 1234)."""
+    return round(value) if isinstance(value, float) and abs(value) >= 100 else value
+
+
 def case_table(rows):
     """Markdown: one line per case, its totals and its milliseconds per step by class (``ours``: our kernels
-    summed; classes no case has left out)."""
+    summed; classes no case has left out).
+
+    Args:
+        rows (list[dict]): CSV rows of :func:`profile_case`.
+    """
     totals = [row for row in rows if row['kernel_class'] == ALL]
     by_case = collections.defaultdict(collections.Counter)
     for row in rows:
@@ -306,18 +360,32 @@ def case_table(rows):
             kernels_per_step=row.get('launches_per_step'),
         )
         line.update({f'{k}_ms': by_case[(row['model'], row['batch'])].get(k) for k in kinds})
-        lines.append(line)
-    columns = ['model', 'impl', 'batch', 'wall_ms', 'kernel_ms', 'busy', 'kernels_per_step', 'floor_ms', 'wall_vs_floor']
+        lines.append({key: _readable(value) for key, value in line.items()})
+    columns = [
+        'model',
+        'impl',
+        'batch',
+        'wall_ms',
+        'kernel_ms',
+        'busy',
+        'kernels_per_step',
+        'floor_ms',
+        'wall_vs_floor',
+    ]
     return common.format_table(lines, columns + [f'{k}_ms' for k in kinds] + ['status'])
 
 
 def own_table(rows):
-    """Markdown: our kernels, one line per model, batch and kernel."""
+    """Markdown: our kernels, one line per model, batch and kernel.
+
+    Args:
+        rows (list[dict]): CSV rows of :func:`profile_case`.
+    """
     lines = []
     for row in rows:
         if is_own(row['kernel_class']):
             op, kernel = row['kernel_class'].split(':', 1)
-            lines.append(dict(row, op=op, kernel=kernel))
+            lines.append({key: _readable(value) for key, value in dict(row, op=op, kernel=kernel).items()})
     columns = ('model', 'batch', 'op', 'kernel', 'launches_per_step', 'time_ms_per_step', 'share')
     return common.format_table(lines, columns) if lines else '(none of our kernels ran)'
 
@@ -335,7 +403,10 @@ def parse_args(argv=None):
     )
     parser.add_argument('--warmup', type=int, default=2, help='untimed steps first, an int >= 0 (default: %(default)s)')
     parser.add_argument(
-        '--steps', type=int, default=3, help='timed steps, an int >= 1; the median is the wall time (default: %(default)s)'
+        '--steps',
+        type=int,
+        default=3,
+        help='timed steps, an int >= 1; the median is the wall time (default: %(default)s)',
     )
     parser.add_argument(
         '--profiled-steps', type=int, default=2, help='steps under the profiler, an int >= 1 (default: %(default)s)'
@@ -354,7 +425,9 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/profile_step')
     args = parser.parse_args(argv)
-    args.models = common.check_choices(common.parse_list(args.models, option='--models'), benchmark.MODEL_ZOO, '--models')
+    args.models = common.check_choices(
+        common.parse_list(args.models, option='--models'), benchmark.MODEL_ZOO, '--models'
+    )
     args.batches = common.parse_list(args.batches, int, '--batches')
     if min(args.batches) < 1:
         raise SystemExit(f'--batches: batch sizes must be >= 1, got {args.batches}')
@@ -378,14 +451,14 @@ def main(argv=None):
         for batch in args.batches:
             for name in args.models:
                 if name not in built:
-                    built[name] = benchmark.MODEL_ZOO[name][0]().to(device)
+                    built[name] = step_cost.build_backbone(name).to(device)
                 found = profile_case(name, built[name], batch, device, meter, args, own)
                 total = found[0]
+                figures = {key: common.format_value(_readable(total.get(key))) for key in total}
                 print(
-                    f'{name:>9} b{batch}: wall {common.format_value(total.get("wall_ms"))} ms, kernels '
-                    f'{common.format_value(total.get("kernel_ms"))} ms in '
-                    f'{common.format_value(total.get("launches_per_step"))} launches, floor '
-                    f'{common.format_value(total.get("floor_ms"))} ms {total["status"]}',
+                    f'{name:>9} b{batch}: wall {figures.get("wall_ms")} ms, kernels {figures.get("kernel_ms")} ms '
+                    f'in {figures.get("launches_per_step")} launches, floor {figures.get("floor_ms")} ms '
+                    f'{total["status"]}',
                     flush=True,
                 )
                 rows += found
@@ -401,8 +474,8 @@ def main(argv=None):
     report = '\n\n'.join(
         (
             f'{machine}; {device.type}; {args.dtype} fwd+bwd {args.size[0]}x{args.size[1]}; wall: median of '
-            f'{args.steps} steps after {args.warmup}; kernels: {args.profiled_steps} profiled steps; {floor}; times in ms '
-            'per step',
+            f'{args.steps} steps after {args.warmup}; kernels: {args.profiled_steps} profiled steps; {floor}; '
+            'times in ms per step',
             case_table(rows),
             own_table(rows),
         )
