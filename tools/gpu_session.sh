@@ -17,11 +17,11 @@
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
 #             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
-#   profile   tools/analysis/profile_step.py: Swin-T and our four backbones at batch 8 then 2, 800x1333, bf16 fwd+bwd on
-#             'auto', a few steps under torch.profiler: kernel time by class (ours kernel by kernel), launches per
-#             step, wall time, the GPU's busy fraction, each step's floor; at most PROFILE_BUDGET seconds. No file of
-#             its own: its tables and then its CSV (between '--- profile_step.csv' and '--- end profile_step.csv')
-#             go into session.log
+#   profile   tools/analysis/profile_step.py: Swin-T and our four backbones at batch 8 then 2, 800x1333, bf16
+#             fwd+bwd on 'auto', a few steps under torch.profiler: kernel time by class (ours kernel by kernel),
+#             launches per step, wall time, the GPU's busy fraction (the floors: --floor-only, on the CPU); at most
+#             PROFILE_BUDGET seconds. No file of its own: its tables and then its CSV (between '--- profile_step.csv'
+#             and '--- end profile_step.csv') go into session.log
 #   sanitize  SANITIZE_TESTS under compute-sanitizer's memcheck, one process, at most SANITIZE_BUDGET seconds: the
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
@@ -82,7 +82,7 @@ batches=1 dtypes=fp32 impls=math modes=fwd"
     # The interpreter runs the kernels (slowly): one candidate, one step.
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
     PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-t}" --batches 1 --size 64x64 --dtype fp32 --warmup 0 --steps 1
-        --profiled-steps 1 --threads 1)
+        --profiled-steps 1 --threads 1 --no-floor)
 else
     DEVICE=cuda
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
@@ -95,9 +95,10 @@ models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd
 models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
-    # Few steps: about a minute for 10 cases, the first Triton compilations and the floors' traces.
+    # Few steps: about a minute for 10 cases and the first Triton compilations. No floors: they are counts of the
+    # program, the same on any machine, and their traces take seconds each (profile_step.py --floor-only, here).
     PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-s,vil-ls-s,pale-t,vvt-s}" --batches 8,2 --size 800x1333 --warmup 2
-        --steps 3 --profiled-steps 2)
+        --steps 3 --profiled-steps 2 --no-floor)
 fi
 BENCH_GRIDS="${BENCH_GRIDS:-$DEFAULT_GRIDS}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"

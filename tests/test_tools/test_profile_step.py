@@ -211,30 +211,14 @@ def test_summarize_sums_each_class_per_step():
     assert classes['fill']['time_ms_per_step'] == pytest.approx(0.002)
 
 
+CASE = ['--models', 'vil-t', '--batches', '1', '--size', '64x64', '--threads', '1']
+
+
 def test_cpu_run_writes_classes_that_add_up(tmp_path):
-    """The tool end to end on the CPU (op events for kernels): one case, its totals row and its classes."""
-    rows = profile_step.main(
-        [
-            '--device',
-            'cpu',
-            '--models',
-            'vil-t',
-            '--batches',
-            '1',
-            '--size',
-            '64x64',
-            '--warmup',
-            '0',
-            '--steps',
-            '1',
-            '--profiled-steps',
-            '1',
-            '--threads',
-            '1',
-            '--out-dir',
-            str(tmp_path),
-        ]
-    )
+    """The tool end to end on the CPU (op events for kernels): one case, its totals row and its classes;
+    ``--floor-only`` gives the same floor without running the step."""
+    steps = ['--warmup', '0', '--steps', '1', '--profiled-steps', '1']
+    rows = profile_step.main(['--device', 'cpu', *CASE, *steps, '--out-dir', str(tmp_path)])
     with open(tmp_path / 'profile_step.csv', newline='') as f:
         written = list(csv.DictReader(f))
     assert len(written) == len(rows) and written[0]['kernel_class'] == 'all'
@@ -251,3 +235,15 @@ def test_cpu_run_writes_classes_that_add_up(tmp_path):
     assert total['floor_ms'] > 0 and total['wall_vs_floor'] == pytest.approx(total['wall_ms'] / total['floor_ms'])
     table = (tmp_path / 'profile_step.md').read_text()
     assert '| model | impl | batch | wall_ms |' in table and '| vil-t | auto | 1 |' in table
+
+    (floor,) = profile_step.main(['--floor-only', *CASE, '--out-dir', str(tmp_path / 'floor')])
+    assert floor['status'] == 'floor only' and floor['floor_ms'] == total['floor_ms']
+
+
+def test_options_that_cannot_work_are_refused():
+    with pytest.raises(SystemExit, match='leave nothing to do'):
+        profile_step.parse_args(['--floor-only', '--no-floor'])
+    with pytest.raises(SystemExit, match='--profiled-steps'):
+        profile_step.parse_args(['--profiled-steps', '0'])
+    with pytest.raises(SystemExit, match="unknown value\\(s\\) \\['vil-x'\\]"):
+        profile_step.parse_args(['--models', 'swin-t,vil-x'])

@@ -251,8 +251,10 @@ def profile_steps(fn, device, steps):
 
 def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
     """The floor of one step in milliseconds: its bytes moved at ``bandwidth_tbs`` TB/s plus its attention
-    FLOPs at ``peak_tflops`` TFLOP/s, as the step-cost tracer counts them for CUDA (on a copy of the model
-    built here: the tracer makes its parameters fake).
+    FLOPs at ``peak_tflops`` TFLOP/s, as the step-cost tracer counts them for CUDA (on copies of the model
+    built here: the tracer makes their parameters fake). The FLOP count is that of the step on ``'fast'``,
+    whose attention is torch's SDPA: our Triton kernels are custom ops with no FLOP formula, and VVT's
+    linear attention counts as matrix products (none).
 
     Args:
         name (str): The model, a key of ``benchmark.MODEL_ZOO``.
@@ -263,12 +265,51 @@ def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
         bandwidth_tbs (float): Memory bandwidth, TB/s.
         peak_tflops (float): FLOP rate of the attention, TFLOP/s.
     """
-    model = step_cost.build_backbone(name).train()
-    with attention_impl('auto' if impl == common.NO_IMPL else impl):
-        cost = trace_step(model, (batch, 3, *size), dtype=dtype, mode='fwd+bwd', device_type='cuda')
-    attention = cost.by_class().get('attention')
+
+    def traced(path):
+        model = step_cost.build_backbone(name).train()
+        with attention_impl(path):
+            return trace_step(model, (batch, 3, *size), dtype=dtype, mode='fwd+bwd', device_type='cuda')
+
+    cost = traced('auto' if impl == common.NO_IMPL else impl)
+    attention = (cost if impl in (common.NO_IMPL, 'fast') else traced('fast')).by_class().get('attention')
     attention_flops = attention.flops if attention else 0
     return (cost.total().bytes_moved / (bandwidth_tbs * 1e12) + attention_flops / (peak_tflops * 1e12)) * 1e3
+
+
+def case_fields(name, batch, device, args):
+    """The fields that name a case in the CSV (model, path, device, dtype, batch, size).
+
+    Args:
+        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        batch (int): Images per step.
+        device (torch.device): Where it runs.
+        args (argparse.Namespace): The run's options (:func:`parse_args`).
+    """
+    impl = args.impl if benchmark.MODEL_ZOO[name][1] else common.NO_IMPL
+    return dict(
+        model=name,
+        impl=impl,
+        device=device.type,
+        dtype=args.dtype,
+        batch=batch,
+        height=args.size[0],
+        width=args.size[1],
+    )
+
+
+def floor_case(name, batch, device, args):
+    """The ``all`` row of a case with its floor alone (``--floor-only``: nothing runs).
+
+    Args:
+        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        batch (int): Images per step.
+        device (torch.device): The device named in the row.
+        args (argparse.Namespace): The run's options (:func:`parse_args`).
+    """
+    case = case_fields(name, batch, device, args)
+    floor_ms = step_floor(name, case['impl'], batch, args.size, args.dtype, args.bandwidth_tbs, args.peak_tflops)
+    return dict(case, kernel_class=ALL, floor_ms=floor_ms, status='floor only')
 
 
 def profile_case(name, model, batch, device, meter, args, own):
@@ -286,16 +327,8 @@ def profile_case(name, model, batch, device, meter, args, own):
     Returns:
         list[dict]: The case's CSV rows, its ``all`` row first (alone, with the reason, where it failed).
     """
-    impl = args.impl if benchmark.MODEL_ZOO[name][1] else common.NO_IMPL
-    case = dict(
-        model=name,
-        impl=impl,
-        device=device.type,
-        dtype=args.dtype,
-        batch=batch,
-        height=args.size[0],
-        width=args.size[1],
-    )
+    case = case_fields(name, batch, device, args)
+    impl = case['impl']
     images = torch.randn(batch, 3, *args.size, device=device)
     fn = benchmark.case_function(model, images, 'fwd+bwd', device, args.dtype)
     timing = dict(case)
@@ -420,7 +453,14 @@ def parse_args(argv=None):
         default=990.0,
         help="the floor's attention FLOP rate, TFLOP/s (default: an H200's dense bf16 peak, 990)",
     )
-    parser.add_argument('--no-floor', action='store_true', help='leave the floor (a trace per case) out')
+    parser.add_argument(
+        '--no-floor', action='store_true', help="leave the floor out (one or two traces per case, seconds each)"
+    )
+    parser.add_argument(
+        '--floor-only',
+        action='store_true',
+        help='only the floors: nothing runs, no GPU needed (the floor is a count of the program, the same anywhere)',
+    )
     parser.add_argument('--device', default='cuda', help='cuda, cuda:N or cpu')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/profile_step')
@@ -434,6 +474,10 @@ def parse_args(argv=None):
     args.size = common.parse_size(args.size, '--size')
     if args.warmup < 0 or args.steps < 1 or args.profiled_steps < 1:
         raise SystemExit('--warmup must be >= 0, --steps and --profiled-steps >= 1')
+    if args.floor_only and args.no_floor:
+        raise SystemExit('--floor-only and --no-floor leave nothing to do: give one of them')
+    if args.floor_only:
+        args.device = 'cpu'  # nothing runs: no device needed
     if args.bandwidth_tbs <= 0 or args.peak_tflops <= 0:
         raise SystemExit('--bandwidth-tbs and --peak-tflops must be > 0')
     args.repeats = args.steps  # the names common.measure_case reads
@@ -450,17 +494,21 @@ def main(argv=None):
     try:
         for batch in args.batches:
             for name in args.models:
-                if name not in built:
-                    built[name] = step_cost.build_backbone(name).to(device)
-                found = profile_case(name, built[name], batch, device, meter, args, own)
+                if args.floor_only:
+                    found = [floor_case(name, batch, device, args)]
+                else:
+                    if name not in built:
+                        built[name] = step_cost.build_backbone(name).to(device)
+                    found = profile_case(name, built[name], batch, device, meter, args, own)
                 total = found[0]
-                figures = {key: common.format_value(_readable(total.get(key))) for key in total}
-                print(
-                    f'{name:>9} b{batch}: wall {figures.get("wall_ms")} ms, kernels {figures.get("kernel_ms")} ms '
-                    f'in {figures.get("launches_per_step")} launches, floor {figures.get("floor_ms")} ms '
-                    f'{total["status"]}',
-                    flush=True,
+                figures = {key: common.format_value(_readable(value)) for key, value in total.items()}
+                measured = (
+                    ''
+                    if args.floor_only
+                    else f'wall {figures.get("wall_ms")} ms, kernels {figures.get("kernel_ms")} ms in '
+                    f'{figures.get("launches_per_step")} launches, '
                 )
+                print(f'{name:>9} b{batch}: {measured}floor {figures.get("floor_ms")} ms {total["status"]}', flush=True)
                 rows += found
                 common.write_csv(rows, CSV_COLUMNS, csv_path)
     except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
