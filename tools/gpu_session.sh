@@ -38,7 +38,7 @@
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (180),
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
-#   PROFILE_BUDGET (60), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
+#   PROFILE_BUDGET (60; SMOKE=1: 180), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
@@ -73,7 +73,6 @@ COMPILE_TESTS=tests/test_ops/test_compile.py
 SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_ops/test_triton/test_triton_sliding_chunk.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
     tests/test_cuda.py::test_backbone_matches_float64_reference[cuda-ViL-triton-bf16-45x71]}"
 SANITIZE_BUDGET="${SANITIZE_BUDGET:-120}"
-PROFILE_BUDGET="${PROFILE_BUDGET:-60}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
@@ -83,6 +82,7 @@ batches=1 dtypes=fp32 impls=math modes=fwd"
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
     PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-t}" --batches 1 --size 64x64 --dtype fp32 --warmup 0 --steps 1
         --profiled-steps 1 --threads 1 --no-floor)
+    : "${PROFILE_BUDGET:=180}"  # a 2-core CPU imports and steps slower than the GPU host
 else
     DEVICE=cuda
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
@@ -101,6 +101,7 @@ batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
         --steps 3 --profiled-steps 2 --no-floor)
 fi
 BENCH_GRIDS="${BENCH_GRIDS:-$DEFAULT_GRIDS}"
+PROFILE_BUDGET="${PROFILE_BUDGET:-60}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3
