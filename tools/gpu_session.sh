@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check of a short session on a bare GPU host (torch, triton, timm; no OpenMMLab stack), in ONE
-# command of at most BUDGET seconds: the CUDA tests, then the benchmark in order of value, then the rest
-# while time is left. Everything it measures is in $OUT the moment it is measured.
+# command of at most BUDGET seconds: the CUDA tests, a kernel profile, the benchmark in order of value, then
+# the rest while time is left. Everything it measures is in $OUT the moment it is measured.
 #
 #   bash tools/gpu_session.sh wheels      # beforehand, here: the wheels the host lacks into .whl/ (carried)
 #   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
 #   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): the default stages below
 #
-# Stages (run in the order given; none given: setup tests sanitize decide detector throughput bench compile tune,
-# i.e. in order of value: the CUDA tests, the rows that decide the defaults table, the user's commands, the rest):
+# Stages (run in the order given; none given: setup tests profile sanitize decide detector throughput bench compile
+# tune, i.e. in order of value: the CUDA tests, the profile, the rows that decide the defaults table, the user's
+# commands, the rest):
 #   wheels    tools/device_wheels.sh: mmengine, mmdet, mmsegmentation and the packages their imports need, for
 #             Python 3.12, and mmcv 2.1.0 built here with CUDA ops for the host's torch and sm_90, into .whl/
 #   rehearsal-env  the throw-away Python 3.12 environment with the host's own versions (requirements/gpu_host.txt:
@@ -21,6 +22,11 @@
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
 #             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
+#   profile   tools/analysis/profile_step.py: Swin-T and our four backbones at batch 8 then 2, 800x1333, bf16
+#             fwd+bwd on 'auto', a few steps under torch.profiler: kernel time by class (ours kernel by kernel),
+#             launches per step, wall time, the GPU's busy fraction (the floors: --floor-only, on the CPU); at most
+#             PROFILE_BUDGET seconds. No file of its own: its tables and then its CSV (between '--- profile_step.csv'
+#             and '--- end profile_step.csv') go into session.log
 #   sanitize  SANITIZE_TESTS under compute-sanitizer's memcheck, one process, at most SANITIZE_BUDGET seconds: the
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
@@ -46,6 +52,7 @@
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (180),
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
+#   PROFILE_BUDGET (60; SMOKE=1: 180), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), DECIDE_GRIDS and BENCH_GRIDS (newline-separated --grid values), DETECTORS (the
@@ -96,6 +103,9 @@ if [[ "$SMOKE" == 1 ]]; then
     THROUGHPUT_SETS=("configs/maskrcnn_vil_t_1x.py" "configs/upernet_vil_t_160k_ade20k.py")
     # The interpreter runs the kernels (slowly): one candidate, one step.
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-t}" --batches 1 --size 64x64 --dtype fp32 --warmup 0 --steps 1
+        --profiled-steps 1 --threads 1 --no-floor)
+    : "${PROFILE_BUDGET:=180}"  # a 2-core CPU imports and steps slower than the GPU host
 else
     DEVICE=cuda
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
@@ -117,6 +127,10 @@ batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     THROUGHPUT_SETS=("configs/maskrcnn_vil_s_1x.py configs/maskrcnn_vil_ls_s_1x.py configs/maskrcnn_pale_t_1x.py
         configs/maskrcnn_vvt_s_1x.py" "configs/upernet_vil_s_160k_ade20k.py configs/upernet_vil_ls_s_160k_ade20k.py
         configs/upernet_pale_t_160k_ade20k.py configs/upernet_vvt_s_160k_ade20k.py")
+    # Few steps: about a minute for 10 cases and the first Triton compilations. No floors: they are counts of the
+    # program, the same on any machine, and their traces take seconds each (profile_step.py --floor-only, here).
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-s,vil-ls-s,pale-t,vvt-s}" --batches 8,2 --size 800x1333 --warmup 2
+        --steps 3 --profiled-steps 2 --no-floor)
 fi
 DECIDE_GRIDS="${DECIDE_GRIDS:-$DECIDE_DEFAULT}"
 BENCH_GRIDS="${BENCH_GRIDS:-$BENCH_DEFAULT}"
@@ -125,6 +139,7 @@ DETECTOR_ITERS="${DETECTOR_ITERS:-2}"
 DETECTOR_BUDGET="${DETECTOR_BUDGET:-90}"
 THROUGHPUT_BUDGET="${THROUGHPUT_BUDGET:-150}"
 SCRATCH="${SCRATCH:-work_dirs/gpu_session_scratch}"
+PROFILE_BUDGET="${PROFILE_BUDGET:-60}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3
@@ -258,6 +273,23 @@ stage_tests() {
         ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
+stage_profile() {
+    # Its files stay out of $OUT (at most 7 files come back): the tables are printed, the CSV follows them.
+    local dir status
+    dir="$(mktemp -d)"
+    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+    CAP=$PROFILE_BUDGET limited "$PY" tools/analysis/profile_step.py --device "$DEVICE" "${PROFILE[@]}" \
+        --out-dir "$dir" ${PROFILE_ARGS:-}
+    status=$?
+    if [[ -f "$dir/profile_step.csv" ]]; then
+        echo "--- profile_step.csv"
+        cat "$dir/profile_step.csv"
+        echo "--- end profile_step.csv"
+    fi
+    rm -rf "$dir"
+    return "$status"
+}
+
 stage_sanitize() {
     # On PATH, or in the CUDA toolkit's bin/ (the GPU host's image has it there, not always on PATH).
     local sanitizer
@@ -348,8 +380,8 @@ pack_results() {
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests sanitize decide detector throughput bench compile tune)
-known=(wheels rehearsal-env rehearse setup tests sanitize decide detector throughput bench compile tune)
+((${#stages[@]})) || stages=(setup tests profile sanitize decide detector throughput bench compile tune)
+known=(wheels rehearsal-env rehearse setup tests profile sanitize decide detector throughput bench compile tune)
 for stage in "${stages[@]}"; do
     if [[ ! " ${known[*]} " =~ \ $stage\  ]]; then
         echo "unknown stage '$stage': use ${known[*]}" >&2

@@ -1,5 +1,6 @@
 """tools/gpu_session.sh: bash syntax, its CPU smoke mode end to end (wheel installation, the stages,
-the benchmark's grids in order, the files a device call brings back, the summary line), the budget and
+the profile's CSV in the log, the benchmark's grids in order, the files a device call brings back, the
+summary line), the budget and
 size of the device call, later stages running after a failed one, and the GPU benchmark options
 parsing (refused only for the missing GPU). The rehearsal (a 5 GB environment with the host's
 versions) is run by hand: docs/testing.md.
@@ -84,6 +85,7 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
         tmp_path,
         'setup',
         'tests',
+        'profile',
         'sanitize',
         'decide',
         'bench',
@@ -96,7 +98,7 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
     assert re.fullmatch(
-        rf'gpu_session: setup ok, tests ok, sanitize ok, decide ok, bench ok, compile ok in \d+ s '
+        rf'gpu_session: setup ok, tests ok, profile ok, sanitize ok, decide ok, bench ok, compile ok in \d+ s '
         rf'\(log: {out}/session.log\)',
         summary,
     )
@@ -112,15 +114,8 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert all((out / name).is_file() for name in packed)
 
     log = (out / 'session.log').read_text()
-    assert re.findall(r'^=== (\w+)', log, re.M) == [
-        'install',
-        'setup',
-        'tests',
-        'sanitize',
-        'decide',
-        'bench',
-        'compile',
-    ]
+    stages = ['install', 'setup', 'tests', 'profile', 'sanitize', 'decide', 'bench', 'compile']
+    assert re.findall(r'^=== (\w+)', log, re.M) == stages
     assert 'packed 6 files into' in log
     assert 'no compute-sanitizer here: sanitize skipped' in log
     # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
@@ -137,6 +132,14 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert suite.get('errors') == '0'
     compiled = ElementTree.parse(out / 'compile.xml').getroot().find('testsuite')
     assert int(compiled.get('tests')) >= 1 and compiled.get('skipped') == compiled.get('tests')
+    # profile: its table, then its CSV in the log: a totals row and classes for each model.
+    profile = re.search(r'^--- profile_step\.csv\n(.*?)^--- end profile_step\.csv$', log, re.M | re.S)
+    assert profile, log[-3000:]
+    profiled = list(csv.DictReader(profile.group(1).splitlines()))
+    totals = [(r['model'], r['batch'], r['status']) for r in profiled if r['kernel_class'] == 'all']
+    assert totals == [('swin-t', '1', 'ok'), ('vil-t', '1', 'ok')]
+    assert {'gemm', 'norm', 'elementwise'} <= {r['kernel_class'] for r in profiled}
+    assert re.search(r'^\| swin-t \| - \| 1 \| ', log, re.M) and re.search(r'^\| vil-t \| auto \| 1 \| ', log, re.M)
     # decide, then bench: grid by grid, the baseline first in each, both paths of the decision grid.
     expected = dict(
         decide=[
@@ -183,7 +186,8 @@ def test_device_call_fits_its_budget_and_carry():
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
     assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-180}"' in text
-    assert 'stages=(setup tests sanitize decide detector throughput bench compile tune)' in text
+    assert 'stages=(setup tests profile sanitize decide detector throughput bench compile tune)' in text
+    assert 'PROFILE_BUDGET="${PROFILE_BUDGET:-60}"' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
     # The carried wheels: mmcv with its CUDA ops (about 30 MB) and the rest (about 10 MB).
@@ -191,11 +195,12 @@ def test_device_call_fits_its_budget_and_carry():
 
 
 def test_later_stages_run_after_a_failed_one(tmp_path):
-    result = _run(tmp_path, 'tests', 'bench', SMOKE='1', BUDGET='0')
+    result = _run(tmp_path, 'tests', 'profile', 'bench', SMOKE='1', BUDGET='0')
     assert result.returncode == 124
-    assert result.stdout.count('BUDGET=0 s used up; not started') == 2
+    assert result.stdout.count('BUDGET=0 s used up; not started') == 3
     summary = (tmp_path / 'out' / 'summary.txt').read_text()
-    assert summary.startswith('gpu_session: tests STOPPED: BUDGET=0 s reached, bench STOPPED: BUDGET=0 s reached in ')
+    stopped = ', '.join(f'{stage} STOPPED: BUDGET=0 s reached' for stage in ('tests', 'profile', 'bench'))
+    assert summary.startswith(f'gpu_session: {stopped} in ')
 
 
 def test_unknown_stage_is_refused(tmp_path):
