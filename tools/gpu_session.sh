@@ -406,6 +406,6 @@ for stage in "${stages[@]}"; do
     fi
     ((status == 0 || first_failure)) || first_failure=$status
 done
-echo "gpu_session: ${summary%, } in $SECONDS s (log: $LOG)" | tee "$OUT/summary.txt"
 pack_results
+echo "gpu_session: ${summary%, } in $SECONDS s (log: $LOG)" | tee "$OUT/summary.txt"
 exit "$first_failure"
