@@ -369,8 +369,15 @@ def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
     calls = [osp.join(defaults_tool.RESULTS_DIR, call) for call in defaults_tool.DECIDING_CALLS]
     assert all(osp.isdir(call) for call in calls), calls
     measured_on = cuda_defaults.MEASURED_ON
-    rows, _ = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
+    rows, _ = defaults_tool.measured_rows(
+        calls, measured_on['commit'], measured_on['date'], defaults_tool.DECIDING_CALLS_DIGESTS
+    )
     assert tuple(rows) == cuda_defaults.MEASURED
+    # The recorded calls name no digest of their own: without the given ones no row is trusted.
+    unknown, gaps = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
+    assert {row.path for row in unknown} == {'fast'} and len(gaps) == len(cuda_defaults.OPS)
+    # Today's kernels are the ones measured: 'auto' runs what the rule decided.
+    assert all(row.path == row.decided for row in cuda_defaults.MEASURED)
     page = (ROOT / 'docs' / 'benchmarks.md').read_text()
     table = defaults_tool.gpu_table(calls, predict=False).splitlines()[2:]
     assert len(table) >= 2 * len(defaults_tool.BATCHES) * len(cuda_defaults.OPS)

@@ -52,6 +52,13 @@ RESULTS_DIR = osp.join(ROOT, 'results')
 #: The device calls whose files decided the table's measured rows, in the order they ran (folders of
 #: :data:`RESULTS_DIR`): a ``--write`` from other calls lists those here (a test runs the tool on these).
 DECIDING_CALLS = ('gpu_2026-11-26/call3', 'gpu_2026-11-26/call5', 'gpu_2026-11-27/call1', 'gpu_2026-11-27/call2')
+#: The kernel digests of the code those calls measured (``--kernel-digests``): they predate the report's digest
+#: entry. The rows' timings in 16 bits are 2026-11-27's, on 12c2ad5's kernels, whose compiled code aa94e12 found
+#: identical, launch by launch, to its own (``triton_resources.py --ptx``), as every kernel commit since checks;
+#: the fp32 rows' are 2026-11-26's, on 8403249, whose fp32 launches 8f2db67 (4 warps in 16 bits) left as they were.
+DECIDING_CALLS_DIGESTS = dict(
+    sliding_chunk='79d2c7e93b5d', long_short='19db64f87f2a', pale='7125c02cba21', vicinity='9d5234ea28eb'
+)
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
 ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest'
 SIZE = (800, 1333)
@@ -114,17 +121,19 @@ def read_versions(sessions):
     )
 
 
-def read_kernel_digests(sessions):
+def read_kernel_digests(sessions, given=None):
     """Each op's digest of its compiled kernels over the ``session.log`` files of ``sessions`` that report them.
 
     Args:
         sessions (list[str]): The device calls' folders.
+        given (dict, optional): ``{op: digest}`` for calls that predate the report's entry (``--kernel-digests``);
+            a call's own report that differs from it leaves the op without a digest.
 
     Returns:
         tuple: ``{op: digest or None}`` for every op (None where no call reported one or calls reported
         different ones), and a line for each op recorded as None.
     """
-    reported = {op: set() for op in cuda_defaults.OPS}
+    reported = {op: {given[op]} if op in (given or {}) else set() for op in cuda_defaults.OPS}
     for session in sessions:
         log = open(osp.join(session, 'session.log')).read()
         for line in re.findall(rf'^{re.escape(KERNEL_DIGESTS_KEY)}: (.*)$', log, re.M):
@@ -167,14 +176,15 @@ def op_tests_outcome(op, dtype, outcomes):
     return 'passed' if all('passed' in found for found in groups.values()) else 'incomplete'
 
 
-def measured_rows(sessions, commit, date):
-    """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured."""
+def measured_rows(sessions, commit, date, kernel_digests=None):
+    """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured
+    (``kernel_digests``: as :func:`read_kernel_digests` takes them)."""
     bench = read_benchmark(sessions)
     tests = [osp.join(session, 'tests.xml') for session in sessions]
     latest = {test_id: outcome for path in tests if osp.exists(path) for test_id, outcome in read_tests(path)}
     outcomes = list(latest.items())
     versions = read_versions(sessions)
-    digests, gaps = read_kernel_digests(sessions)
+    digests, gaps = read_kernel_digests(sessions, kernel_digests)
     rows = []
     for op in cuda_defaults.OPS:
         model = cuda_defaults.DECIDED_BY[op]
@@ -272,12 +282,24 @@ def parse_args(argv=None):
     parser.add_argument('--date', required=True, help='the day it ran, YYYY-MM-DD')
     parser.add_argument('--write', action='store_true', help='put the measured rows into ' + TABLE_FILE)
     parser.add_argument('--no-predict', action='store_true', help="leave out the step-cost tracer's peaks")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        '--kernel-digests',
+        help="OP=DIGEST,...: the digests of the kernels that calls predating the report's entry ran (the ones of "
+        'DECIDING_CALLS: DECIDING_CALLS_DIGESTS)',
+    )
+    args = parser.parse_args(argv)
+    if args.kernel_digests:
+        pairs = [item.partition('=') for item in common.parse_list(args.kernel_digests, str, '--kernel-digests')]
+        bad = [op for op, _, digest in pairs if op not in cuda_defaults.OPS or not digest]
+        if bad:
+            parser.error(f'--kernel-digests: {bad} not OP=DIGEST with OP of {", ".join(cuda_defaults.OPS)}')
+        args.kernel_digests = {op: digest for op, _, digest in pairs}
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rows, gaps = measured_rows(args.sessions, args.commit, args.date)
+    rows, gaps = measured_rows(args.sessions, args.commit, args.date, args.kernel_digests)
     print(rows_source(rows))
     for gap in gaps:
         print(f'# {gap}')
