@@ -17,7 +17,8 @@
 #   rehearse  on this machine: the carried wheels installed as the device call installs them, a check that the
 #             carried mmcv's compiled ops import against the host's torch, the default stages with SMOKE=1
 #             (results in $OUT/rehearsal/), then tools/analysis/triton_resources.py: every kernel compiled for
-#             sm_90 by the host's Triton
+#             sm_90 by the host's Triton, and by ours against the kernel digests the call will report
+#             (--digests check)
 #   setup     install the carried wheels; the environment report: python, GPU, torch, CUDA, triton, timm, the
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
@@ -229,6 +230,9 @@ print(f"rehearse: mmcv {mmcv.__version__} ops import against torch {torch.__vers
     # Every kernel compiled for sm_90 by the host's Triton (no GPU needed).
     PYTHONPATH="$venv/site:$PYTHONPATH" "$venv/bin/python" tools/analysis/triton_resources.py \
         --capability 90 || { ((status)) || status=1; }
+    # The kernel digests the call's environment report carries, and the defaults table's new rows record, are
+    # those of this tree's kernels (compiled by our stack's Triton, as visattn_mm/ops/kernel_digests.py is).
+    "$PY" tools/analysis/triton_resources.py --digests check | tail -1 || { ((status)) || status=1; }
     return "$status"
 }
 

@@ -4,7 +4,8 @@
 mmcv and the compiler / CUDA version its ops were built with) plus
 :func:`plugin_env`: the CUDA build of torch, the GPUs, whether mmcv's compiled
 ops import and run on the GPU, the versions of the OpenMMLab libraries, timm
-and Triton (``attn_impl='triton'``), and the attention path each backbone takes (see
+and Triton (``attn_impl='triton'``) with the digest of each op's compiled kernels (which a GPU session's
+report hands to the CUDA defaults table's rows), and the attention path each backbone takes (see
 :mod:`visattn_mm.ops.impl`). ``tools/train.py`` logs :func:`plugin_env` after
 the Runner has logged the system part.
 """
@@ -16,6 +17,7 @@ import importlib
 import torch
 
 from .models import BACKBONES
+from .ops import kernel_digests
 from .ops.cuda_defaults import describe_cuda_defaults
 from .ops.impl import chosen_path, dispatch_device_type, get_attention_impl
 
@@ -26,6 +28,8 @@ LIBRARIES = (
     ('Triton', 'triton'),
     ('visattn_mm', 'visattn_mm'),
 )
+#: The report's entry of the kernel digests, which tools/analysis/cuda_defaults.py reads from a GPU session's log.
+KERNEL_DIGESTS_KEY = 'Triton kernel digests'
 
 
 def _version(module_name):
@@ -113,6 +117,10 @@ def plugin_env(device_type=None):
     env['MMEngine'] = _version('mmengine')
     for name, module in LIBRARIES:
         env[name] = _version(module)
+    env[KERNEL_DIGESTS_KEY] = (
+        ', '.join(f'{op}={digest}' for op, digest in kernel_digests.KERNEL_DIGESTS.items())
+        + f' (sm_{kernel_digests.CAPABILITY}, Triton {kernel_digests.TRITON}: visattn_mm/ops/kernel_digests.py)'
+    )
     env['attention implementation'] = f'{get_attention_impl()} (VISATTN_ATTENTION_IMPL), paths on {device_type}:'
     for backbone, paths in attention_paths(device_type).items():
         env[f'attention {backbone}'] = paths

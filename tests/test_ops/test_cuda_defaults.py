@@ -1,6 +1,7 @@
 """The CUDA defaults table (``visattn_mm.ops.cuda_defaults``): its form and rule, 'auto' following it
-on CUDA (dispatch emulated on the CPU, as the step-cost tracer does), the reports that name its rows,
-and ``tools/analysis/cuda_defaults.py`` turning a GPU session's files into rows."""
+on CUDA (dispatch emulated on the CPU, as the step-cost tracer does) while the kernels compile to the code
+a GPU measured, the reports that name its rows, and ``tools/analysis/cuda_defaults.py`` turning a GPU
+session's files into rows."""
 
 from __future__ import annotations
 
@@ -18,17 +19,20 @@ import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
 from paths import ROOT
-from visattn_mm.collect_env import attention_paths
+from visattn_mm.collect_env import KERNEL_DIGESTS_KEY, attention_paths, format_env, plugin_env
 from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
+from visattn_mm.ops import kernel_digests
 from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, decide
 from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chosen_path, dispatch_as
 
 DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
 
 
-def _measurement(ratio8, ratio2, tests='passed'):
-    return Measurement('GPU', '2.11.0', '3.6.0', 'abc1234', '2026-11-26', 'vil-s', ratio8, ratio2, tests)
+def _measurement(ratio8, ratio2, tests='passed', op='sliding_chunk'):
+    """Evidence for a row of ``op`` whose kernels compile to the code measured."""
+    digest = kernel_digests.KERNEL_DIGESTS[op]
+    return Measurement('GPU', '2.11.0', '3.6.0', 'abc1234', '2026-11-26', 'vil-s', ratio8, ratio2, tests, digest)
 
 
 # --- the table ------------------------------------------------------------------------------
@@ -45,10 +49,11 @@ def test_every_op_with_kernels_has_one_row_per_dtype():
 
 def test_rows_follow_the_rule():
     for row in cuda_defaults.CUDA_DEFAULTS:
-        assert row.path in cuda_defaults.PATHS
-        assert row.path == decide(row.measured), row
+        assert row.decided in cuda_defaults.PATHS
+        assert row.decided == decide(row.measured), row
+        assert row.path == ('fast' if row.kernels_changed else row.decided), row
         if row.measured is None:
-            assert row.path == 'fast' and row.reason == UNMEASURED
+            assert row.path == 'fast' and row.reason == UNMEASURED and not row.kernels_changed
 
 
 @pytest.mark.parametrize(
@@ -67,7 +72,7 @@ def test_the_rule(measured, path):
 
 
 def test_a_row_says_why():
-    row = CudaDefault('pale', 'bf16', 'triton', _measurement(0.71, 0.83))
+    row = CudaDefault('pale', 'bf16', 'triton', _measurement(0.71, 0.83, op='pale'))
     assert row.name == 'pale/bf16'
     assert row.reason == (
         'CUDA tests passed; vil-s triton/fast time 0.71 at batch 8, 0.83 at batch 2 '
@@ -139,7 +144,7 @@ def test_an_op_call_on_emulated_cuda_takes_the_tables_path(triton_bf16_sliding_c
 def test_auto_skips_triton_where_its_kernels_cannot_run_and_says_why(monkeypatch, op, head_dim, limits, reason):
     """Where the table says 'triton' but the call is one the kernels cannot run, 'auto' runs the fused torch
     path and warns once, naming the reason; 'triton' asked for raises, naming it and the fix."""
-    row = CudaDefault(op, 'bf16', 'triton', _measurement(0.5, 0.8))
+    row = CudaDefault(op, 'bf16', 'triton', _measurement(0.5, 0.8, op=op))
     monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.unmeasured_rows()))
     monkeypatch.setattr(impl_module.STATE, 'triton_skips', set())
     q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16)
@@ -152,6 +157,39 @@ def test_auto_skips_triton_where_its_kernels_cannot_run_and_says_why(monkeypatch
             assert attention_path(op, q, impl='auto', **limits) == 'fast'
         with pytest.raises(ValueError, match=f"impl 'triton' cannot run this {op} attention call: .*{reason}.*impl '"):
             attention_path(op, q, impl='triton', **limits)
+
+
+def _auto_on_cuda(op, dtype):
+    """The path of an op call with 'auto' on (emulated) CUDA tensors of ``dtype``, head dim 32."""
+    with dispatch_as('cuda'):
+        return attention_path(op, torch.zeros(1, 2, 16, 32, dtype=DTYPES[dtype]), impl='auto')
+
+
+def test_auto_does_not_trust_kernels_changed_since_the_gpu_measured_them(monkeypatch):
+    """The table's 'triton' rows run 'triton' while each op's kernels compile to the code its GPU session
+    measured; once the sliding-chunk kernels compile to other code, their rows run 'fast' and say why (the
+    environment report too), the other ops' rows keep 'triton'; a row that recorded no digest runs 'fast'."""
+    triton_rows = [row for row in cuda_defaults.CUDA_DEFAULTS if row.decided == 'triton']
+    assert {'sliding_chunk', 'long_short'} <= {row.op for row in triton_rows}
+    measured = {row.op: row.measured.kernel_digest for row in triton_rows}
+    monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, **measured))
+    assert all(_auto_on_cuda(row.op, row.dtype) == 'triton' for row in triton_rows)
+
+    monkeypatch.setattr(
+        kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, sliding_chunk='0123456789ab')
+    )
+    for row in triton_rows:
+        assert _auto_on_cuda(row.op, row.dtype) == ('fast' if row.op == 'sliding_chunk' else 'triton'), row.name
+    row = cuda_defaults.cuda_default('sliding_chunk', torch.bfloat16, 32)
+    assert (row.decided, row.path, row.kernels_changed) == ('triton', 'fast', True)
+    assert row.reason.startswith(
+        f'kernels changed since the GPU measured them at {row.measured.commit} (code {measured["sliding_chunk"]}, '
+        'now 0123456789ab): run the CUDA tests and the decision rows on a GPU; it measured: CUDA tests passed; vil-s'
+    )
+    assert f'sliding_chunk fast on bf16 (defaults table: {row.reason})' in attention_paths('cuda')['ViL']
+
+    unrecorded = CudaDefault('pale', 'bf16', 'triton', dataclasses.replace(_measurement(0.5, 0.8), kernel_digest=None))
+    assert unrecorded.path == 'fast' and 'no digest of their code recorded' in unrecorded.reason
 
 
 def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chunk, monkeypatch):
@@ -181,11 +219,23 @@ BENCH_HEADER = (
 )
 
 
-def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(BACKBONES)):
+#: The kernel digests of the sessions below: ``op=digest`` as the environment report writes them.
+SESSION_DIGESTS = dict(sliding_chunk='a' * 12, long_short='b' * 12, pale='c' * 12, vicinity='d' * 12)
+
+
+def _digests_line(monkeypatch, digests):
+    """The environment report's line of kernel digests, for a tree whose kernels compile to ``digests``."""
+    with monkeypatch.context() as patched:
+        patched.setattr(kernel_digests, 'KERNEL_DIGESTS', digests)
+        return format_env({KERNEL_DIGESTS_KEY: plugin_env('cpu')[KERNEL_DIGESTS_KEY]})
+
+
+def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(BACKBONES), digests_line=''):
     """A device call's files: benchmark rows of ``times`` ({(model, impl, batch): ms}, bf16, fwd+bwd,
     800x1333), tests.xml with one passing kernel test per op and dtype (``failing``: (module, dtype)
     that fail instead) and a passing bf16 backbone test on 'triton' for each of ``backbones``
-    (``failing_backbone``: the class whose one fails), and the environment report's lines."""
+    (``failing_backbone``: the class whose one fails), and the environment report's lines (with
+    ``digests_line``, :func:`_digests_line`, where the call reported its kernels)."""
     folder.mkdir(exist_ok=True)
     lines = [BENCH_HEADER]
     for batch in (8, 2):
@@ -211,7 +261,7 @@ def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(B
         )
     (folder / 'tests.xml').write_text(f'<testsuites><testsuite>{"".join(cases)}</testsuite></testsuites>')
     (folder / 'session.log').write_text(
-        'GPU 0: NVIDIA H100 80GB HBM3, compute capability 9.0\nPyTorch: 2.11.0+cu130\nTriton: 3.6.0\n'
+        f'GPU 0: NVIDIA H100 80GB HBM3, compute capability 9.0\nPyTorch: 2.11.0+cu130\nTriton: 3.6.0\n{digests_line}\n'
     )
     return folder
 
@@ -233,11 +283,13 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
         ('vvt-s', 'fast', 8): 200,
         ('vvt-s', 'triton', 8): 100,  # batch 2 missing: unmeasured
     }
-    session = _session(tmp_path / 'session', times, failing=[('test_triton_long_short', 'bf16')])
+    reported = _digests_line(monkeypatch, SESSION_DIGESTS)
+    session = _session(tmp_path / 'session', times, failing=[('test_triton_long_short', 'bf16')], digests_line=reported)
     table = tmp_path / 'cuda_defaults.py'
     shutil.copy(defaults_tool.TABLE_FILE, table)
     rows, gaps = defaults_tool.measured_rows([str(session)], 'abc1234', '2026-11-26')
-    decided = {(row.op, row.dtype): (row.path, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
+    # The rule's decisions ('auto' runs them where this tree's kernels are the session's: below).
+    decided = {(row.op, row.dtype): (row.decided, row.measured.ratio_batch8, row.measured.ratio_batch2) for row in rows}
     assert decided == {
         ('sliding_chunk', 'bf16'): ('triton', 0.75, 0.833),
         ('long_short', 'bf16'): ('fast', 0.75, 0.833),
@@ -251,29 +303,54 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert 'CUDA tests incomplete' in CudaDefault('pale', 'fp16', 'fast', _measurement(0.9, 0.9, 'incomplete')).reason
     assert rows[0].measured.device == 'NVIDIA H100 80GB HBM3' and rows[0].measured.triton == '3.6.0'
     assert 'vicinity/bf16: vvt-s lacks fast and triton rows at batch 8 and 2: stays unmeasured' in gaps
+    # Each row records the digest of its op's kernels that the call reported.
+    assert {row.op: row.measured.kernel_digest for row in rows} == {
+        op: SESSION_DIGESTS[op] for op in ('sliding_chunk', 'long_short', 'pale')
+    }
     # A failed backbone test on 'triton' counts against every op the backbone runs.
     later = _session(tmp_path / 'later', times, failing_backbone='ViLLS')
-    paths = {(row.op, row.dtype): row.path for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
+    paths = {(row.op, row.dtype): row.decided for row in defaults_tool.measured_rows([str(later)], 'c', 'd')[0]}
     assert paths['sliding_chunk', 'bf16'] == paths['long_short', 'bf16'] == 'fast'
     # Over two calls a test's later outcome counts: a failure stands until a later call passes the test.
     both = defaults_tool.measured_rows([str(session), str(later)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in both} == paths
+    assert {(row.op, row.dtype): row.decided for row in both} == paths
     fixed = _session(tmp_path / 'fixed', times)
     after_fix = defaults_tool.measured_rows([str(later), str(fixed)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in after_fix}['long_short', 'bf16'] == 'triton'
+    assert {(row.op, row.dtype): row.decided for row in after_fix}['long_short', 'bf16'] == 'triton'
     before_fix = defaults_tool.measured_rows([str(fixed), str(later)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in before_fix}['long_short', 'bf16'] == 'fast'
+    assert {(row.op, row.dtype): row.decided for row in before_fix}['long_short', 'bf16'] == 'fast'
     # Kernel tests alone are not enough: each backbone that runs the op needs a passing test of its own.
     without_vil = _session(tmp_path / 'without-vil', times, backbones=('ViLLS', 'PaleTransformer', 'VVT'))
     rows_without = defaults_tool.measured_rows([str(without_vil)], 'c', 'd')[0]
-    assert {(row.op, row.dtype): row.path for row in rows_without}['sliding_chunk', 'bf16'] == 'fast'
-    # --write: the rows land between the markers, and the module built from them holds them.
+    assert {(row.op, row.dtype): row.decided for row in rows_without}['sliding_chunk', 'bf16'] == 'fast'
+    # Digests: a call that did not report them (a tests-only call) adds nothing; calls that reported different
+    # kernels of an op, or none at all, leave its rows without one, which 'auto' does not trust.
+    quiet = _session(tmp_path / 'quiet', times)
+    assert defaults_tool.read_kernel_digests([str(session), str(quiet)]) == (SESSION_DIGESTS, [])
+    rebuilt = _digests_line(monkeypatch, dict(SESSION_DIGESTS, long_short='e' * 12))
+    other = _session(tmp_path / 'other', times, digests_line=rebuilt)
+    digests, digest_gaps = defaults_tool.read_kernel_digests([str(session), str(other)])
+    assert digests == dict(SESSION_DIGESTS, long_short=None)
+    assert digest_gaps == [
+        f"long_short: no kernel digest (calls ran different kernels ({'b' * 12}, {'e' * 12})): its rows record None, "
+        "and 'auto' runs 'fast' for them"
+    ]
+    unreported, quiet_gaps = defaults_tool.measured_rows([str(quiet)], 'c', 'd')
+    assert {row.measured.kernel_digest for row in unreported} == {None} and {row.path for row in unreported} == {'fast'}
+    assert (
+        "sliding_chunk: no kernel digest (no call reported it): its rows record None, and 'auto' runs 'fast' for them"
+    ) in quiet_gaps
+    # --write: the rows land between the markers, and the module built from them holds them; 'auto' takes their
+    # path while the kernels compile to the recorded code.
     defaults_tool.write_rows(rows, str(table))
-    spec = importlib.util.spec_from_file_location('written_cuda_defaults', table)
+    spec = importlib.util.spec_from_file_location('visattn_mm.ops.written_cuda_defaults', table)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
     written = {(row.op, row.dtype): row for row in module.CUDA_DEFAULTS}
+    assert written['sliding_chunk', 'bf16'].decided == 'triton'
+    assert written['sliding_chunk', 'bf16'].path == 'fast'  # this tree's kernels are not the session's
+    monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', SESSION_DIGESTS)
     assert written['sliding_chunk', 'bf16'].path == 'triton'
     assert dataclasses.asdict(written['sliding_chunk', 'bf16'].measured) == dataclasses.asdict(rows[0].measured)
     assert written['sliding_chunk', 'fp32'].measured is None and written['sliding_chunk', 'fp32'].path == 'fast'
@@ -292,8 +369,15 @@ def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
     calls = [osp.join(defaults_tool.RESULTS_DIR, call) for call in defaults_tool.DECIDING_CALLS]
     assert all(osp.isdir(call) for call in calls), calls
     measured_on = cuda_defaults.MEASURED_ON
-    rows, _ = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
+    rows, _ = defaults_tool.measured_rows(
+        calls, measured_on['commit'], measured_on['date'], defaults_tool.DECIDING_CALLS_DIGESTS
+    )
     assert tuple(rows) == cuda_defaults.MEASURED
+    # The recorded calls name no digest of their own: without the given ones no row is trusted.
+    unknown, gaps = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
+    assert {row.path for row in unknown} == {'fast'} and len(gaps) == len(cuda_defaults.OPS)
+    # Today's kernels are the ones measured: 'auto' runs what the rule decided.
+    assert all(row.path == row.decided for row in cuda_defaults.MEASURED)
     page = (ROOT / 'docs' / 'benchmarks.md').read_text()
     table = defaults_tool.gpu_table(calls, predict=False).splitlines()[2:]
     assert len(table) >= 2 * len(defaults_tool.BATCHES) * len(cuda_defaults.OPS)

@@ -6,7 +6,8 @@ in the order they ran): ``decide.csv`` and ``benchmark.csv`` (the decide and ben
 replaces an earlier one's; a call whose files came back packed: unpack its ``results.tar.gz`` there first),
 ``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
-``session.log`` (the GPU and the versions, from the first call that reported them). For each op of
+``session.log`` (the GPU and the versions, from the first call that reported them, and the digest of each op's
+compiled kernels that every call reporting one reported: ``visattn_mm.collect_env.KERNEL_DIGESTS_KEY``). For each op of
 ``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
 
 * the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
@@ -15,7 +16,9 @@ call runs the code fixed after the earlier, and a failure stands until a later c
   failed), and the backbone tests on ``'triton'`` of every backbone that runs the op (for each such
   backbone, at least one passed and none failed);
 
-and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured.
+and applies the rule (``cuda_defaults.decide``). A dtype missing either batch stays unmeasured. Each row records
+its op's kernel digest; where no call reported one, or calls reported different ones, it records None, which
+'auto' does not trust (the row runs 'fast' until a session on one tree measures it).
 
 Prints the measured rows as Python (``--write`` puts them into the package's table) and a markdown
 table: per model, path and batch, time and peak memory x Swin-T, with the step-cost tracer's
@@ -37,6 +40,7 @@ import xml.etree.ElementTree as ElementTree
 
 import _bench_common as common
 
+from visattn_mm.collect_env import KERNEL_DIGESTS_KEY
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import cuda_defaults
 from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
@@ -48,8 +52,15 @@ RESULTS_DIR = osp.join(ROOT, 'results')
 #: The device calls whose files decided the table's measured rows, in the order they ran (folders of
 #: :data:`RESULTS_DIR`): a ``--write`` from other calls lists those here (a test runs the tool on these).
 DECIDING_CALLS = ('gpu_2026-11-26/call3', 'gpu_2026-11-26/call5', 'gpu_2026-11-27/call1', 'gpu_2026-11-27/call2')
+#: The kernel digests of the code those calls measured (``--kernel-digests``): they predate the report's digest
+#: entry. The rows' timings in 16 bits are 2026-11-27's, on 12c2ad5's kernels, whose compiled code aa94e12 found
+#: identical, launch by launch, to its own (``triton_resources.py --ptx``), as every kernel commit since checks;
+#: the fp32 rows' are 2026-11-26's, on 8403249, whose fp32 launches 8f2db67 (4 warps in 16 bits) left as they were.
+DECIDING_CALLS_DIGESTS = dict(
+    sliding_chunk='79d2c7e93b5d', long_short='19db64f87f2a', pale='7125c02cba21', vicinity='9d5234ea28eb'
+)
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
-ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests'
+ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest'
 SIZE = (800, 1333)
 BATCHES = (8, 2)
 # The test module(s) of each op's kernels: the sliding-chunk one was test_triton_kernels in the sessions on record.
@@ -110,6 +121,36 @@ def read_versions(sessions):
     )
 
 
+def read_kernel_digests(sessions, given=None):
+    """Each op's digest of its compiled kernels over the ``session.log`` files of ``sessions`` that report them.
+
+    Args:
+        sessions (list[str]): The device calls' folders.
+        given (dict, optional): ``{op: digest}`` for calls that predate the report's entry (``--kernel-digests``);
+            a call's own report that differs from it leaves the op without a digest.
+
+    Returns:
+        tuple: ``{op: digest or None}`` for every op (None where no call reported one or calls reported
+        different ones), and a line for each op recorded as None.
+    """
+    reported = {op: {given[op]} if op in (given or {}) else set() for op in cuda_defaults.OPS}
+    for session in sessions:
+        log = open(osp.join(session, 'session.log')).read()
+        for line in re.findall(rf'^{re.escape(KERNEL_DIGESTS_KEY)}: (.*)$', log, re.M):
+            for op, digest in re.findall(r'(\w+)=([0-9a-f]+)', line):
+                if op in reported:
+                    reported[op].add(digest)
+    digests, gaps = {}, []
+    for op, found in reported.items():
+        if len(found) == 1:
+            (digests[op],) = found
+            continue
+        digests[op] = None
+        why = f'calls ran different kernels ({", ".join(sorted(found))})' if found else 'no call reported it'
+        gaps.append(f"{op}: no kernel digest ({why}): its rows record None, and 'auto' runs 'fast' for them")
+    return digests, gaps
+
+
 def op_tests_outcome(op, dtype, outcomes):
     """How the CUDA tests of ``op`` in ``dtype`` went (``Measurement.tests``), over its kernel tests and the
     backbone tests on 'triton' of each backbone that runs it: 'failed' where one failed, else 'passed' where
@@ -135,14 +176,16 @@ def op_tests_outcome(op, dtype, outcomes):
     return 'passed' if all('passed' in found for found in groups.values()) else 'incomplete'
 
 
-def measured_rows(sessions, commit, date):
-    """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured."""
+def measured_rows(sessions, commit, date, kernel_digests=None):
+    """The table rows the files of ``sessions`` decide, and a line for each op and dtype they leave unmeasured
+    (``kernel_digests``: as :func:`read_kernel_digests` takes them)."""
     bench = read_benchmark(sessions)
     tests = [osp.join(session, 'tests.xml') for session in sessions]
     latest = {test_id: outcome for path in tests if osp.exists(path) for test_id, outcome in read_tests(path)}
     outcomes = list(latest.items())
     versions = read_versions(sessions)
-    rows, gaps = [], []
+    digests, gaps = read_kernel_digests(sessions, kernel_digests)
+    rows = []
     for op in cuda_defaults.OPS:
         model = cuda_defaults.DECIDED_BY[op]
         for dtype in cuda_defaults.DTYPE_NAMES.values():
@@ -162,6 +205,7 @@ def measured_rows(sessions, commit, date):
                 ratio_batch8=round(ratios[0], 3),
                 ratio_batch2=round(ratios[1], 3),
                 tests=op_tests_outcome(op, dtype, outcomes),
+                kernel_digest=digests[op],
             )
             rows.append(CudaDefault(op, dtype, decide(measurement), measurement))
     return rows, gaps
@@ -180,7 +224,7 @@ def rows_source(rows):
     for row in rows:
         m = row.measured
         assert all(getattr(m, key) == value for key, value in measured_on.items()), 'one invocation, one origin'
-        fields = (row.op, row.dtype, row.path, m.model, m.ratio_batch8, m.ratio_batch2, m.tests)
+        fields = (row.op, row.dtype, row.decided, m.model, m.ratio_batch8, m.ratio_batch2, m.tests, m.kernel_digest)
         lines.append(f'    ({", ".join(map(repr, fields))}),')
     lines += [')', END]
     return '\n'.join(lines)
@@ -238,12 +282,24 @@ def parse_args(argv=None):
     parser.add_argument('--date', required=True, help='the day it ran, YYYY-MM-DD')
     parser.add_argument('--write', action='store_true', help='put the measured rows into ' + TABLE_FILE)
     parser.add_argument('--no-predict', action='store_true', help="leave out the step-cost tracer's peaks")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        '--kernel-digests',
+        help="OP=DIGEST,...: the digests of the kernels that calls predating the report's entry ran (the ones of "
+        'DECIDING_CALLS: DECIDING_CALLS_DIGESTS)',
+    )
+    args = parser.parse_args(argv)
+    if args.kernel_digests:
+        pairs = [item.partition('=') for item in common.parse_list(args.kernel_digests, str, '--kernel-digests')]
+        bad = [op for op, _, digest in pairs if op not in cuda_defaults.OPS or not digest]
+        if bad:
+            parser.error(f'--kernel-digests: {bad} not OP=DIGEST with OP of {", ".join(cuda_defaults.OPS)}')
+        args.kernel_digests = {op: digest for op, _, digest in pairs}
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rows, gaps = measured_rows(args.sessions, args.commit, args.date)
+    rows, gaps = measured_rows(args.sessions, args.commit, args.date, args.kernel_digests)
     print(rows_source(rows))
     for gap in gaps:
         print(f'# {gap}')

@@ -16,9 +16,14 @@ dtype, and (Pale's and VVT's token tiles) on the map size while it is small:
 ``--size`` should give every stage a map of at least 16 x 16 tokens, as the
 default does.
 
+``--digests write`` puts each op's :func:`op_digests` (at the defaults: every backbone, fp32 and bf16,
+256x256, sm_90) into ``visattn_mm/ops/kernel_digests.py``, the compiled code that the CUDA defaults table's
+rows are checked against; ``--digests check`` exits 1 where that file is stale.
+
 Example::
 
     .venv/bin/python tools/analysis/triton_resources.py --models vil-s,vvt-s --dtypes bf16
+    .venv/bin/python tools/analysis/triton_resources.py --digests write   # after changing a kernel
 """
 
 from __future__ import annotations
@@ -35,10 +40,15 @@ import _bench_common as common
 import torch
 
 from visattn_mm.models import BACKBONES, FAMILIES
+from visattn_mm.ops import cuda_defaults, kernel_digests
 
 # Each family's size set beside Swin-T: (class name, arch) by the tools' name.
 MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
 DTYPES = ('fp32', 'bf16')
+DEFAULT_SIZE = '256x256'
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGESTS_FILE = os.path.join(ROOT, 'visattn_mm', 'ops', 'kernel_digests.py')
+DIGESTS_COMMAND = '.venv/bin/python tools/analysis/triton_resources.py --digests write'
 COLUMNS = (
     'model',
     'dtype',
@@ -136,9 +146,10 @@ def kernel_resources(name, dtype, size, capability=90):
         capability (int): The compute capability compiled for (90: Hopper).
 
     Returns:
-        list[dict]: One row per kernel, head-dim tile, token tile and settings (see :data:`COLUMNS`);
-        of launches that differ in other constants (e.g. a stage without global tokens), the one
-        that spills most.
+        list[dict]: One row per kernel, head-dim tile, token tile and settings (see :data:`COLUMNS`; and
+        ``op``, the op whose module defines the kernel, ``ptx``, the :func:`code_digest` of the code of the
+        row's launches, and ``launches``, each launch's); of launches that differ in other constants (e.g. a
+        stage without global tokens), the one that spills most.
     """
     import visattn_mm.ops.impl as impl
     import visattn_mm.ops.triton.host as host
@@ -152,7 +163,10 @@ def kernel_resources(name, dtype, size, capability=90):
         seen.add(key)
         resources = compiled_kernel_resources(kernel, settings, args, constexprs, capability)
         head_dim, tile = host.launch_tiles(constexprs)
-        rows.append(dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, head_dim=head_dim, tile=tile, **resources))
+        op = kernel.fn.__module__.rsplit('.', 1)[-1]  # visattn_mm.ops.triton.<op>
+        rows.append(
+            dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, op=op, head_dim=head_dim, tile=tile, **resources)
+        )
 
     class_name, arch = MODELS[name]
     model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()
@@ -170,8 +184,72 @@ def kernel_resources(name, dtype, size, capability=90):
         digests.setdefault(key, set()).add(row['ptx'])
         if key not in worst or row['spill_stores'] > worst[key]['spill_stores']:
             worst[key] = row
-    # The code of every launch a row stands for, as one digest.
-    return [dict(row, ptx=code_digest('\n'.join(sorted(digests[key])))) for key, row in worst.items()]
+    # The code of every launch a row stands for, as one digest, and each launch's.
+    return [
+        dict(row, ptx=code_digest('\n'.join(sorted(digests[key]))), launches=tuple(sorted(digests[key])))
+        for key, row in worst.items()
+    ]
+
+
+def op_digests(rows):
+    """One digest per op of the code of its kernels: of every distinct launch's code in ``rows``, however the rows
+    group the launches and whichever backbones launched them; in the order of
+    :data:`visattn_mm.ops.cuda_defaults.OPS`.
+
+    Args:
+        rows (list[dict]): Rows of :func:`kernel_resources`.
+
+    Returns:
+        dict: ``{op: digest}``.
+    """
+    codes = {}
+    for row in rows:
+        codes.setdefault(row['op'], set()).update(row['launches'])
+    unknown = set(codes) - set(cuda_defaults.OPS)
+    if unknown:
+        raise ValueError(f'kernels of {sorted(unknown)}, which cuda_defaults.OPS lacks: add the op there')
+    return {op: code_digest('\n'.join(sorted(codes[op]))) for op in cuda_defaults.OPS if op in codes}
+
+
+def digest_changes(digests, committed=None):
+    """Where ``digests`` differ from the committed table's, one line per op; empty where the table is current.
+
+    Args:
+        digests (dict): ``{op: digest}`` of :func:`op_digests`.
+        committed (dict, optional): The table's ``{op: digest}``. Default:
+            :data:`visattn_mm.ops.kernel_digests.KERNEL_DIGESTS`.
+    """
+    committed = kernel_digests.KERNEL_DIGESTS if committed is None else committed
+    return [
+        f'{op}: the table says {committed.get(op)}, its kernels compile to {digests.get(op)}'
+        for op in dict.fromkeys([*committed, *digests])
+        if committed.get(op) != digests.get(op)
+    ]
+
+
+DIGESTS_DOC = '''"""The compiled code of each op's Triton kernels in this tree, one digest per op: a measured row of
+the CUDA defaults table (:mod:`visattn_mm.ops.cuda_defaults`) whose recorded digest differs runs 'fast'.
+
+Generated, not edited: ``{command}`` compiles every
+kernel launch of a training step of each backbone ({size}, fp32 and bf16 autocast) for sm_{capability} under
+Triton {triton} and digests each op's code without its debug lines (``op_digests``);
+tests/test_ops/test_triton/test_triton_resources.py fails while this file is stale.
+"""
+'''
+
+
+def digests_source(digests, triton_version, capability):
+    """The text of ``visattn_mm/ops/kernel_digests.py``.
+
+    Args:
+        digests (dict): ``{op: digest}`` of :func:`op_digests`.
+        triton_version (str): The Triton that compiled the kernels.
+        capability (int): The compute capability they were compiled for.
+    """
+    doc = DIGESTS_DOC.format(command=DIGESTS_COMMAND, size=DEFAULT_SIZE, capability=capability, triton=triton_version)
+    entries = [f'    {op}={digest!r},' for op, digest in digests.items()]
+    code = [f'TRITON = {triton_version!r}', f'CAPABILITY = {capability}', 'KERNEL_DIGESTS = dict(', *entries, ')']
+    return doc + '\n' + '\n'.join(code) + '\n'
 
 
 def training_step(model, image, dtype):
@@ -185,7 +263,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', default=','.join(MODELS), help=f'comma-separated, of {", ".join(MODELS)}')
     parser.add_argument('--dtypes', default=','.join(DTYPES), help='comma-separated, of fp32, bf16')
-    parser.add_argument('--size', default='256x256', help='input HxW of the training step (default 256x256)')
+    parser.add_argument('--size', default=DEFAULT_SIZE, help=f'input HxW of the training step (default {DEFAULT_SIZE})')
     parser.add_argument('--capability', type=int, default=90, help='compute capability compiled for (default 90)')
     parser.add_argument(
         '--ptx',
@@ -193,10 +271,21 @@ def parse_args(argv=None):
         help="add a column 'ptx': a digest of the code of the row's launches without debug information, "
         'equal where a change of the kernels\' source leaves the compiled code as it was',
     )
+    parser.add_argument(
+        '--digests',
+        choices=('check', 'write'),
+        help=f"each op's digest of its kernels' code against {DIGESTS_FILE}: 'check' exits 1 where it is stale, "
+        "'write' writes it (at the default models, dtypes, size and capability only)",
+    )
     args = parser.parse_args(argv)
     args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
     args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
     args.size = common.parse_size(args.size, '--size')
+    defaults = (list(MODELS), list(DTYPES), common.parse_size(DEFAULT_SIZE, '--size'), parser.get_default('capability'))
+    if args.digests and (list(args.models), list(args.dtypes), args.size, args.capability) != defaults:
+        parser.error(
+            '--digests covers every kernel at the defaults: leave --models, --dtypes, --size, --capability out'
+        )
     return args
 
 
@@ -215,7 +304,34 @@ def main(argv=None):
         f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n'
     )
     print(common.format_table(rows, COLUMNS + ('ptx',) if args.ptx else COLUMNS))
+    if args.digests:
+        check_or_write_digests(op_digests(rows), args.digests, args.capability)
     return rows
+
+
+def check_or_write_digests(digests, action, capability, path=DIGESTS_FILE):
+    """Writes ``digests`` into the table, or exits 1 naming each op where they differ from it (the kernels
+    compiled by another Triton than the table's count as differing).
+
+    Args:
+        digests (dict): ``{op: digest}`` of :func:`op_digests`.
+        action (str): 'write' or 'check'.
+        capability (int): The compute capability they were compiled for.
+        path (str): The table's file (written; named in the check's message).
+    """
+    import triton
+
+    if action == 'write':
+        with open(path, 'w') as file:
+            file.write(digests_source(digests, triton.__version__, capability))
+        print(f'\nwrote the kernel digests of {", ".join(digests)} into {path}')
+        return
+    changes = digest_changes(digests)
+    if triton.__version__ != kernel_digests.TRITON:
+        changes.append(f'the table was compiled by Triton {kernel_digests.TRITON}, this is {triton.__version__}')
+    if changes:
+        sys.exit('\n'.join([f'{path} is stale:', *changes, f'regenerate it: {DIGESTS_COMMAND}']))
+    print(f'\n{path} is current')
 
 
 if __name__ == '__main__':

@@ -10,6 +10,12 @@ head dim. A row names ``'triton'`` only where GPU measurements showed both (:fun
   than on ``'fast'`` at batch 8 and at batch 2 (the configs' images per GPU): a ``triton / fast``
   time ratio under 1 at both.
 
+A row holds for the kernels the GPU measured, not for their source: it records the digest of their
+compiled code (:attr:`Measurement.kernel_digest`), and while the op's current digest
+(:mod:`visattn_mm.ops.kernel_digests`, generated) differs, 'auto' runs ``'fast'`` for the row and its
+reason says why (:attr:`CudaDefault.path`), until a GPU session has passed its CUDA tests and timed
+the changed kernels.
+
 Every other row says ``'fast'``: a measured one with the ratio that kept it there, an unmeasured
 one because nothing has measured it. ``tools/analysis/cuda_defaults.py`` turns the files of a
 GPU session's device calls (``tools/gpu_session.sh``) into rows for this table; docs/benchmarks.md keeps the
@@ -21,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from . import kernel_digests
 
 #: The ops whose CUDA path this table decides (those with Triton kernels).
 OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
@@ -53,6 +61,9 @@ class Measurement:
         tests (str): How the CUDA-marked tests in the row's dtype went, of the op's kernels and on
             ``'triton'`` of each backbone that runs the op: ``'passed'`` (each group ran and none failed),
             ``'failed'`` (one failed) or ``'incomplete'`` (none failed, but a group had no test that ran).
+        kernel_digest (str | None): The digest of the compiled code of the op's Triton kernels it measured,
+            as :data:`visattn_mm.ops.kernel_digests.KERNEL_DIGESTS` has them (same Triton, same target);
+            None where the session did not report one, which no current digest matches.
     """
 
     device: str
@@ -64,6 +75,7 @@ class Measurement:
     ratio_batch8: float
     ratio_batch2: float
     tests: str
+    kernel_digest: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +86,15 @@ class CudaDefault:
     Args:
         op (str): One of :data:`OPS`.
         dtype (str): 'bf16', 'fp16' or 'fp32' (the query's dtype; under autocast, the autocast dtype).
-        path (str): 'fast' or 'triton'.
+        decided (str): 'fast' or 'triton', as the rule (:func:`decide`) decided from ``measured``; 'auto'
+            runs it while the op's kernels are the ones measured (:attr:`path`).
         measured (Measurement, optional): The evidence; None for a row no GPU has measured.
         head_dims (tuple): ``(smallest, largest)`` head dim the row covers. Default: all.
     """
 
     op: str
     dtype: str
-    path: str
+    decided: str
     measured: Measurement | None = None
     head_dims: tuple = (None, None)
 
@@ -93,15 +106,37 @@ class CudaDefault:
         return f'{self.op}/{self.dtype}{dims}'
 
     @property
+    def kernels_changed(self):
+        """Whether the op's kernels compile to other code than those the row's GPU session measured (or the
+        session recorded no digest of them)."""
+        if self.measured is None:
+            return False
+        recorded = self.measured.kernel_digest
+        return recorded is None or recorded != kernel_digests.KERNEL_DIGESTS.get(self.op)
+
+    @property
+    def path(self):
+        """What 'auto' runs: :attr:`decided`, or 'fast' where the kernels changed since they were measured."""
+        return 'fast' if self.kernels_changed else self.decided
+
+    @property
     def reason(self):
         """Why the row says what it says, in a few words."""
         if self.measured is None:
             return UNMEASURED
         m = self.measured
         tests = TEST_OUTCOMES[m.tests]
-        return (
+        evidence = (
             f'{tests}; {m.model} triton/fast time {m.ratio_batch8:.2f} at batch 8, {m.ratio_batch2:.2f} at batch 2 '
             f'({m.device}, torch {m.torch}, triton {m.triton}, {m.commit}, {m.date})'
+        )
+        if not self.kernels_changed:
+            return evidence
+        measured_code = 'no digest of their code recorded' if m.kernel_digest is None else f'code {m.kernel_digest}'
+        return (
+            f'kernels changed since the GPU measured them at {m.commit} ({measured_code}, now '
+            f'{kernel_digests.KERNEL_DIGESTS.get(self.op)}): run the CUDA tests and the decision rows on a GPU; '
+            f'it measured: {evidence}'
         )
 
     def covers(self, op, dtype, head_dim):
@@ -151,19 +186,19 @@ MEASURED_ON = dict(
     commit='8403249,8f2db67,12c2ad5',
     date='2026-11-27',
 )
-MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests
-    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, 'passed'),
-    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, 'passed'),
-    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, 'passed'),
-    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, 'passed'),
-    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, 'incomplete'),
-    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, 'passed'),
-    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, 'passed'),
-    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, 'incomplete'),
-    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, 'passed'),
-    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, 'passed'),
-    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, 'incomplete'),
-    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, 'passed'),
+MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest
+    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, 'passed', '79d2c7e93b5d'),
+    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, 'passed', '79d2c7e93b5d'),
+    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, 'passed', '79d2c7e93b5d'),
+    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, 'passed', '19db64f87f2a'),
+    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, 'incomplete', '19db64f87f2a'),
+    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, 'passed', '19db64f87f2a'),
+    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, 'passed', '7125c02cba21'),
+    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, 'incomplete', '7125c02cba21'),
+    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, 'passed', '7125c02cba21'),
+    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, 'passed', '9d5234ea28eb'),
+    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, 'incomplete', '9d5234ea28eb'),
+    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, 'passed', '9d5234ea28eb'),
 )
 # END measured rows
 MEASURED = tuple(
@@ -171,9 +206,16 @@ MEASURED = tuple(
         op,
         dtype,
         path,
-        Measurement(**MEASURED_ON, model=model, ratio_batch8=ratio8, ratio_batch2=ratio2, tests=tests),
+        Measurement(
+            **MEASURED_ON,
+            model=model,
+            ratio_batch8=ratio8,
+            ratio_batch2=ratio2,
+            tests=tests,
+            kernel_digest=kernel_digest,
+        ),
     )
-    for op, dtype, path, model, ratio8, ratio2, tests in MEASURED_ROWS
+    for op, dtype, path, model, ratio8, ratio2, tests, kernel_digest in MEASURED_ROWS
 )
 
 #: The table: the measured rows first, then 'fast' for every op and dtype they leave out.

@@ -1,10 +1,14 @@
 """The Triton kernels' launch settings and the tools that choose them.
 
 tools/analysis/triton_resources.py compiles every Triton kernel of a backbone's training step for sm_90 (no
-GPU) and reads the registers and spills ptxas reports: the launch settings keep them within bounds.
+GPU) and reads the registers and spills ptxas reports: the launch settings keep them within bounds; each op's
+digest of its compiled code is the committed one (visattn_mm/ops/kernel_digests.py), which the CUDA defaults
+table's rows are checked against.
 tools/analysis/triton_tuning.py times each kernel under candidate settings on a GPU; here its plumbing runs
 in Triton's interpreter, in a subprocess (this file run as a script, see :mod:`triton_harness`).
 """
+
+import importlib.util
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ import triton_tuning
 from helpers import build_tiny
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
 from visattn_mm.models import ViL
+from visattn_mm.ops import cuda_defaults, kernel_digests
 
 # Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype. bf16 trains on
 # tensor cores with few spills: the sliding-chunk query-side backward at head dim 64 spills about 150 bytes
@@ -60,6 +65,59 @@ def test_code_digest_ignores_debug_lines_only(rows):
     assert triton_resources.code_digest(moved) == triton_resources.code_digest(ptx)
     assert triton_resources.code_digest(ptx.replace('b32 %r1', 'b32 %r2')) != triton_resources.code_digest(ptx)
     assert all(len(row['ptx']) == 12 for row in rows)
+
+
+def test_committed_kernel_digests_are_the_code_the_kernels_compile_to(rows):
+    """'auto' trusts a defaults-table row only while its op's kernels compile to the code the row recorded, as
+    visattn_mm/ops/kernel_digests.py says they do: a kernel change must regenerate that file (and so leaves
+    the op's rows on 'fast' until a GPU measures the new code)."""
+    import triton
+
+    assert triton.__version__ == kernel_digests.TRITON, (
+        f'kernel_digests.py holds the code of Triton {kernel_digests.TRITON}, this is {triton.__version__}: where the '
+        f"lock file's torch brought this Triton, regenerate it ({triton_resources.DIGESTS_COMMAND}), else install the "
+        'lock file (tools/bootstrap.sh)'
+    )
+    digests = triton_resources.op_digests(rows)
+    assert list(digests) == list(cuda_defaults.OPS)
+    changes = triton_resources.digest_changes(digests)
+    assert not changes, f'visattn_mm/ops/kernel_digests.py is stale ({changes}): {triton_resources.DIGESTS_COMMAND}'
+
+
+def test_op_digests_follow_each_launchs_code_however_rows_group_launches():
+    row = dict(op='pale', launches=('a' * 12, 'b' * 12))
+    split = [dict(op='pale', launches=('b' * 12,)), dict(op='pale', launches=('a' * 12, 'b' * 12))]
+    assert triton_resources.op_digests([row]) == triton_resources.op_digests(split)
+    assert triton_resources.op_digests([row]) != triton_resources.op_digests([dict(row, launches=('a' * 12,))])
+    with pytest.raises(ValueError, match=r"kernels of \['swin'\], which cuda_defaults.OPS lacks"):
+        triton_resources.op_digests([dict(op='swin', launches=())])
+
+
+def test_digests_are_written_as_the_package_reads_them(tmp_path, monkeypatch, capsys):
+    import triton
+
+    digests = {op: str(index) * 12 for index, op in enumerate(cuda_defaults.OPS)}
+    path = tmp_path / 'kernel_digests.py'
+    triton_resources.check_or_write_digests(digests, 'write', 90, path=str(path))
+    spec = importlib.util.spec_from_file_location('written_kernel_digests', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.KERNEL_DIGESTS, module.TRITON, module.CAPABILITY) == (digests, triton.__version__, 90)
+    # 'check' passes against the table it wrote, and fails naming the op and the command against another.
+    monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', module.KERNEL_DIGESTS)
+    monkeypatch.setattr(kernel_digests, 'TRITON', module.TRITON)
+    triton_resources.check_or_write_digests(digests, 'check', 90)
+    assert 'is current' in capsys.readouterr().out
+    with pytest.raises(
+        SystemExit, match=f"(?s)pale: the table says {'2' * 12}, its kernels compile to f+.*--digests write"
+    ):
+        triton_resources.check_or_write_digests(dict(digests, pale='f' * 12), 'check', 90)
+
+
+def test_digests_cover_every_kernel_at_the_defaults():
+    with pytest.raises(SystemExit):
+        triton_resources.parse_args(['--digests', 'check', '--models', 'vil-s'])
+    assert triton_resources.parse_args(['--digests', 'write']).digests == 'write'
 
 
 @pytest.mark.parametrize('dtype', MAX_SPILL)
