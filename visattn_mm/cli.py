@@ -9,8 +9,11 @@ the config, register its modules and apply the library-specific conventions.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import os
 import os.path as osp
+import re
 import sys
 
 from mmengine.config import Config
@@ -129,40 +132,135 @@ def missing_data(cfg: Config, parts) -> list:
 
 def check_data(cfg: Config, parts) -> None:
     """Refuse, in one line before the Runner starts, a config whose ``parts`` name data files that are not
-    there (see :func:`missing_data`)."""
+    there, naming every one of them (see :func:`missing_data`)."""
     missing = missing_data(cfg, parts)
     if missing:
-        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        others = f', nor do {", ".join(missing[1:])}' if len(missing) > 1 else ''
         raise SystemExit(
-            f'error: {missing[0]} does not exist{more}; {DATA_DOCS} says where the data goes and how to '
+            f'error: {missing[0]} does not exist{others}; {DATA_DOCS} says where the data goes and how to '
             'point a config elsewhere (--cfg-options ...data_root=...)'
         )
 
 
-def check_backbone(cfg: Config) -> None:
-    """Build one of our backbones (``model.backbone``) on the meta device before the Runner starts: a bad
-    argument (``arch='smal'``) ends the run in one line instead of after the whole config dump."""
+# mmengine's registry wraps an error raised while building a class in "class `Name` in module/path.py: ",
+# once per enclosing build; the innermost name is the class that failed.
+_BUILD_WRAPPER = re.compile(r'class `(\w+)` in \S+?\.py: ')
+_UNKNOWN_TYPE = re.compile(r'^(\S+) is not in the \S+ registry')
+_UNEXPECTED_ARGUMENT = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _typed_nodes(node, path):
+    """``(path, dict)`` for every dict with a ``type`` in a config node, the node included, outermost first."""
+    if isinstance(node, dict):
+        if 'type' in node:
+            yield path, node
+        for key, child in node.items():
+            yield from _typed_nodes(child, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for index, child in enumerate(node):
+            yield from _typed_nodes(child, f'{path}.{index}')
+
+
+def _type_name(type_):
+    """The class name a config's ``type`` names (a scope prefix such as ``mmdet.`` dropped)."""
+    return type_.__name__ if isinstance(type_, type) else str(type_).rsplit('.', 1)[-1]
+
+
+def _init_arguments(cls) -> list:
+    """The keyword arguments ``cls(...)`` accepts: its ``__init__``'s and, while an ``__init__`` passes
+    ``**kwargs`` on, its bases'."""
+    names = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != 'self' and p.name not in names
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def describe_build_error(model: dict, error: Exception, registry) -> str:
+    """One line naming the config key of a model build's ``error`` and the problem, e.g.
+    ``model.neck.out_channel: FPN.__init__() got an unexpected keyword argument 'out_channel' (did you
+    mean out_channels?)``.
+
+    Args:
+        model (dict): The config's ``model``.
+        error (Exception): What building it raised.
+        registry (mmengine.registry.Registry): The registry it was built from.
+
+    Returns:
+        str: The line, without the ``error:`` prefix.
+    """
+    message = str(error.args[0]) if error.args else ''
+    classes = _BUILD_WRAPPER.findall(message)
+    reason = _BUILD_WRAPPER.split(message)[-1] or type(error).__name__
+    if isinstance(error, KeyError) and len(reason) > 1 and reason[0] == reason[-1] == "'":
+        reason = reason[1:-1]  # str() of a KeyError quotes its message
+    unknown = _UNKNOWN_TYPE.match(reason)
+    # The failing node: an unknown type's own, else the innermost class's.
+    failed = unknown.group(1) if unknown else (classes[-1] if classes else None)
+    nodes = [(path, node) for path, node in _typed_nodes(model, 'model') if failed in (node['type'], _type_name(node['type']))]
+    if not nodes:
+        return f'model ({" > ".join(classes)}): {reason}' if classes else f'model: {reason}'
+    argument = _UNEXPECTED_ARGUMENT.search(reason)
+    if argument:
+        nodes = [(path, node) for path, node in nodes if argument.group(1) in node] or nodes
+        path, node = nodes[0]
+        cls = registry.get(node['type']) if isinstance(node['type'], str) else node['type']
+        accepted = _init_arguments(cls) if isinstance(cls, type) else []
+        close = difflib.get_close_matches(argument.group(1), accepted, n=1)
+        hint = f'did you mean {close[0]}?' if close else f'{_type_name(node["type"])} takes {", ".join(accepted)}'
+        return f'{path}.{argument.group(1)}: {reason} ({hint})'
+    paths = ' or '.join(path for path, _ in nodes)
+    return f'{paths}: {reason}' if unknown else f'{paths} ({failed}): {reason}'
+
+
+def check_model(cfg: Config, scope: str) -> None:
+    """Build the config's whole model (backbone, neck, heads) on the meta device before the Runner starts,
+    so that a bad argument anywhere in it (``model.neck.out_channel=128``, ``arch='smal'``) ends the run
+    in one line naming the key, before the data is read and the config dumped.
+
+    Errors that only the meta device causes (a constructor that reads a tensor's values) leave the
+    verdict to the Runner's own build.
+
+    Args:
+        cfg (Config): The config, with ``--cfg-options`` applied.
+        scope (str): ``'mmdet'`` or ``'mmseg'``: whose model registry builds it.
+
+    Raises:
+        SystemExit: If building the model raises a ValueError, TypeError, KeyError or AssertionError.
+    """
     import logging
+    import warnings
 
     import torch
     from mmengine.logging import MMLogger
 
-    from visattn_mm.models import BACKBONES
-
-    backbone = dict(cfg.get('model', {}).get('backbone') or {})
-    cls = BACKBONES.get(backbone.pop('type', None))
-    if cls is None:
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    model = cfg.get('model')
+    if not isinstance(model, dict):
         return
-    backbone.pop('init_cfg', None)  # loaded by the Runner, which reports on it
-    backbone.pop('pretrained', None)
     logger = MMLogger.get_current_instance()
     level = logger.level
-    logger.setLevel(logging.WARNING)  # the build's log line comes with the Runner's build
+    logger.setLevel(logging.WARNING)  # the build's log lines come with the Runner's build
     try:
-        with torch.device('meta'):
-            cls(**backbone)
-    except (ValueError, TypeError, KeyError) as error:
-        raise SystemExit(f'error: model.backbone: {error}') from None
+        with torch.device('meta'), warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # the Runner's build gives them
+            MODELS.build(model)
+    except (ValueError, TypeError, KeyError, AssertionError) as error:
+        raise SystemExit(f'error: {describe_build_error(model, error, MODELS)}') from None
+    except Exception:  # a meta-device limitation, not a config error: the Runner's build decides
+        return
     finally:
         logger.setLevel(level)
 
