@@ -142,10 +142,6 @@ def check_data(cfg: Config, parts) -> None:
         )
 
 
-# mmengine's registry wraps an error raised while building a class in "class `Name` in module/path.py: ",
-# once per enclosing build; the innermost name is the class that failed.
-_BUILD_WRAPPER = re.compile(r'class `(\w+)` in \S+?\.py: ')
-_UNKNOWN_TYPE = re.compile(r'^(\S+) is not in the \S+ registry')
 _UNEXPECTED_ARGUMENT = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
@@ -185,41 +181,56 @@ def _init_arguments(cls) -> list:
     return names
 
 
-def describe_build_error(model: dict, error: Exception, registry) -> str:
+def _failed_build(error: Exception):
+    """The config and class of the innermost registry build (mmengine's ``build_from_cfg``) that ``error``
+    went through, from its traceback; ``(None, None)`` if none."""
+    failed = (None, None)
+    frame_tb = error.__traceback__
+    while frame_tb is not None:
+        code = frame_tb.tb_frame.f_code
+        if code.co_name == 'build_from_cfg' and code.co_filename.endswith(osp.join('registry', 'build_functions.py')):
+            local = frame_tb.tb_frame.f_locals
+            failed = (local.get('cfg'), local.get('obj_cls'))
+        frame_tb = frame_tb.tb_next
+    return failed
+
+
+def describe_build_error(model: dict, error: Exception) -> str:
     """One line naming the config key of a model build's ``error`` and the problem, e.g.
     ``model.neck.out_channel: FPN.__init__() got an unexpected keyword argument 'out_channel' (did you
     mean out_channels?)``.
 
+    The failing node is the config of the innermost registry build in the error's traceback; the
+    model's node of its type whose entries it holds (a parent module may add some, such as
+    ``train_cfg``) names the key.
+
     Args:
         model (dict): The config's ``model``.
         error (Exception): What building it raised.
-        registry (mmengine.registry.Registry): The registry it was built from.
 
     Returns:
         str: The line, without the ``error:`` prefix.
     """
-    message = str(error.args[0]) if error.args else ''
-    classes = _BUILD_WRAPPER.findall(message)
-    reason = _BUILD_WRAPPER.split(message)[-1] or type(error).__name__
+    reason = str(error.args[0]) if error.args else type(error).__name__
     if isinstance(error, KeyError) and len(reason) > 1 and reason[0] == reason[-1] == "'":
         reason = reason[1:-1]  # str() of a KeyError quotes its message
-    unknown = _UNKNOWN_TYPE.match(reason)
-    # The failing node: an unknown type's own, else the innermost class's.
-    failed = unknown.group(1) if unknown else (classes[-1] if classes else None)
-    nodes = [(path, node) for path, node in _typed_nodes(model, 'model') if failed in (node['type'], _type_name(node['type']))]
+    built, cls = _failed_build(error)
+    if not isinstance(built, dict) or 'type' not in built:
+        return f'model: {reason}'
+    name = _type_name(built['type'])
+    nodes = [(path, node) for path, node in _typed_nodes(model, 'model') if _type_name(node['type']) == name]
+    nodes = [(path, node) for path, node in nodes if all(built.get(k) == v for k, v in node.items())] or nodes
     if not nodes:
-        return f'model ({" > ".join(classes)}): {reason}' if classes else f'model: {reason}'
+        return f'model ({name}): {reason}'
     argument = _UNEXPECTED_ARGUMENT.search(reason)
     if argument:
         nodes = [(path, node) for path, node in nodes if argument.group(1) in node] or nodes
-        path, node = nodes[0]
-        cls = registry.get(node['type']) if isinstance(node['type'], str) else node['type']
         accepted = _init_arguments(cls) if isinstance(cls, type) else []
         close = difflib.get_close_matches(argument.group(1), accepted, n=1)
-        hint = f'did you mean {close[0]}?' if close else f'{_type_name(node["type"])} takes {", ".join(accepted)}'
-        return f'{path}.{argument.group(1)}: {reason} ({hint})'
+        hint = f'did you mean {close[0]}?' if close else f'{name} takes {", ".join(accepted)}'
+        return f'{nodes[0][0]}.{argument.group(1)}: {reason} ({hint})'
     paths = ' or '.join(path for path, _ in nodes)
-    return f'{paths}: {reason}' if unknown else f'{paths} ({failed}): {reason}'
+    return f'{paths}: {reason}' if reason.startswith(name) else f'{paths} ({name}): {reason}'
 
 
 def check_model(cfg: Config, scope: str) -> None:
@@ -242,6 +253,7 @@ def check_model(cfg: Config, scope: str) -> None:
 
     import torch
     from mmengine.logging import MMLogger
+    from mmengine.registry import DefaultScope
 
     if scope == 'mmdet':
         from mmdet.registry import MODELS
@@ -254,11 +266,12 @@ def check_model(cfg: Config, scope: str) -> None:
     level = logger.level
     logger.setLevel(logging.WARNING)  # the build's log lines come with the Runner's build
     try:
-        with torch.device('meta'), warnings.catch_warnings():
+        # The scope as the Runner sets it: modules build parts through mmengine's registry too.
+        with torch.device('meta'), warnings.catch_warnings(), DefaultScope.overwrite_default_scope(scope):
             warnings.simplefilter('ignore')  # the Runner's build gives them
             MODELS.build(model)
     except (ValueError, TypeError, KeyError, AssertionError) as error:
-        raise SystemExit(f'error: {describe_build_error(model, error, MODELS)}') from None
+        raise SystemExit(f'error: {describe_build_error(model, error)}') from None
     except Exception:  # a meta-device limitation, not a config error: the Runner's build decides
         return
     finally:

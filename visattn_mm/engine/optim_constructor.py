@@ -57,11 +57,7 @@ def summarize_param_groups(model, groups):
     """
     names = {id(param): name for name, param in model.named_parameters()}
     shown = {'lr', 'weight_decay'} & set().union(*groups)
-    shown |= {
-        key
-        for key in set().union(*groups) - {'params'}
-        if len({repr(group.get(key)) for group in groups}) > 1
-    }
+    shown |= {key for key in set().union(*groups) - {'params'} if len({repr(group.get(key)) for group in groups}) > 1}
     keys = sorted(shown, key=lambda key: (key != 'lr', key != 'weight_decay', key))
     rows = _group_rows(groups, keys)
     if len(rows) > MAX_SUMMARY_ROWS:
@@ -83,7 +79,9 @@ def summarize_param_groups(model, groups):
             where[module] = where.get(module, 0) + 1
         described = [f'{key} {_format_value(value)}' for key, value in zip(keys, settings)]
         if 'lr' not in keys and lrs:
-            described.insert(0, f'lr {_format_value(lrs[0])}' + (f' to {_format_value(lrs[-1])}' if len(lrs) > 1 else ''))
+            described.insert(
+                0, f'lr {_format_value(lrs[0])}' + (f' to {_format_value(lrs[-1])}' if len(lrs) > 1 else '')
+            )
         lines.append(
             f'  {", ".join(described)}: {len(params)} tensors ({_millions(params)} values; '
             + ', '.join(f'{module} {count}' for module, count in where.items())
