@@ -2,4 +2,4 @@
 # Paper numbers (Pale, Table 3): 41M params, 47.4 / 42.7 box / mask AP.
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/pale.py']
 model = dict(backbone=_base_.sizes.t.backbone, neck=dict(in_channels=_base_.sizes.t.dims))
-optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.t

@@ -2,4 +2,4 @@
 # Paper numbers: none (the Pale paper reports Mask R-CNN 1x only).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/pale.py']
 model = dict(backbone=_base_.sizes.t.backbone, neck=dict(in_channels=_base_.sizes.t.dims))
-optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.t

@@ -2,4 +2,4 @@
 # Paper numbers: none (the Transformer-LS paper reports no dense prediction: its Sec. 5 leaves it to future work).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/vil.py']
 model = dict(backbone=_base_.ls_sizes.s.backbone, neck=dict(in_channels=_base_.ls_sizes.s.dims))
-optim_wrapper = dict(clip_grad=dict(max_norm=0.5, norm_type=2))  # official detectron2 Mask R-CNN configs clip at 0.5
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.s

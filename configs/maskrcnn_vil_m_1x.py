@@ -2,4 +2,4 @@
 # Paper numbers (ViL, Table 7; ImageNet-21k pretraining): 60.1M params, 47.6 / 43.0 box / mask AP.
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/vil.py']
 model = dict(backbone=_base_.sizes.m.backbone, neck=dict(in_channels=_base_.sizes.m.dims))
-optim_wrapper = dict(clip_grad=dict(max_norm=0.5, norm_type=2))  # official detectron2 Mask R-CNN configs clip at 0.5
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.m

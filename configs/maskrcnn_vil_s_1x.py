@@ -2,4 +2,4 @@
 # Paper numbers (ViL, Table 7): 45.0M params, 44.9 / 41.0 box / mask AP.
 _base_ = ['./_base_/maskrcnn_1x.py', './_base_/vil.py']
 model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))
-optim_wrapper = dict(clip_grad=dict(max_norm=0.5, norm_type=2))  # official detectron2 Mask R-CNN configs clip at 0.5
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.s

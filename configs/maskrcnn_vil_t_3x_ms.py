@@ -2,4 +2,4 @@
 # Paper numbers (ViL, Table 7): 26.9M params, 44.2 / 40.6 box / mask AP.
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/vil.py']
 model = dict(backbone=_base_.sizes.t.backbone, neck=dict(in_channels=_base_.sizes.t.dims))
-optim_wrapper = dict(clip_grad=dict(max_norm=0.5, norm_type=2))  # official detectron2 Mask R-CNN configs clip at 0.5
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.t

@@ -2,4 +2,4 @@
 # Paper numbers: none (the VVT paper reports no detection results).
 _base_ = ['./_base_/maskrcnn_3x_ms.py', './_base_/vvt.py']
 model = dict(backbone=_base_.sizes.l.backbone, neck=dict(in_channels=_base_.sizes.l.dims))
-optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)
+optim_wrapper = _base_.det_optim_wrapper.maskrcnn.l

@@ -4,4 +4,4 @@ _base_ = ['./_base_/retinanet_1x.py', './_base_/pale.py']
 model = dict(
     backbone=dict(_base_.sizes.t.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.t.dims[1:])
 )
-optim_wrapper = dict(optimizer=dict(weight_decay=0.001))  # paper: 0.001 (T, S) / 0.05 (B)
+optim_wrapper = _base_.det_optim_wrapper.retinanet.t

@@ -4,5 +4,4 @@ _base_ = ['./_base_/retinanet_3x_ms.py', './_base_/vil.py']
 model = dict(
     backbone=dict(_base_.sizes.b.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.b.dims[1:])
 )
-# Base: lr 8e-5 (ViL paper Table 10); paper Table 10: clip at global norm 1.
-optim_wrapper = dict(optimizer=dict(lr=8e-5), clip_grad=dict(max_norm=1.0, norm_type=2))
+optim_wrapper = _base_.det_optim_wrapper.retinanet.b

@@ -4,4 +4,4 @@ _base_ = ['./_base_/retinanet_1x.py', './_base_/vil.py']
 model = dict(
     backbone=dict(_base_.ls_sizes.s.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.ls_sizes.s.dims[1:])
 )
-optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # paper Table 10: clip at global norm 1
+optim_wrapper = _base_.det_optim_wrapper.retinanet.s

@@ -4,4 +4,4 @@ _base_ = ['./_base_/retinanet_3x_ms.py', './_base_/vvt.py']
 model = dict(
     backbone=dict(_base_.sizes.t.backbone, out_indices=(1, 2, 3)), neck=dict(in_channels=_base_.sizes.t.dims[1:])
 )
-optim_wrapper = dict(clip_grad=dict(max_norm=1.0, norm_type=2))  # our choice (no VVT detection recipe)
+optim_wrapper = _base_.det_optim_wrapper.retinanet.t

@@ -5,6 +5,7 @@ Models are built once per (task, backbone variant): the 1x and 3x+MS configs of 
 must have identical model dicts, which is asserted instead of building twice.
 """
 
+import ast
 import copy
 import functools
 import importlib
@@ -256,6 +257,57 @@ def test_segmentation_schedule_and_optimiser(name):
     assert model.data_preprocessor.test_cfg == dict(size_divisor=32)
     drop_path = PALE_SEG_DROP_PATH if p['family'] == 'pale' else DROP_PATH[p['family']]
     assert model.backbone.drop_path_rate == drop_path[p['size']]
+
+
+def optimiser_literals(source):
+    """``(key path, value)`` of every literal a config's text writes under its top-level ``optim_wrapper``.
+
+    ``optim_wrapper = dict(clip_grad=dict(max_norm=0.5))`` gives
+    ``(('optim_wrapper', 'clip_grad', 'max_norm'), 0.5)``; values taken from a base
+    (``_base_.det_optim_wrapper.maskrcnn.s``) are not literals of the file.
+    """
+
+    def walk(node, keys):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict':
+            pairs = [(keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg]
+        elif isinstance(node, ast.Dict):
+            pairs = [(key.value, value) for key, value in zip(node.keys, node.values) if isinstance(key, ast.Constant)]
+        else:
+            return [(keys, node.value)] if isinstance(node, ast.Constant) else []
+        return [found for key, value in pairs for found in walk(value, (*keys, key))]
+
+    return [
+        found
+        for statement in ast.parse(source).body
+        if isinstance(statement, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == 'optim_wrapper' for target in statement.targets)
+        for found in walk(statement.value, ('optim_wrapper',))
+    ]
+
+
+def test_optimiser_literals_finds_what_a_config_writes():
+    source = "optim_wrapper = dict(optimizer={'lr': 8e-5}, clip_grad=dict(max_norm=0.5, norm_type=2))\n"
+    assert optimiser_literals(source) == [
+        (('optim_wrapper', 'optimizer', 'lr'), 8e-5),
+        (('optim_wrapper', 'clip_grad', 'max_norm'), 0.5),
+        (('optim_wrapper', 'clip_grad', 'norm_type'), 2),
+    ]
+    assert optimiser_literals('optim_wrapper = _base_.det_optim_wrapper.maskrcnn.b\n') == []
+
+
+def test_each_optimiser_setting_is_written_once():
+    """A size's recipe in one place: what final configs share (gradient clipping, Base's lr, Pale's weight
+    decay) lives in the family base's ``det_optim_wrapper`` table, which they take; no optimiser value is
+    written in two final configs."""
+    written = {}
+    for name in ALL_CONFIGS:
+        for keys, value in optimiser_literals((CONFIG_DIR / name).read_text()):
+            written.setdefault(f'{".".join(keys)}={value!r}', []).append(name)
+    repeated = {setting: names for setting, names in written.items() if len(names) > 1}
+    assert not repeated, (
+        'optimiser settings written in several final configs; put them once in the family base '
+        f'(configs/_base_/<family>.py, det_optim_wrapper) and take them from there: {repeated}'
+    )
 
 
 def model_groups():

@@ -12,7 +12,6 @@ import contextlib
 import copy
 import functools
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -205,27 +204,12 @@ def toy_data(tmp_path_factory):
     )
 
 
-def toy_config(name, toy_data, out_dir, max_iters=1):
-    """``configs/<name>`` on the toy data: ``max_iters`` iterations of batch 2, a checkpoint at
-    the end, no ImageNet weights, every detection kept at test time (an untrained RetinaNet
-    scores below the configs' thresholds). Pipelines, model and optimiser stay the config's."""
-    cfg = Config.fromfile(ROOT / 'configs' / name)
-    toy.use_toy_data(cfg, toy_data[cfg.default_scope])
-    cfg.model.backbone.init_cfg = None
-    for loader in (cfg.train_dataloader, cfg.val_dataloader, cfg.test_dataloader):
-        loader.update(batch_size=2, num_workers=0, persistent_workers=False)
-    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-    cfg.param_scheduler = []
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=max_iters)
-    cfg.log_processor = dict(by_epoch=False)
-    test_cfg = cfg.model.get('test_cfg') or {}
-    if 'score_thr' in test_cfg:
-        test_cfg.score_thr = 0.0
-    if 'rcnn' in test_cfg:
-        test_cfg.rcnn.score_thr = 0.0
-    path = Path(out_dir) / name
-    cfg.dump(path)
-    return path
+def toy_config(name, toy_data, max_iters=1):
+    """``configs/<name>`` on the toy data as a short run (:func:`visattn_mm.toy_data.write_toy_config`):
+    ``max_iters`` iterations, a checkpoint at the end, every detection kept at test time (an untrained
+    RetinaNet scores below the configs' thresholds). Pipelines, model and optimiser stay the config's."""
+    scope = Config.fromfile(ROOT / 'configs' / name).default_scope
+    return toy.write_toy_config(ROOT / 'configs' / name, toy_data[scope], iters=max_iters)
 
 
 @CUDA
@@ -233,7 +217,7 @@ def toy_config(name, toy_data, out_dir, max_iters=1):
 def test_train_and_test_with_amp(name, toy_data, tmp_path):
     """One AMP iteration with tools/train.py, then tools/test.py on its checkpoint: the loss
     scaler was saved (AmpOptimWrapper trained), mmcv's ops ran on the GPU, metrics came out."""
-    config = toy_config(name, toy_data, tmp_path)
+    config = toy_config(name, toy_data)
     work_dir = tmp_path / 'work'
     _run(_tool('train.py', config, '--work-dir', work_dir, '--amp'), cwd=ROOT, timeout=900)
     checkpoint = torch.load(work_dir / 'iter_1.pth', map_location='cpu', weights_only=False)
@@ -250,7 +234,7 @@ def test_train_and_test_with_amp(name, toy_data, tmp_path):
 @CUDA
 def test_dist_train_one_gpu_with_nccl(toy_data, tmp_path):
     """``tools/dist_train.sh CONFIG 1``: torchrun, one process, the configs' NCCL backend."""
-    config = toy_config('maskrcnn_vil_s_1x.py', toy_data, tmp_path, max_iters=2)
+    config = toy_config('maskrcnn_vil_s_1x.py', toy_data, max_iters=2)
     assert Config.fromfile(config).env_cfg.dist_cfg.backend == 'nccl'
     work_dir = tmp_path / 'work'
     proc = _run(

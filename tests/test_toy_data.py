@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mmengine.config import Config
 from PIL import Image
 
+from paths import ROOT
 from visattn_mm import toy_data as toy
 
 COCO_KW = dict(num_train=6, num_val=3)
@@ -201,3 +203,44 @@ def test_ade_layout_loads_through_mmseg(ade_dir):
     # reduce_zero_label: background 0 -> 255 (ignored), class k -> k - 1.
     assert 255 in values and values - {255}
     assert values <= set(range(len(toy.ADE_CLASSES))) | {255}
+
+
+# --------------------------------------------------------------------------
+# Configs on toy data
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    'config,layout', [('maskrcnn_vil_s_1x.py', 'coco'), ('upernet_vil_s_160k_ade20k.py', 'ade20k')]
+)
+def test_cli_writes_a_real_config_as_a_short_run_on_the_data(tmp_path, capsys, config, layout):
+    """``--config --iters``: the config's own pipeline and model, the toy data, a short run that ends in a
+    checkpoint and keeps every detection of an untrained model."""
+    out = tmp_path / 'toy'
+    toy.main(
+        [
+            layout,
+            str(out),
+            '--num-train',
+            '2',
+            '--num-val',
+            '1',
+            '--config',
+            str(ROOT / 'configs' / config),
+            '--iters',
+            '3',
+        ]
+    )
+    written = out / config.replace('.py', '_toy.py')
+    assert f'on it: {written}' in capsys.readouterr().out
+    original, cfg = Config.fromfile(ROOT / 'configs' / config), Config.fromfile(written)
+    assert cfg.model.backbone.init_cfg is None and cfg.model.backbone.arch == original.model.backbone.arch
+    assert cfg.train_dataloader.dataset.pipeline == original.train_dataloader.dataset.pipeline
+    assert cfg.train_dataloader.dataset.data_root == f'{out}/'
+    assert cfg.train_cfg == dict(type='IterBasedTrainLoop', max_iters=3, val_interval=3)
+    assert (cfg.default_hooks.checkpoint.interval, cfg.default_hooks.checkpoint.by_epoch) == (3, False)
+    assert cfg.param_scheduler == []
+    if layout == 'coco':
+        assert cfg.model.test_cfg.rcnn.score_thr == 0.0 and original.model.test_cfg.rcnn.score_thr > 0
+        assert cfg.val_evaluator.ann_file == f'{out}/annotations/instances_val.json'
+        assert cfg.model.roi_head.bbox_head.num_classes == len(toy.COCO_CLASSES)
+    else:
+        assert cfg.model.decode_head.num_classes == len(toy.ADE_CLASSES)

@@ -1,41 +1,64 @@
 #!/usr/bin/env bash
 # The GPU check of a short session on a bare GPU host (torch, triton, timm; no OpenMMLab stack), in ONE
-# command of at most BUDGET seconds: the CUDA tests, then the benchmark in order of value, then the rest
-# while time is left. Everything it measures is in $OUT the moment it is measured.
+# command of at most BUDGET seconds: the CUDA tests, a kernel profile, the benchmark in order of value, then
+# the rest while time is left. Everything it measures is in $OUT the moment it is measured.
 #
-#   bash tools/gpu_session.sh wheels      # beforehand, here: the pure-Python wheels into .whl/ (carried)
+#   bash tools/gpu_session.sh wheels      # beforehand, here: the wheels the host lacks into .whl/ (carried)
 #   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
-#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): setup tests sanitize bench compile tune
+#   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): the default stages below
 #
-# Stages (run in the order given; none given: setup tests sanitize bench compile tune):
-#   wheels    download mmengine and the pure-Python packages its import needs, for Python 3.12, into .whl/
-#   rehearse  on this machine: a throw-away Python 3.12 environment with the host's own versions
-#             (requirements/gpu_host.txt: torch, triton, timm, numpy, ...), the carried wheels installed as the
-#             device call installs them, the default stages with SMOKE=1 (results in $OUT/rehearsal/), then
-#             tools/analysis/triton_resources.py: every kernel compiled for sm_90 by the host's Triton
+# Stages (run in the order given; none given: setup tests profile sanitize decide detector throughput bench compile
+# tune, i.e. in order of value: the CUDA tests, the profile, the rows that decide the defaults table, the user's
+# commands, the rest):
+#   wheels    tools/device_wheels.sh: mmengine, mmdet, mmsegmentation and the packages their imports need, for
+#             Python 3.12, and mmcv 2.1.0 built here with CUDA ops for the host's torch and sm_90, into .whl/
+#   rehearsal-env  the throw-away Python 3.12 environment with the host's own versions (requirements/gpu_host.txt:
+#             torch, triton, timm, numpy, ...) that rehearse and tools/device_wheels.sh use (REHEARSAL_VENV)
+#   rehearse  on this machine: the carried wheels installed as the device call installs them, a check that the
+#             carried mmcv's compiled ops import against the host's torch, the default stages with SMOKE=1
+#             (results in $OUT/rehearsal/), then tools/analysis/triton_resources.py: every kernel compiled for
+#             sm_90 by the host's Triton
 #   setup     install the carried wheels; the environment report: python, GPU, torch, CUDA, triton, timm, the
 #             host's versions of requirements/gpu_host.txt against its pins, the attention paths
 #   tests     the CUDA-marked tests that decide the defaults table (each Triton kernel and each backbone path
 #             against the float64 reference), at most TESTS_BUDGET seconds (tests.xml)
+#   profile   tools/analysis/profile_step.py: Swin-T and our four backbones at batch 8 then 2, 800x1333, bf16
+#             fwd+bwd on 'auto', a few steps under torch.profiler: kernel time by class (ours kernel by kernel),
+#             launches per step, wall time, the GPU's busy fraction (the floors: --floor-only, on the CPU); at most
+#             PROFILE_BUDGET seconds. No file of its own: its tables and then its CSV (between '--- profile_step.csv'
+#             and '--- end profile_step.csv') go into session.log
 #   sanitize  SANITIZE_TESTS under compute-sanitizer's memcheck, one process, at most SANITIZE_BUDGET seconds: the
 #             kernel and line of an out-of-bounds access (a CUDA error otherwise surfaces at a later call);
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
-#   bench     tools/analysis/benchmark.py grid by grid (BENCH_GRIDS): the decision rows first (batch 8, 800x1333,
-#             bf16, fwd+bwd, 'fast' and 'triton'), then batch 2, fp16 (mmdet's --amp), fp32, the other paths,
-#             forward alone (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
+#   decide    tools/analysis/benchmark.py over DECIDE_GRIDS: the rows that decide the defaults table (800x1333, bf16,
+#             fwd+bwd, 'fast' and 'triton', batch 8 then 2) -> decide.csv, decide.md (the ratio table)
+#   detector  the user's commands at the configs' sizes on toy data (tools/make_toy_data.py --config): tools/train.py
+#             --amp for DETECTOR_ITERS iterations, then tools/test.py on the checkpoint it wrote, for Mask R-CNN ViL-S
+#             (1333x800, CocoMetric) and UperNet ViL-S (512x512, IoUMetric); each run at most DETECTOR_BUDGET s,
+#             a later one runs when an earlier one fails (their output: session.log)
+#   throughput  tools/analysis/train_throughput.py at batch 2 in bf16 and fp16 (THROUGHPUT_DTYPES): Mask R-CNN with
+#             the four backbones against mmdet's Mask R-CNN Swin-T, then UperNet against mmseg's UperNet Swin-T
+#             (throughput_maskrcnn.csv, throughput_upernet.csv), each set at most THROUGHPUT_BUDGET s
+#   bench     tools/analysis/benchmark.py over BENCH_GRIDS: fp16 (mmdet's --amp), fp32, the other paths, forward
+#             alone (benchmark.csv after every case; benchmark.md, the ratio table, at the end)
 #   compile   the CUDA test of the Triton path under torch.compile's Inductor (compile.xml)
 #   tune      tools/analysis/triton_tuning.py: each Triton kernel under candidate launch settings (triton_tuning.csv)
 # Every stage's output goes to $OUT/session.log, headed by the stage's name; summary.txt says which passed. A failed
-# stage does not stop the next; the exit status is that of the first failed stage. $OUT holds at most 7 files
-# (what a device call brings back: at most 8).
+# stage does not stop the next; the exit status is that of the first failed stage. A device call brings back at
+# most 8 files: session.log and summary.txt stay as they are, and where more than 7 files are left the others are
+# packed at the end into results.tar.gz (pack_results).
 #
 # Variables: OUT (work_dirs/gpu_session), PYTHON (else .venv/bin/python, else python3),
 #   SITE (/tmp/site), WHEEL_DIR (.whl), BUDGET (seconds for the whole invocation, 480: a stage still running
 #   30 s before its end gets SIGINT, and pytest and benchmark.py report what they have), TESTS_BUDGET (180),
 #   SANITIZE_TESTS (pytest targets, the cases that met an illegal address last), SANITIZE_BUDGET (120),
+#   PROFILE_BUDGET (60; SMOKE=1: 180), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
-#   BENCH_MODELS (comma-separated), BENCH_GRIDS (newline-separated --grid values),
+#   BENCH_MODELS (comma-separated), DECIDE_GRIDS and BENCH_GRIDS (newline-separated --grid values), DETECTORS (the
+#   detector stage's configs, space-separated; upernet_* on toy ADE20K, the others on toy COCO), DETECTOR_ITERS (2),
+#   DETECTOR_BUDGET (seconds per train or test run, 90; 300 with SMOKE=1), THROUGHPUT_DTYPES (bf16,fp16),
+#   THROUGHPUT_BUDGET (150 per set),
 #   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py
 #   options), SMOKE=1 (the same stages on the CPU at tiny settings; tests/test_tools/test_gpu_session.py runs it),
 #   REHEARSAL_VENV (/tmp/visattn_gpu_rehearsal), REHEARSAL_PYTHON (a Python 3.12; else found on PATH or pyenv).
@@ -51,10 +74,8 @@ TESTS_BUDGET="${TESTS_BUDGET:-180}"
 TESTS_MARKS="${TESTS_MARKS-cuda}"
 TEST_WORKERS="${TEST_WORKERS:-8}"
 SMOKE="${SMOKE:-0}"
+declare -A TOY_SIZES  # the toy images of each layout (HEIGHT WIDTH) for the detector stage
 HOST_PINS=requirements/gpu_host.txt
-# What importing visattn_mm needs beyond torch, timm, numpy and opencv: mmengine, and what its import
-# pulls in: addict, yapf (-> platformdirs), termcolor, rich (-> markdown-it-py, mdurl, pygments).
-WHEELS=(mmengine==0.10.7 addict yapf termcolor platformdirs rich markdown-it-py mdurl pygments)
 # The tests the defaults table's rule needs (outputs and every gradient against float64), kernels first.
 KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test_ops/test_triton/test_triton_long_short.py
     tests/test_ops/test_triton/test_triton_pale.py tests/test_ops/test_triton/test_triton_vicinity.py"
@@ -70,29 +91,60 @@ SANITIZE_BUDGET="${SANITIZE_BUDGET:-120}"
 if [[ "$SMOKE" == 1 ]]; then
     DEVICE=cpu
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-t}" --sizes 64x64 --warmup 0 --repeats 1 --threads 1)
-    DEFAULT_GRIDS="batches=1 dtypes=fp32 impls=fast,triton modes=fwd+bwd
-batches=1 dtypes=fp32 impls=math modes=fwd"
+    DECIDE_DEFAULT="batches=1 dtypes=fp32 impls=fast,triton modes=fwd+bwd"
+    BENCH_DEFAULT="batches=1 dtypes=fp32 impls=math modes=fwd"
+    # On the CPU: the demo's Mask R-CNN ViL-T at its own scale and UperNet ViL-T, on small images; no AMP (CPU
+    # autocast is not what --amp runs on a GPU).
+    DETECTORS_DEFAULT="configs/demo/maskrcnn_vil_t_toy.py configs/upernet_vil_t_160k_ade20k.py"
+    TOY_SIZES=([coco]="128 160" [ade20k]="128 128")
+    DETECTOR_BUDGET="${DETECTOR_BUDGET:-300}"
+    AMP=()
+    THROUGHPUT=(--image-size 64x96 --warmup 0 --iters 1 --workers 0 --dtypes fp32)
+    THROUGHPUT_SETS=("configs/maskrcnn_vil_t_1x.py" "configs/upernet_vil_t_160k_ade20k.py")
     # The interpreter runs the kernels (slowly): one candidate, one step.
     TUNE=(--models vil-s --dtypes fp32 --size 32x32 --batch 1 --warps 2 --stages 1 --bias-grad-copies 1 --repeats 1)
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-t}" --batches 1 --size 64x64 --dtype fp32 --warmup 0 --steps 1
+        --profiled-steps 1 --threads 1 --no-floor)
+    : "${PROFILE_BUDGET:=180}"  # a 2-core CPU imports and steps slower than the GPU host
 else
     DEVICE=cuda
     BENCH=(--models "${BENCH_MODELS:-swin-t,r50,vil-s,vil-ls-s,pale-t,vvt-s}" --sizes 800x1333 --warmup 3 --repeats 10)
-    # In order of value: the rows that decide the defaults table (docs/benchmarks.md), then the rest.
-    DEFAULT_GRIDS="batches=8 dtypes=bf16 impls=fast,triton modes=fwd+bwd
-batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd
-batches=8,2 dtypes=fp16 impls=fast,triton modes=fwd+bwd
+    # The rows that decide the defaults table (docs/benchmarks.md), then the rest.
+    DECIDE_DEFAULT="batches=8 dtypes=bf16 impls=fast,triton modes=fwd+bwd
+batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd"
+    BENCH_DEFAULT="batches=8,2 dtypes=fp16 impls=fast,triton modes=fwd+bwd
 batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
 models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
+    # The configs' own pipelines on toy data of their sizes, as users run them on a GPU (--amp: fp16).
+    DETECTORS_DEFAULT="configs/maskrcnn_vil_s_1x.py configs/upernet_vil_s_160k_ade20k.py"
+    TOY_SIZES=([coco]="800 1333" [ade20k]="512 512")
+    AMP=(--amp)
+    THROUGHPUT=(--batch 2 --warmup 2 --iters 5 --dtypes "${THROUGHPUT_DTYPES:-bf16,fp16}")
+    # Each set: its configs, measured against the baseline of their library (mmdet's or mmseg's Swin-T).
+    THROUGHPUT_SETS=("configs/maskrcnn_vil_s_1x.py configs/maskrcnn_vil_ls_s_1x.py configs/maskrcnn_pale_t_1x.py
+        configs/maskrcnn_vvt_s_1x.py" "configs/upernet_vil_s_160k_ade20k.py configs/upernet_vil_ls_s_160k_ade20k.py
+        configs/upernet_pale_t_160k_ade20k.py configs/upernet_vvt_s_160k_ade20k.py")
+    # Few steps: about a minute for 10 cases and the first Triton compilations. No floors: they are counts of the
+    # program, the same on any machine, and their traces take seconds each (profile_step.py --floor-only, here).
+    PROFILE=(--models "${PROFILE_MODELS:-swin-t,vil-s,vil-ls-s,pale-t,vvt-s}" --batches 8,2 --size 800x1333 --warmup 2
+        --steps 3 --profiled-steps 2 --no-floor)
 fi
-BENCH_GRIDS="${BENCH_GRIDS:-$DEFAULT_GRIDS}"
+DECIDE_GRIDS="${DECIDE_GRIDS:-$DECIDE_DEFAULT}"
+BENCH_GRIDS="${BENCH_GRIDS:-$BENCH_DEFAULT}"
+DETECTORS="${DETECTORS:-$DETECTORS_DEFAULT}"
+DETECTOR_ITERS="${DETECTOR_ITERS:-2}"
+DETECTOR_BUDGET="${DETECTOR_BUDGET:-90}"
+THROUGHPUT_BUDGET="${THROUGHPUT_BUDGET:-150}"
+SCRATCH="${SCRATCH:-work_dirs/gpu_session_scratch}"
+PROFILE_BUDGET="${PROFILE_BUDGET:-60}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3
 fi
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$SCRATCH"
 LOG="$OUT/session.log"
 deadline=$((SECONDS + BUDGET))
 
@@ -109,9 +161,7 @@ limited() {
 }
 
 stage_wheels() {
-    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform any -d "$WHEEL_DIR" "${WHEELS[@]}"
+    WHEEL_DIR="$WHEEL_DIR" bash tools/device_wheels.sh
 }
 
 install_wheels() {
@@ -143,8 +193,8 @@ python312() {
     return 2
 }
 
-stage_rehearse() {
-    local venv="${REHEARSAL_VENV:-/tmp/visattn_gpu_rehearsal}" python want status=0
+stage_rehearsal-env() {
+    local venv="${REHEARSAL_VENV:-/tmp/visattn_gpu_rehearsal}" python want
     python="$(python312)" || return
     want="$(cat "$HOST_PINS" <("$python" --version) | sha256sum | cut -d' ' -f1)"
     if ! grep -qx "$want" "$venv/.gpu_host" 2>/dev/null; then
@@ -153,8 +203,23 @@ stage_rehearse() {
         "$python" -m venv "$venv" && "$venv/bin/python" -m pip install -q -r "$HOST_PINS" || return
         echo "$want" > "$venv/.gpu_host"
     fi
-    local wheels=("$WHEEL_DIR"/*.whl)
-    [[ -e "${wheels[0]}" ]] || PY="$venv/bin/python" stage_wheels || return
+}
+
+stage_rehearse() {
+    local venv="${REHEARSAL_VENV:-/tmp/visattn_gpu_rehearsal}" status=0
+    stage_rehearsal-env || return
+    local wheels=("$WHEEL_DIR"/mmcv-*.whl)
+    [[ -e "${wheels[0]}" ]] || HOST_PYTHON="$venv/bin/python" stage_wheels || return
+    # The carried mmcv's compiled ops against the host's torch (their CUDA part loads without a GPU).
+    ( SITE="$venv/site" PY="$venv/bin/python" install_wheels >/dev/null && "$venv/bin/python" -c 'import mmcv, torch
+from mmcv.ops import get_compiling_cuda_version, nms
+built = get_compiling_cuda_version()
+assert built == torch.version.cuda, f"mmcv ops built with CUDA {built}, torch has {torch.version.cuda}"
+boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]], dtype=torch.float32)
+kept = nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5)[1]
+assert kept.tolist() == [0, 2], kept
+print(f"rehearse: mmcv {mmcv.__version__} ops import against torch {torch.__version__} (CUDA ops built with {built})")'
+    ) || return
     # The device call itself, on the CPU: the same wheels into a site of its own, every default stage.
     # Its tests stage runs every test of those files that needs no mmdet, the kernels' interpreter tests
     # included (TESTS_MARKS=''), under the host's Triton.
@@ -208,6 +273,23 @@ stage_tests() {
         ${TESTS_MARKS:+-m "$TESTS_MARKS"} -q -rfE --durations=20 --junitxml="$OUT/tests.xml" $TESTS
 }
 
+stage_profile() {
+    # Its files stay out of $OUT (at most 7 files come back): the tables are printed, the CSV follows them.
+    local dir status
+    dir="$(mktemp -d)"
+    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+    CAP=$PROFILE_BUDGET limited "$PY" tools/analysis/profile_step.py --device "$DEVICE" "${PROFILE[@]}" \
+        --out-dir "$dir" ${PROFILE_ARGS:-}
+    status=$?
+    if [[ -f "$dir/profile_step.csv" ]]; then
+        echo "--- profile_step.csv"
+        cat "$dir/profile_step.csv"
+        echo "--- end profile_step.csv"
+    fi
+    rm -rf "$dir"
+    return "$status"
+}
+
 stage_sanitize() {
     # On PATH, or in the CUDA toolkit's bin/ (the GPU host's image has it there, not always on PATH).
     local sanitizer
@@ -221,12 +303,57 @@ stage_sanitize() {
         -p no:cacheprovider -p no:xdist -q -x -rfE $SANITIZE_TESTS
 }
 
-stage_bench() {
-    local grids=() grid
-    while IFS= read -r grid; do [[ -n "$grid" ]] && grids+=(--grid "$grid"); done <<< "$BENCH_GRIDS"
+# benchmark.py over the grids $1 (newline-separated); its CSV and ratio table as $OUT/$2.csv and $OUT/$2.md.
+run_benchmark() {
+    local grids=() grid status
+    while IFS= read -r grid; do [[ -n "$grid" ]] && grids+=(--grid "$grid"); done <<< "$1"
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
     limited "$PY" tools/analysis/benchmark.py --device "$DEVICE" "${BENCH[@]}" "${grids[@]}" \
-        --out-dir "$OUT" --no-plot ${BENCH_ARGS:-}
+        --out-dir "$SCRATCH/$2" --no-plot ${BENCH_ARGS:-} | tee "$SCRATCH/$2.log"
+    status=${PIPESTATUS[0]}
+    cp "$SCRATCH/$2/benchmark.csv" "$OUT/$2.csv" 2>/dev/null
+    grep '^|' "$SCRATCH/$2.log" > "$OUT/$2.md"
+    return "$status"
+}
+
+stage_decide() { run_benchmark "$DECIDE_GRIDS" decide; }
+
+stage_bench() { run_benchmark "$BENCH_GRIDS" benchmark; }
+
+# tools/make_toy_data.py writes each config pointed at toy data of its size as a short run; tools/train.py
+# trains it (--amp on the GPU), tools/test.py evaluates the checkpoint it wrote. Each run within DETECTOR_BUDGET.
+stage_detector() {
+    local config name layout data toy work status=0
+    for config in $DETECTORS; do
+        name="$(basename "$config" .py)"
+        layout=coco
+        [[ "$name" != upernet* ]] || layout=ade20k
+        data="$SCRATCH/toy_${layout}_${TOY_SIZES[$layout]// /x}"
+        work="$SCRATCH/$name"
+        echo "--- $name: tools/train.py ${AMP[*]} for $DETECTOR_ITERS iterations, then tools/test.py"
+        # shellcheck disable=SC2086  # the size is two words
+        "$PY" tools/make_toy_data.py "$layout" "$data" --num-train 4 --num-val 2 --image-size ${TOY_SIZES[$layout]} \
+            --config "$config" --iters "$DETECTOR_ITERS" || { status=1; continue; }
+        toy="$data/${name}_toy.py"
+        rm -rf "$work"
+        CAP=$DETECTOR_BUDGET limited "$PY" tools/train.py "$toy" --work-dir "$work/train" "${AMP[@]}" \
+            || { status=1; continue; }
+        CAP=$DETECTOR_BUDGET limited "$PY" tools/test.py "$toy" "$work/train/iter_$DETECTOR_ITERS.pth" \
+            --work-dir "$work/test" || status=1
+    done
+    return "$status"
+}
+
+stage_throughput() {
+    local set detector status=0
+    for set in "${THROUGHPUT_SETS[@]}"; do
+        detector="$(basename "${set%% *}" | cut -d_ -f1)"  # maskrcnn, upernet: throughput_<detector>.csv
+        # shellcheck disable=SC2086  # a set is a list of configs
+        CAP=$THROUGHPUT_BUDGET limited "$PY" tools/analysis/train_throughput.py $set "${THROUGHPUT[@]}" \
+            --out-dir "$SCRATCH/throughput_$detector" || status=$?
+        cp "$SCRATCH/throughput_$detector/train_throughput.csv" "$OUT/throughput_$detector.csv" 2>/dev/null
+    done
+    return "$status"
 }
 
 stage_compile() {
@@ -241,19 +368,29 @@ stage_tune() {
       limited "$PY" tools/analysis/triton_tuning.py --device "$DEVICE" "${TUNE[@]}" --out-dir "$OUT" ${TUNE_ARGS:-} )
 }
 
+# A device call brings back at most 8 files: past 7 in $OUT, all but session.log and summary.txt go into one archive.
+pack_results() {
+    local files
+    mapfile -t files < <(cd "$OUT" && find . -type f ! -name session.log ! -name summary.txt ! -name results.tar.gz)
+    ((${#files[@]} + 2 > 7)) || return 0
+    (cd "$OUT" && tar -czf results.tar.gz "${files[@]}" && rm -f "${files[@]}" && find . -mindepth 1 -type d -empty -delete)
+    echo "packed ${#files[@]} files into $OUT/results.tar.gz (a device call brings back at most 8)" | tee -a "$LOG"
+}
+
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests sanitize bench compile tune)
+((${#stages[@]})) || stages=(setup tests profile sanitize decide detector throughput bench compile tune)
+known=(wheels rehearsal-env rehearse setup tests profile sanitize decide detector throughput bench compile tune)
 for stage in "${stages[@]}"; do
-    if [[ ! "$stage" =~ ^(wheels|rehearse|setup|tests|sanitize|bench|compile|tune)$ ]]; then
-        echo "unknown stage '$stage': use wheels, rehearse, setup, tests, sanitize, bench, compile, tune" >&2
+    if [[ ! " ${known[*]} " =~ \ $stage\  ]]; then
+        echo "unknown stage '$stage': use ${known[*]}" >&2
         exit 2
     fi
 done
 : > "$LOG"
 # Every invocation that runs on the host installs the wheels first (a bare machine needs them).
-if [[ ! " ${stages[*]} " =~ \ (wheels|rehearse)\  ]]; then
+if [[ ! " ${stages[*]} " =~ \ (wheels|rehearsal-env|rehearse)\  ]]; then
     echo "=== install (at $SECONDS s)" | tee -a "$LOG"
     install_wheels > >(tee -a "$LOG") 2>&1  # not in a pipe: its PYTHONPATH must stay
 fi
@@ -261,16 +398,14 @@ summary=""
 first_failure=0
 for stage in "${stages[@]}"; do
     echo "=== $stage (at $SECONDS s)" | tee -a "$LOG"
-    begin=$(wc -l < "$LOG")
     "stage_$stage" 2>&1 | tee -a "$LOG"
     status=${PIPESTATUS[0]}
-    # The ratio table benchmark.py prints (interrupted runs print one too).
-    [[ "$stage" == bench ]] && tail -n +"$((begin + 1))" "$LOG" | grep '^|' > "$OUT/benchmark.md"
     if ((status == 0)); then summary+="$stage ok, "
     elif ((status == 124)); then summary+="$stage STOPPED: BUDGET=$BUDGET s reached, "
     else summary+="$stage FAILED (exit $status), "
     fi
     ((status == 0 || first_failure)) || first_failure=$status
 done
+pack_results
 echo "gpu_session: ${summary%, } in $SECONDS s (log: $LOG)" | tee "$OUT/summary.txt"
 exit "$first_failure"

@@ -33,7 +33,11 @@ The command line is ``tools/make_toy_data.py`` (:func:`main`)::
     python tools/make_toy_data.py coco data/toy_coco_det --image-size 800 1333 --num-train 16 --num-val 2
 
 :func:`use_toy_data` points an mmdet or mmseg config at such a dataset, keeping
-its pipelines, model and schedule.
+its pipelines, model and schedule; :func:`write_toy_config` (``--config``) writes the result as a
+config file that ``tools/train.py`` and ``tools/test.py`` run unchanged::
+
+    python tools/make_toy_data.py coco data/toy_coco_det --image-size 800 1333 --num-train 8 --num-val 4 \
+        --config configs/maskrcnn_vil_s_1x.py --iters 2   # writes data/toy_coco_det/maskrcnn_vil_s_1x_toy.py
 """
 
 from __future__ import annotations
@@ -445,6 +449,41 @@ def use_toy_data(cfg, data_root: str | Path) -> None:
         head['num_classes'] = len(classes)
 
 
+def write_toy_config(config: str | Path, data_root: str | Path, iters: int | None = None) -> Path:
+    """Write ``config`` pointed at the toy dataset ``data_root`` (:func:`use_toy_data`) as one file.
+
+    The file is the config with its bases resolved (mmengine's dump), so it runs anywhere the config
+    runs: e.g. a real config at its real input size on toy data, before COCO or ADE20K is at hand.
+
+    Args:
+        config: An mmdet or mmseg config file (``mmdet::`` / ``mmseg::`` names too).
+        data_root: The dataset's directory; the config is written there.
+        iters (int, optional): Make it a short run: ``iters`` training iterations, then validation and
+            a checkpoint (``iter_<iters>.pth``); no ImageNet weights and no learning-rate schedule; every
+            detection kept at test time, so that an untrained model still has metrics.
+
+    Returns:
+        Path: ``<data_root>/<config name>_toy.py``.
+    """
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(str(config))
+    use_toy_data(cfg, data_root)
+    if iters is not None:
+        cfg.model.backbone.init_cfg = None
+        cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=iters)
+        cfg.param_scheduler = []
+        cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=iters)
+        cfg.log_processor = dict(by_epoch=False)
+        test_cfg = cfg.model.get('test_cfg') or {}
+        for thresholds in (test_cfg, test_cfg.get('rcnn') or {}):
+            if 'score_thr' in thresholds:
+                thresholds['score_thr'] = 0.0
+    path = Path(data_root) / f'{Path(str(config).split("::")[-1]).stem}_toy.py'
+    cfg.dump(str(path))
+    return path
+
+
 # --------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------
@@ -467,6 +506,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         '--num-classes', type=int, default=len(ADE_CLASSES), help='ade20k only: number of foreground classes'
     )
     parser.add_argument('--force', action='store_true', help='regenerate even if the manifest matches')
+    parser.add_argument(
+        '--config',
+        action='append',
+        default=[],
+        help='also write this mmdet (coco) or mmseg (ade20k) config pointed at the dataset, as '
+        '<out_dir>/<name>_toy.py (repeatable)',
+    )
+    parser.add_argument(
+        '--iters', type=int, default=None, help='with --config: a short run of this many iterations (write_toy_config)'
+    )
     return parser.parse_args(argv)
 
 
@@ -485,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         out = make_ade20k_layout(args.out_dir, num_classes=args.num_classes, **kwargs)
     print(f'toy {args.kind} dataset ready at {out}')
+    for config in args.config:
+        print(f'{config} on it: {write_toy_config(config, out, iters=args.iters)}')
 
 
 if __name__ == '__main__':

@@ -6,8 +6,8 @@
 # `model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))`;
 # RetinaNet also sets out_indices=(1, 2, 3) and takes dims[1:].
 # Per size (ViL paper Table 10, upper ends): drop path 0.1 (T), 0.2 (S), 0.3 (M, B); Base
-# uses lr 8e-5. The ViL paper has no segmentation recipe: UperNet uses the shared ADE20K recipe
-# with these drop-path values.
+# uses lr 8e-5 (`det_optim_wrapper` below). The ViL paper has no segmentation recipe: UperNet uses
+# the shared ADE20K recipe with these drop-path values.
 # ViL-LS has no paper dense-prediction numbers or recipe (the Transformer-LS paper leaves dense
 # prediction to future work, Sec. 5): it uses ViL's recipe for the same size (drop path,
 # gradient clipping, schedules).
@@ -54,4 +54,15 @@ ls_sizes = {
         ),
     )
     for size, vil in sizes.items()
+}
+# The detection optimiser per detector and size, over the schedule bases' AdamW: gradient clipping
+# at global norm 0.5 for Mask R-CNN (the official detectron2 Mask R-CNN configs) and 1 for RetinaNet
+# (ViL paper Table 10), and Base's lr 8e-5 (Table 10); ViL-LS takes ViL's. A final detection config
+# takes its own: `optim_wrapper = _base_.det_optim_wrapper.maskrcnn.s`.
+det_optim_wrapper = {
+    detector: {
+        size: dict(clip_grad=dict(max_norm=max_norm, norm_type=2), **optimizer)
+        for size, optimizer in [('t', {}), ('s', {}), ('m', {}), ('b', dict(optimizer=dict(lr=8e-5)))]
+    }
+    for detector, max_norm in [('maskrcnn', 0.5), ('retinanet', 1.0)]
 }

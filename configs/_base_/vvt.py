@@ -3,7 +3,8 @@
 # docs/backbones.md#official-checkpoint-layouts). Final configs take a size of `sizes` below:
 # `model = dict(backbone=_base_.sizes.s.backbone, neck=dict(in_channels=_base_.sizes.s.dims))`.
 # The VVT paper publishes no dense-prediction drop path or detection recipe: drop path 0.1 (T),
-# 0.2 (S), 0.3 (M, L) and, for detection, gradient clipping at 1.0 are our choices.
+# 0.2 (S), 0.3 (M, L) and, for detection, gradient clipping at 1.0 (`det_optim_wrapper` below)
+# are our choices.
 # The official VVT ImageNet release (`model` container) loads as is.
 vvt_backbone = dict(
     _delete_=True,
@@ -31,4 +32,11 @@ sizes = {
         dims=[96, 160, 320, 512],
     )
     for size, arch, drop_path in [('t', 'tiny', 0.1), ('s', 'small', 0.2), ('m', 'medium', 0.3), ('l', 'large', 0.3)]
+}
+# The detection optimiser per detector and size, over the schedule bases' AdamW: gradient clipping
+# at global norm 1 for both detectors and every size (our choice, above). A final detection config
+# takes its own: `optim_wrapper = _base_.det_optim_wrapper.maskrcnn.s`.
+det_optim_wrapper = {
+    detector: {size: dict(clip_grad=dict(max_norm=1.0, norm_type=2)) for size in sizes}
+    for detector in ('maskrcnn', 'retinanet')
 }

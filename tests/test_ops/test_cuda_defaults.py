@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os.path as osp
 import shutil
 import sys
 import warnings
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
+from paths import ROOT
 from visattn_mm.collect_env import attention_paths
 from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
@@ -290,6 +292,23 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert markdown[0].startswith('| model | path | batch | time (ms) | x Swin-T |')
     assert len(markdown) == 2 + 2 + len(times)
     assert '| vil-s | triton | 8 | 150.0 | 1.5 | 2000 | 2 |  |  |' in markdown
+
+
+def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
+    """The device calls on record (``DECIDING_CALLS`` in ``results/``) give, through the tool, the table's measured
+    rows as they stand and the bf16 rows of docs/benchmarks.md's H200 table: neither was written by hand, and
+    moving or editing the calls' files breaks this."""
+    calls = [osp.join(defaults_tool.RESULTS_DIR, call) for call in defaults_tool.DECIDING_CALLS]
+    assert all(osp.isdir(call) for call in calls), calls
+    measured_on = cuda_defaults.MEASURED_ON
+    rows, _ = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
+    assert tuple(rows) == cuda_defaults.MEASURED
+    page = (ROOT / 'docs' / 'benchmarks.md').read_text()
+    table = defaults_tool.gpu_table(calls, predict=False).splitlines()[2:]
+    assert len(table) >= 2 * len(defaults_tool.BATCHES) * len(cuda_defaults.OPS)
+    for line in table:
+        measured = line.rsplit('|', 3)[0]  # the tracer's two columns left out
+        assert measured in page, f'docs/benchmarks.md lacks the row {line}'
 
 
 def test_tool_predicts_peaks_with_the_tracer(monkeypatch):

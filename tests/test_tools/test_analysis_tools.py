@@ -300,6 +300,26 @@ def test_model_fingerprint_comparison_reports_every_kind_of_change():
         assert expected in problems
 
 
+def test_config_dump_comparison_names_every_changed_key():
+    dump = _load('config_dump')
+    cfg = dict(optim_wrapper=dict(optimizer=dict(lr=8e-5), clip_grad=dict(max_norm=0.5)), scales=[(1333, 800)])
+    before = {'a.py': cfg, 'gone.py': cfg}
+    assert dump.compare(before, {'a.py': cfg, 'gone.py': cfg}) == ([], [])
+    changed = dict(optim_wrapper=dict(optimizer=dict(lr=1e-4)), scales=[[1333, 800]], table={})
+    problems, notes = dump.compare(before, {'a.py': changed, 'new.py': cfg})
+    assert problems == [
+        'a.py: optim_wrapper.optimizer.lr: 8e-05 -> 0.0001',
+        'a.py: optim_wrapper.clip_grad: only before',
+        'a.py: scales[0]: (1333, 800) -> [1333, 800]',
+        'a.py: table: only after',
+        'gone.py: only in before',
+        'new.py: only in after',
+    ]
+    assert notes == []
+    problems, notes = dump.compare({'a.py': cfg}, {'a.py': dict(cfg, table={})}, new_tables=['table'])
+    assert (problems, notes) == ([], ["new table 'table' in 1 configs"])
+
+
 def test_model_fingerprint_comparison_accepts_only_the_documented_renaming():
     """Keys and load reports of the numbered layout compare equal under the renaming the backbone
     documents (VVT: norm{n} into the stage; Pale: norm{n} -> norm{n-1}), and only under it."""

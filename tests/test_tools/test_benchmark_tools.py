@@ -353,6 +353,25 @@ def test_swin_t_baseline_is_prepared_for_toy_data(tmp_path):
     assert (cfg.optim_wrapper.type, cfg.optim_wrapper.dtype) == ('AmpOptimWrapper', 'float16')
 
 
+def test_upernet_swin_t_baseline_is_prepared_for_toy_ade20k(tmp_path):
+    """mmseg configs are measured against mmseg's own UperNet Swin-T, on the ADE20K layout."""
+    assert train_throughput.library_of(['configs/upernet_vil_t_160k_ade20k.py']) == 'mmseg'
+    cfg = train_throughput.load_config(train_throughput.BASELINES['mmseg'])
+    args = train_throughput.parse_args(['x.py', '--batch', '2', '--dtypes', 'fp32'])
+    train_throughput.prepare_config(cfg, tmp_path / 'toy', 'fp32', args, str(tmp_path / 'work'))
+    assert cfg.model.backbone.type == 'SwinTransformer' and cfg.model.backbone.init_cfg is None
+    assert cfg.model.decode_head.num_classes == cfg.model.auxiliary_head.num_classes == len(toy.ADE_CLASSES)
+    assert cfg.train_dataloader.dataset.data_root == f'{tmp_path}/toy/'
+
+
+def test_train_throughput_refuses_configs_of_two_libraries():
+    with pytest.raises(SystemExit, match='one library per run') as error:
+        train_throughput.library_of(['configs/maskrcnn_vil_t_1x.py', 'configs/upernet_vil_t_160k_ade20k.py'])
+    assert 'maskrcnn_vil_t_1x.py: mmdet' in str(error.value) and 'upernet_vil_t_160k_ade20k.py: mmseg' in str(
+        error.value
+    )
+
+
 def test_train_throughput_end_to_end(tmp_path):
     """Two tiny detectors (a cheap stand-in for the Swin-T baseline), 1 + 1 iterations each."""
     data = toy.make_coco_instances(tmp_path / 'toy', num_train=4, num_val=1, image_size=(64, 96))

@@ -2,7 +2,8 @@
 table of docs/benchmarks.md.
 
 Reads what device calls of ``tools/gpu_session.sh`` bring back (``SESSION ...``: their ``$OUT`` folders,
-in the order they ran): ``benchmark.csv`` (the bench stage; a later call's row replaces an earlier one's),
+in the order they ran): ``decide.csv`` and ``benchmark.csv`` (the decide and bench stages; a later call's row
+replaces an earlier one's; a call whose files came back packed: unpack its ``results.tar.gz`` there first),
 ``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
 ``session.log`` (the GPU and the versions, from the first call that reported them). For each op of
@@ -21,7 +22,7 @@ table: per model, path and batch, time and peak memory x Swin-T, with the step-c
 predicted peak (``visattn_mm.analysis.step_cost``, CUDA emulated on the CPU) beside the measured
 one (``--no-predict`` leaves the tracing out).
 
-Example (after two device calls whose files came back to DIR1 and DIR2)::
+Example (after two device calls whose files came back to DIR1 and DIR2, kept in ``results/``)::
 
     .venv/bin/python tools/analysis/cuda_defaults.py DIR1 DIR2 --commit 3cb5f65 --date 2026-11-26 --write
 """
@@ -42,6 +43,11 @@ from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
+#: Where the device calls' files are kept, one folder per call (``gpu_DATE/callN``; results/README.md).
+RESULTS_DIR = osp.join(ROOT, 'results')
+#: The device calls whose files decided the table's measured rows, in the order they ran (folders of
+#: :data:`RESULTS_DIR`): a ``--write`` from other calls lists those here (a test runs the tool on these).
+DECIDING_CALLS = ('gpu_2026-11-26/call3', 'gpu_2026-11-26/call5', 'gpu_2026-11-27/call1', 'gpu_2026-11-27/call2')
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
 ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests'
 SIZE = (800, 1333)
@@ -60,8 +66,7 @@ def read_benchmark(sessions):
     """``{(model, impl, dtype, batch): row}`` of the forward + backward rows at :data:`SIZE` that ran, over
     ``sessions`` in order (a later row replaces an earlier one)."""
     found = {}
-    for session in sessions:
-        path = osp.join(session, 'benchmark.csv')
+    for path in (osp.join(session, name) for session in sessions for name in ('decide.csv', 'benchmark.csv')):
         if not osp.exists(path):
             continue
         with open(path, newline='') as file:

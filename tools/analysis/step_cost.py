@@ -20,7 +20,10 @@ two-stage detector's RoI heads need proposals from NMS, which fake tensors canno
 they are left out, and the row says so in ``parts``.
 
 Writes ``<out-dir>/step_cost.csv`` (one row per model and path), ``step_cost_classes.csv``
-(per op class) and ``step_cost_ops.csv`` (per op), and prints a markdown table.
+(per op class) and ``step_cost_ops.csv`` (per op), and prints a markdown table. ``--estimate H100``
+(or another fitted GPU kind) adds ``est_ms``, the step time estimated from the counts
+(``visattn_mm.analysis.step_time``): an estimate to rank changes between device calls, never a
+measurement.
 
 Example (the table of docs/benchmarks.md)::
 
@@ -38,6 +41,7 @@ import _bench_common as common
 import benchmark
 import torch
 
+from visattn_mm.analysis import step_time_rates
 from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
 from visattn_mm.models import FAMILIES
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
@@ -80,6 +84,7 @@ COLUMNS = (
     'moved_gb_vs_baseline',
     'launched_vs_baseline',
     'trace_s',
+    'est_ms',
 )
 CLASS_COLUMNS = ('model', 'impl', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
 OP_COLUMNS = ('model', 'impl', 'op', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
@@ -188,6 +193,7 @@ def trace_rows(name, model, forward, parts, impls, args, batch, size, baseline=N
                 saved_gb=_gb(summary['bytes_saved']),
                 tflops=summary['flops'] / 1e12,
                 trace_s=time.perf_counter() - begin,
+                est_ms=estimate_step_ms(cost, args.dtype, args.estimate, name) if args.estimate else None,
             )
         )
         for key, table, items in (('op_class', class_rows, cost.by_class().items()), ('op', op_rows, cost.ops.items())):
@@ -213,6 +219,18 @@ def trace_rows(name, model, forward, parts, impls, args, batch, size, baseline=N
             flush=True,
         )
     return rows, class_rows, op_rows
+
+
+def estimate_step_ms(cost, dtype, gpu, name):
+    """The step's estimated time on ``gpu`` (``visattn_mm.analysis.step_time``): an estimate, not a
+    measurement; None (and a note) where a term of the step has no fitted cost."""
+    from visattn_mm.analysis import step_time, step_time_rates
+
+    try:
+        return step_time.estimate_ms(step_time.step_terms(cost, dtype), step_time_rates.COSTS[gpu])
+    except KeyError as missing:
+        print(f'{name}: no estimate: {missing}', flush=True)
+        return None
 
 
 def add_ratios(rows):
@@ -262,6 +280,12 @@ def parse_args(argv=None):
         default='cuda',
         choices=('cuda', 'cpu'),
         help="whose dispatch decisions the step takes: CUDA's (emulated) or the CPU's",
+    )
+    parser.add_argument(
+        '--estimate',
+        choices=list(step_time_rates.COSTS),
+        help='add est_ms: the step time on this GPU kind estimated from the counts (an estimate, never a '
+        'measurement: see tools/analysis/step_time_calibration.py)',
     )
     parser.add_argument('--out-dir', default='work_dirs/step_cost')
     args = parser.parse_args(argv)
@@ -324,6 +348,14 @@ def main(argv=None):
         shown = [
             c for c in shown if c not in ('batch', 'height', 'width', 'baseline') and not c.endswith('_vs_baseline')
         ]
+    if args.estimate:
+        print(
+            f'est_ms: ESTIMATED {args.estimate} step time from these counts, costs fitted at '
+            f'{step_time_rates.FITTED_AT} on {", ".join(step_time_rates.FITTED_ON[args.estimate])}; '
+            'an estimate to rank changes, not a measurement\n'
+        )
+    else:
+        shown.remove('est_ms')
     print(common.format_table(rows, shown))
     for file_name, table, columns in (
         ('step_cost.csv', rows, COLUMNS),

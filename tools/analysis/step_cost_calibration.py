@@ -1,6 +1,6 @@
 """The step-cost tracer against an H100: traced peaks next to the peaks measured there.
 
-The H100 figures are measured facts (``docs/benchmarks.md``, "Measured on an H100"):
+The H100 figures are measured facts (``docs/benchmarks_history.md``, "Step-cost calibration against an H100"):
 forward + backward, batch 8, 800x1333, bf16 autocast, ``max_memory_allocated`` above the
 memory before the call, with our backbones as they were at commit ``MEASURED_AT``. So
 the baselines are traced as they are (their code is the pinned timm's and mmdet's),

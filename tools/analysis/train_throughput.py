@@ -1,11 +1,13 @@
-"""Training throughput: images/s and peak memory of real configs on toy data, against mmdet's Swin-T.
+"""Training throughput: images/s and peak memory of real configs on toy data, against mmdet's or mmseg's Swin-T.
 
-Each config, and the baseline (mmdet's own Mask R-CNN Swin-T config unless
-``--baseline`` names another), trains ``--warmup + --iters`` iterations in this
-process with mmengine's Runner, as ``tools/train.py`` runs it, on a toy COCO
-dataset of ``--image-size`` images (``tools/make_toy_data.py``, written to
-``<out-dir>/toy_coco_<H>x<W>`` unless ``--data-root`` gives one). The config's
-pipeline, model and optimiser are kept; only the data (``use_toy_data``: 3
+Each config, and the baseline (unless ``--baseline`` names another: mmdet's own
+Mask R-CNN Swin-T config for detection configs, mmseg's own UperNet Swin-T config
+for segmentation ones), trains ``--warmup + --iters`` iterations in this process
+with mmengine's Runner, as ``tools/train.py`` runs it, on a toy dataset of
+``--image-size`` images (``tools/make_toy_data.py``: COCO for mmdet configs,
+ADE20K for mmseg ones, written to ``<out-dir>/toy_<layout>_<H>x<W>`` unless
+``--data-root`` gives one). The configs measured together are of one library. The config's
+pipeline, model and optimiser are kept; only the data (``use_toy_data``: 3 or 4
 classes), the loop (iterations, no validation, no checkpoints), the ImageNet
 weights (none: they change neither time nor memory) and, per ``--dtypes``, the
 optimiser wrapper (``fp16`` / ``bf16``: ``AmpOptimWrapper`` as ``--amp`` sets it)
@@ -23,10 +25,11 @@ change.
 Ratios divide by the baseline's row of the same dtype. Writes
 ``<out-dir>/train_throughput.csv`` and prints a markdown table.
 
-Example (a GPU; the command of docs/benchmarks.md)::
+Examples (a GPU; the commands of docs/benchmarks.md)::
 
     python tools/analysis/train_throughput.py configs/maskrcnn_vil_s_1x.py \\
         configs/maskrcnn_pale_t_1x.py --batch 2 --dtypes fp32,fp16 --iters 20
+    python tools/analysis/train_throughput.py configs/upernet_vil_s_160k_ade20k.py --batch 2 --dtypes bf16
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ from visattn_mm import cli
 from visattn_mm import toy_data as toy
 
 SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
+#: The baseline of each library's configs (``default_scope``), and the toy layout its configs train on.
+BASELINES = dict(
+    mmdet=SWIN_T_CONFIG, mmseg='mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
+)
+TOY_LAYOUTS = dict(mmdet='coco', mmseg='ade20k')
 AMP_DTYPES = dict(fp16='float16', bf16='bfloat16')
 COLUMNS = (
     'config',
@@ -101,16 +109,29 @@ def load_config(name):
     return Config.fromfile(name)
 
 
+def library_of(names):
+    """The ``default_scope`` (``'mmdet'`` or ``'mmseg'``) that the configs ``names`` share.
+
+    Raises:
+        SystemExit: For configs of another library, or of both.
+    """
+    scopes = {name: load_config(name).get('default_scope') for name in names}
+    found = set(scopes.values())
+    if len(found) != 1 or not found <= set(BASELINES):
+        listed = ', '.join(f'{name}: {scope}' for name, scope in scopes.items())
+        raise SystemExit(
+            f'train_throughput.py measures mmdet configs or mmseg configs, one library per run ({listed}); '
+            'run it once per library'
+        )
+    return found.pop()
+
+
 def config_label(name):
     return osp.splitext(osp.basename(name.split('::')[-1]))[0]
 
 
 def prepare_config(cfg, data_root, dtype, args, work_dir):
     """``cfg`` set up for one throughput run (see the module doc), in place."""
-    if cfg.get('default_scope') != 'mmdet':
-        raise SystemExit(
-            f'{cfg.filename}: train_throughput.py measures detection configs (default_scope=\'mmdet\') on toy COCO data'
-        )
     toy.use_toy_data(cfg, data_root)
     cfg.model.backbone.init_cfg = None
     loader = cfg.train_dataloader
@@ -175,10 +196,16 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('configs', nargs='+', help='mmdet config files to measure')
     parser.add_argument(
-        '--baseline', default=SWIN_T_CONFIG, help=f'config the ratios refer to (default: {SWIN_T_CONFIG})'
+        '--baseline',
+        default=None,
+        help='config the ratios refer to (default: the Swin-T config of the configs\' library: '
+        + ', '.join(f'{scope}: {name}' for scope, name in BASELINES.items())
+        + ')',
     )
     parser.add_argument('--image-size', default='800x1333', help='HEIGHTxWIDTH of the toy images')
-    parser.add_argument('--data-root', default=None, help='toy COCO dataset to use (default: made in the out dir)')
+    parser.add_argument(
+        '--data-root', default=None, help='toy COCO or ADE20K dataset to use (default: made in the out dir)'
+    )
     parser.add_argument('--batch', type=int, default=2, help='images per iteration')
     parser.add_argument('--dtypes', default='fp32', help='fp32, fp16, bf16 (the last two: AMP, GPU only)')
     parser.add_argument('--warmup', type=int, default=3)
@@ -205,18 +232,25 @@ def main(argv=None):
     machine = common.machine_description(device)
     print(machine, flush=True)
     cli.import_plugin()
+    scope = library_of(args.configs + ([args.baseline] if args.baseline else []))
+    args.baseline = args.baseline or BASELINES[scope]
     height, width = args.image_size
-    data_root = args.data_root or toy.make_coco_instances(
-        osp.join(args.out_dir, f'toy_coco_{height}x{width}'),
+    make = toy.make_coco_instances if scope == 'mmdet' else toy.make_ade20k_layout
+    data_root = args.data_root or make(
+        osp.join(args.out_dir, f'toy_{TOY_LAYOUTS[scope]}_{height}x{width}'),
         num_train=max(8, 2 * args.batch),
         num_val=1,
         image_size=(height, width),
     )
-    rows = [
-        run_case(name, dtype, data_root, args, device, meter)
-        for dtype in args.dtypes
-        for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]
-    ]
+    rows = []
+    interrupted = False
+    try:
+        for dtype in args.dtypes:
+            for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]:
+                rows.append(run_case(name, dtype, data_root, args, device, meter))
+    except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
+        interrupted = True
+        print(f'\n[train_throughput] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
     common.add_ratio_columns(
         rows, 'baseline', ('dtype', 'batch', 'height', 'width'), ('images_per_s', 'peak_mem_mib'), name_key='role'
     )
@@ -228,6 +262,8 @@ def main(argv=None):
     csv_path = osp.join(args.out_dir, 'train_throughput.csv')
     common.write_csv(rows, COLUMNS, csv_path)
     print(f'\nwrote {csv_path}')
+    if interrupted:
+        raise SystemExit('[train_throughput] interrupted before all cases were measured')
     return rows
 
 

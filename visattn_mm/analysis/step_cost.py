@@ -41,6 +41,7 @@ The tensors are CPU ones; the GPU's dispatch decisions are emulated
 
 Counting is exact for the program the step runs; time is not counted (kernel
 efficiency and host overhead are the device's: measure them on a GPU).
+:mod:`visattn_mm.analysis.step_time` turns the counts into an estimate, fitted to measured steps.
 ``docs/benchmarks.md`` holds the calibration against an H100's measured peaks.
 """
 

@@ -146,7 +146,16 @@ def unwrap_state_dict(checkpoint):
     Raises:
         ValueError: If no state_dict of tensors is found.
     """
-    state_dict, container = find_state_dict(checkpoint)
+    return backbone_tensors(*find_state_dict(checkpoint))
+
+
+def backbone_tensors(state_dict, container):
+    """``(state_dict, container)`` of a backbone: where keys start with ``backbone.``, only those, unprefixed.
+
+    Args:
+        state_dict (dict): Tensors as :func:`find_state_dict` returns them.
+        container (str): Where they were found; ``'+backbone.'`` is added when the prefix is taken off.
+    """
     if any(k.startswith('backbone.') for k in state_dict):
         state_dict = {k[len('backbone.') :]: v for k, v in state_dict.items() if k.startswith('backbone.')}
         container += '+backbone.'

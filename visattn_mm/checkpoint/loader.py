@@ -1,14 +1,26 @@
-"""Load a pretrained checkpoint into a backbone and say exactly what happened.
+"""Every checkpoint load in one straight line: read -> unwrap -> adapt -> match -> load and report.
 
-The path every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` of our
-backbones takes: read (``formats.read_checkpoint``), unwrap, let the model's
-``checkpoint_filter`` convert an official layout, resize position tables (the
-model's :class:`~.protocol.CheckpointProtocol`, which its load pre-hooks also run, so
-``load_from``, resume and plain ``load_state_dict`` resize the same way), drop
-tensors whose shapes cannot fit, ``load_state_dict``, report, and refuse a load
-that matched too little. Whole-model loads (:mod:`.policy`) share the reading
-(:func:`read_pretrained`), the matching (:func:`match_state_dict`), the loading
-(:func:`load_matched`) and the report.
+:func:`load_checkpoint` runs the stages below for a model under a policy (:mod:`.policy`: the
+rules of ``init_cfg``, ``load_from``, evaluation and ``--resume``), which it consults twice, once
+to choose and once to judge the finished report:
+
+1. read: a path through :func:`~.formats.read_checkpoint` (an object already read passes as is);
+2. unwrap: the tensors in their container (:func:`~.formats.find_state_dict`: ``net``,
+   ``model``, ``state_dict``, ...; ``module.`` stripped); a file without them is refused;
+3. the policy **chooses** a :class:`LoadPlan`: the module that takes the tensors (the model, or
+   a whole model's backbone for backbone-only weights given to ``load_from``) and whether they
+   are backbone weights to convert;
+4. adapt (:func:`adapt`): backbone weights lose their ``backbone.`` prefix and go through the
+   target's ``checkpoint_filter`` (official layout -> ours); then every
+   :class:`~.protocol.CheckpointProtocol` module renames, drops derived tensors and resizes its
+   tables (what its load pre-hook does on every other load, so each table is resized once);
+5. match (:func:`match`): the tensors whose names and shapes fit; the report is complete;
+6. the policy **judges** the report: a refusal (nothing is loaded) or a go, with a warning to
+   log where it has one;
+7. load all or nothing (NaN/inf refused), log the report.
+
+:func:`fit` (stages 4 and 5) is also what a policy asks when it tells what a refused file holds
+(would this backbone take it?).
 """
 
 from dataclasses import dataclass, field
@@ -16,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from mmengine.logging import MMLogger
 
-from .formats import CheckpointError, read_checkpoint, unwrap_state_dict
+from .formats import CheckpointError, backbone_tensors, find_state_dict, read_checkpoint
 from .protocol import CheckpointProtocol
 
-MIN_LOADED_FRACTION = 0.9
+#: The source named in messages for a checkpoint given as an object rather than a file.
+OBJECT_SOURCE = '<checkpoint given as an object, not a file>'
 
 
 @dataclass
@@ -102,130 +115,159 @@ class LoadReport:
         return '\n'.join(lines)
 
 
-INIT_CFG_ADVICE = (
-    'is it a checkpoint of another model or size? Pass allow_partial=True '
-    '(init_cfg=dict(..., allow_partial=True)) to load it anyway.'
-)
+@dataclass
+class Unwrapped:
+    """A checkpoint read and unwrapped: what a policy chooses and judges by.
+
+    Attributes:
+        checkpoint (dict): The checkpoint as read (training state besides the tensors).
+        state_dict (dict): Its tensors as saved, ``module.`` prefixes stripped.
+        container (str): Where they were found (``'net'``, ``'model'``, ``'state_dict'``, ``'module'``, ``'bare'``).
+        source (str): The file's name, for the messages.
+    """
+
+    checkpoint: object
+    state_dict: dict
+    container: str
+    source: str
 
 
-def load_pretrained(
-    model, checkpoint, allow_partial=False, logger=None, map_location='cpu', source=None, advice=INIT_CFG_ADVICE
-):
-    """Load ``checkpoint`` (a path or an already-read object) into ``model``.
+@dataclass
+class LoadPlan:
+    """What a policy chose for a checkpoint: the module that takes it and how its tensors get there.
+
+    Attributes:
+        target (nn.Module): The module loaded into.
+        convert (bool): The tensors are backbone (or classifier) weights: the ``backbone.`` ones
+            where there are such keys, without the prefix, converted by the target's
+            ``checkpoint_filter``, as ``init_cfg`` loads them. False: matched under the target's
+            own names.
+        layout (str): The report's layout (a ``checkpoint_filter`` names the one it converted).
+        advice (str): The likely cause and the fix, for a policy that refuses a partial match.
+    """
+
+    target: object
+    convert: bool
+    layout: str
+    advice: str = ''
+
+
+def load_checkpoint(model, checkpoint, policy, source=None, map_location='cpu', logger=None):
+    """Load ``checkpoint`` into ``model`` (or the part of it ``policy`` chooses), or refuse it.
 
     Args:
-        model (nn.Module): A backbone or classifier. If it is a
-            :class:`~.protocol.CheckpointProtocol`, its ``checkpoint_filter`` converts
-            official layouts first.
+        model (nn.Module): The model given the checkpoint.
         checkpoint (str | dict): File path, or a checkpoint object already read.
-        allow_partial (bool): Load even if fewer than 90% of the model's parameter
-            tensors are set (e.g. deliberately loading only some stages).
-        logger (MMLogger, optional): Where the report goes. Default: mmengine's
-            current logger.
+        policy: The rules (:mod:`.policy`): ``unwrap_hint`` (appended to the refusal of a file
+            without tensors), ``choose(model, unwrapped)`` returning a :class:`LoadPlan`, and
+            ``judge(plan, report, unwrapped)`` raising :class:`CheckpointError` to refuse, else
+            returning a warning to log after the load, or None.
+        source (str, optional): The file's name in messages. Default: ``checkpoint`` if it is a path.
         map_location (str): Passed to ``torch.load``.
-        source (str, optional): The file's name in messages, for a checkpoint already
-            read. Default: ``checkpoint`` if it is a path.
-        advice (str): The likely cause and the fix, in the refusal message.
+        logger (MMLogger, optional): Where the report goes. Default: mmengine's current logger.
 
     Returns:
         LoadReport: What was loaded.
 
     Raises:
-        CheckpointNotFoundError: If the file does not exist (the message says how to get it).
-        CheckpointError: If the file is not a checkpoint, holds no state_dict, holds NaN
-            or inf values, or fewer than 90% of the parameter tensors would be loaded
-            and ``allow_partial`` is False. Nothing is loaded then.
-    """
-    state_dict, report = read_pretrained(model, checkpoint, map_location, source)
-    return load_state_dict_with_report(model, state_dict, report, allow_partial, advice, logger)
-
-
-def read_pretrained(model, checkpoint, map_location='cpu', source=None):
-    """Read and unwrap ``checkpoint`` and convert it to ``model``'s layout; load nothing.
-
-    The steps of :func:`load_pretrained` before the matching, shared with the policy,
-    which asks whether a file would fit a backbone without loading it.
-
-    Args:
-        model (nn.Module): A backbone or classifier (see :func:`load_pretrained`).
-        checkpoint (str | dict): File path, or a checkpoint object already read.
-        map_location (str): Passed to ``torch.load``.
-        source (str, optional): The file's name in messages (see :func:`load_pretrained`).
-
-    Returns:
-        tuple: ``(state_dict, report)``: the tensors under ``model``'s names and a
-        :class:`LoadReport` noting the container, layout and conversions.
-
-    Raises:
-        CheckpointError: If the file cannot be read or holds no state_dict.
+        CheckpointError: The file cannot be read or holds no state_dict, the policy refuses the
+            report, or a tensor to load holds NaN or inf. Nothing is loaded then.
     """
     if source is None:
-        source = checkpoint if isinstance(checkpoint, str) else '<checkpoint given as an object, not a file>'
+        source = checkpoint if isinstance(checkpoint, str) else OBJECT_SOURCE
     if isinstance(checkpoint, str):
         checkpoint = read_checkpoint(checkpoint, map_location)
-    try:
-        state_dict, container = unwrap_state_dict(checkpoint)
-    except ValueError as err:
-        raise CheckpointError(
-            f'{source}: {err}. Is it a model checkpoint? Point to a file holding '
-            'a state_dict (tools/convert_ckpt.py writes one).'
-        ) from None
-    report = LoadReport(source=str(source), container=container, layout='ours')
-    if isinstance(model, CheckpointProtocol):
-        state_dict = model.checkpoint_filter(state_dict, set(model.state_dict()), report)
-    return state_dict, report
+    unwrapped = unwrap(checkpoint, source, policy.unwrap_hint)
+    plan = policy.choose(model, unwrapped)
+    report, usable = fit(plan, unwrapped)
+    warning = policy.judge(plan, report, unwrapped)
+    check_finite(usable, report.source)
+    _load_all_or_nothing(plan.target, usable)
+    log = logger or MMLogger.get_current_instance()
+    log.info(report.summary())
+    if warning:
+        log.warning(warning)
+    return report
 
 
-def load_state_dict_with_report(model, state_dict, report, allow_partial=False, advice=INIT_CFG_ADVICE, logger=None):
-    """Load the tensors of ``state_dict`` that fit ``model``, filling in ``report``; or refuse.
+def unwrap(checkpoint, source, hint):
+    """``checkpoint``'s tensors and container as an :class:`Unwrapped`.
 
     Args:
-        model (nn.Module): The model (a backbone, or a whole detector or segmentor).
-        state_dict (dict): Checkpoint tensors, already in ``model``'s layout.
-        report (LoadReport): Filled in; ``converted`` and ``fresh`` may be set already.
-        allow_partial (bool): Load even if fewer than 90% of ``model``'s parameter
-            tensors are set.
-        advice (str): The likely cause and the fix, in the refusal message.
-        logger (MMLogger, optional): Where the report goes. Default: mmengine's current logger.
-
-    Returns:
-        LoadReport: ``report``.
+        checkpoint (dict): The checkpoint as read.
+        source (str): The file's name, for the messages.
+        hint (str): The policy's question to the user, ending the refusal of a file without tensors.
 
     Raises:
-        CheckpointError: Below 90% without ``allow_partial``, or for NaN/inf values;
-            nothing is loaded then.
+        CheckpointError: If it holds no state_dict of tensors; the message ends with ``hint``.
     """
-    usable = match_state_dict(model, state_dict, report)
-    if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
-        raise CheckpointError(
-            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
-            f'parameter tensors of {type(model).__name__} match {report.source} (need '
-            f'{MIN_LOADED_FRACTION:.0%}); {advice} Nothing was loaded.\n' + report.summary()
-        )
-    return load_matched(model, usable, report, logger)
+    try:
+        state_dict, container = find_state_dict(checkpoint)
+    except ValueError as err:
+        raise CheckpointError(f'{source}: {err}. {hint}') from None
+    return Unwrapped(checkpoint, state_dict, container, source)
 
 
-def match_state_dict(model, state_dict, report):
-    """The tensors of ``state_dict`` that fit ``model``, with ``report`` filled in; loads nothing.
+def fit(plan, unwrapped):
+    """Adapt and match: ``(report, usable)``, the complete report and the tensors that fit ``plan.target``.
 
-    Every :class:`~.protocol.CheckpointProtocol` module of ``model`` first drops its
-    derived tensors and resizes its tables (:meth:`~.protocol.CheckpointProtocol.adapt_state_dict`);
-    then a tensor fits if ``model`` has its key with the same shape. ``report.missing``
-    lists every tensor of ``model`` that the result does not set (apart from ``report.fresh``).
+    Loads nothing.
+
+    Args:
+        plan (LoadPlan): The target and whether the tensors are backbone weights to convert.
+        unwrapped (Unwrapped): The checkpoint's tensors and container.
+
+    Raises:
+        ValueError: From a ``checkpoint_filter`` or a resize that cannot mean what it would do.
+    """
+    state_dict, container = unwrapped.state_dict, unwrapped.container
+    if plan.convert:
+        state_dict, container = backbone_tensors(state_dict, container)
+    report = LoadReport(source=str(unwrapped.source), container=container, layout=plan.layout)
+    return report, match(plan.target, adapt(plan.target, state_dict, report, plan.convert), report)
+
+
+def adapt(model, state_dict, report, convert):
+    """``state_dict`` in ``model``'s layout, with ``report`` noting what changed.
+
+    With ``convert``, ``model``'s ``checkpoint_filter`` first converts an official layout (where
+    ``model`` is a :class:`~.protocol.CheckpointProtocol`). Then every such module of ``model``
+    renames, drops derived tensors and resizes tables of another size
+    (:meth:`~.protocol.CheckpointProtocol.adapt_state_dict`).
+
+    Args:
+        model (nn.Module): The module the tensors are for.
+        state_dict (dict): Checkpoint tensors, unwrapped; not changed.
+        report (LoadReport): Notes the layout and what was converted, renamed, dropped or resized.
+        convert (bool): Run ``model``'s ``checkpoint_filter``.
+
+    Returns:
+        dict: The tensors under ``model``'s names.
+    """
+    if convert and isinstance(model, CheckpointProtocol):
+        state_dict = model.checkpoint_filter(state_dict, set(model.state_dict()), report)
+    state_dict = dict(state_dict)
+    for name, module in model.named_modules():
+        if isinstance(module, CheckpointProtocol):
+            module.adapt_state_dict(state_dict, f'{name}.' if name else '', report)
+    return state_dict
+
+
+def match(model, state_dict, report):
+    """The tensors of ``state_dict`` that fit ``model`` (its key, its shape), with ``report`` completed.
+
+    ``report.missing`` lists every tensor of ``model`` that the result does not set (apart from
+    ``report.fresh``).
 
     Args:
         model (nn.Module): The model the tensors are for.
-        state_dict (dict): Checkpoint tensors, already in ``model``'s layout.
+        state_dict (dict): Checkpoint tensors in ``model``'s layout (:func:`adapt`).
         report (LoadReport): Filled in; ``converted`` and ``fresh`` may be set already.
 
     Returns:
         dict: The usable tensors, by ``model``'s keys.
     """
     target = model.state_dict()
-    state_dict = dict(state_dict)
-    for name, module in model.named_modules():
-        if isinstance(module, CheckpointProtocol):
-            module.adapt_state_dict(state_dict, f'{name}.' if name else '', report)
     usable = {}
     for key, value in state_dict.items():
         if key not in target:
@@ -241,18 +283,6 @@ def match_state_dict(model, state_dict, report):
     report.num_loaded_params = sum(name in usable for name in param_names)
     report.missing = [k for k in target if k not in usable and k not in report.fresh]
     return usable
-
-
-def load_matched(model, usable, report, logger=None):
-    """Load ``usable`` (from :func:`match_state_dict`) into ``model`` all or nothing and log ``report``.
-
-    Raises:
-        CheckpointError: For NaN/inf values; nothing is loaded then.
-    """
-    check_finite(usable, report.source)
-    _load_all_or_nothing(model, usable)
-    (logger or MMLogger.get_current_instance()).info(report.summary())
-    return report
 
 
 def check_finite(state_dict, source, max_keys=5):

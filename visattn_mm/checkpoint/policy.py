@@ -1,13 +1,17 @@
-"""Checkpoints given to a whole detector or segmentor: ``load_from``, ``tools/test.py``, ``--resume``.
+"""The rules of every checkpoint load, and its two entry points.
 
-Two rules, by purpose:
+:func:`load_pretrained` (``init_cfg``, the converter, timm's ``pretrained=True``) and
+:func:`load_model_checkpoint` (``load_from``, ``tools/test.py``, ``--resume``) each run the one
+load path (:func:`.loader.load_checkpoint`) under a policy, which it consults twice: to choose
+where the tensors go, and to judge the finished report.
 
-* ``load_from`` (start training from a checkpoint) follows ``init_cfg``'s rule
-  (:func:`~.loader.load_pretrained`): a report of what was loaded, and a refusal when
-  less than 90% of the model would be set. A checkpoint without tensors for this
-  model's neck and heads (ImageNet classification weights, or another detector's or
-  segmentor's) loads into ``model.backbone`` exactly as ``init_cfg`` would load it
-  (official layouts converted, full-attention ``qkv`` split).
+* ``init_cfg`` (:class:`PretrainedPolicy`): the file's backbone weights, converted from an
+  official layout, into the model; a refusal when less than 90% of it would be set.
+* ``load_from`` (start training from a checkpoint, :class:`WholeModelPolicy`) follows
+  ``init_cfg``'s rule: a checkpoint without tensors for this model's neck and heads (ImageNet
+  classification weights, or another detector's or segmentor's) loads into ``model.backbone``
+  exactly as ``init_cfg`` would load it (official layouts converted, full-attention ``qkv``
+  split); any other is matched against the whole model; either is refused below 90%.
 * evaluating (``'test'``) and resuming (``'resume'``) load exactly: every tensor of the
   model must come from the checkpoint with its shape, or the file is refused with what
   is missing or of another shape, what the file holds (backbone-only weights, another
@@ -17,19 +21,16 @@ Two rules, by purpose:
   (``meta`` with the epoch and iteration, ``message_hub``).
 """
 
-from .formats import CheckpointError, find_state_dict
-from .loader import (
-    MIN_LOADED_FRACTION,
-    LoadReport,
-    load_matched,
-    load_pretrained,
-    load_state_dict_with_report,
-    match_state_dict,
-    read_pretrained,
-)
+from .formats import CheckpointError
+from .loader import LoadPlan, fit, load_checkpoint
 
+MIN_LOADED_FRACTION = 0.9
 PURPOSES = ('load_from', 'test', 'resume')
 
+INIT_CFG_ADVICE = (
+    'is it a checkpoint of another model or size? Pass allow_partial=True '
+    '(init_cfg=dict(..., allow_partial=True)) to load it anyway.'
+)
 #: How a config asks for a partial load; the tools that have a flag for it say theirs instead.
 PARTIAL_LOAD_OPTION = 'set load_from_allow_partial=True in the config (--cfg-options load_from_allow_partial=True)'
 INIT_FROM_IMAGENET = (
@@ -49,6 +50,37 @@ OPTIONAL_RESUME_STATE = ('optimizer', 'param_schedulers')
 #: Top-level names of a classifier's own tensors next to ``backbone.``: such a file is backbone-only.
 CLASSIFIER_PARTS = ('head', 'neck')
 MAX_LISTED = 4
+
+
+def load_pretrained(
+    model, checkpoint, allow_partial=False, logger=None, map_location='cpu', source=None, advice=INIT_CFG_ADVICE
+):
+    """Load ``checkpoint`` (a path or an already-read object) into ``model``, as ``init_cfg`` does.
+
+    Args:
+        model (nn.Module): A backbone or classifier. If it is a
+            :class:`~.protocol.CheckpointProtocol`, its ``checkpoint_filter`` converts
+            official layouts first.
+        checkpoint (str | dict): File path, or a checkpoint object already read.
+        allow_partial (bool): Load even if fewer than 90% of the model's parameter
+            tensors are set (e.g. deliberately loading only some stages).
+        logger (MMLogger, optional): Where the report goes. Default: mmengine's
+            current logger.
+        map_location (str): Passed to ``torch.load``.
+        source (str, optional): The file's name in messages, for a checkpoint already
+            read. Default: ``checkpoint`` if it is a path.
+        advice (str): The likely cause and the fix, in the refusal message.
+
+    Returns:
+        LoadReport: What was loaded.
+
+    Raises:
+        CheckpointNotFoundError: If the file does not exist (the message says how to get it).
+        CheckpointError: If the file is not a checkpoint, holds no state_dict, holds NaN
+            or inf values, or fewer than 90% of the parameter tensors would be loaded
+            and ``allow_partial`` is False. Nothing is loaded then.
+    """
+    return load_checkpoint(model, checkpoint, PretrainedPolicy(allow_partial, advice), source, map_location, logger)
 
 
 def load_model_checkpoint(
@@ -74,53 +106,128 @@ def load_model_checkpoint(
         tensors for the other parts, given to ``load_from``).
 
     Raises:
+        ValueError: For another ``purpose``.
         CheckpointError: If the checkpoint holds no state_dict; for ``'load_from'``, if
             it matches less than 90% of the model (of the backbone, for a checkpoint
             without tensors of the other parts); for ``'test'`` (unless ``allow_partial``)
             and ``'resume'``, if any tensor of the model would not come from it; for
             ``'resume'``, if it lacks the training state. Nothing is loaded then.
     """
-    if purpose not in PURPOSES:
-        raise ValueError(f'purpose={purpose!r}; allowed: {PURPOSES}')
-    try:
-        state_dict, container = find_state_dict(checkpoint)
-    except ValueError as err:
-        raise CheckpointError(f'{source}: {err}. Is it a model checkpoint?') from None
-    parts = parts_besides_backbone(model)
-    if purpose == 'load_from':
-        if parts and not set(top_level_names(state_dict)) & set(parts):
-            return load_pretrained(
-                model.backbone,
-                checkpoint,
-                allow_partial,
-                logger,
-                source=source,
-                advice=_backbone_load_from_advice(source, model, state_dict),
-            )
-        report = LoadReport(source=str(source), container=container, layout='whole model')
-        return load_state_dict_with_report(model, state_dict, report, allow_partial, LOAD_FROM_ADVICE, logger)
-    report = LoadReport(source=str(source), container=container, layout=_whole_model_layout(model, state_dict))
-    usable = match_state_dict(model, state_dict, report)
-    partial = allow_partial and purpose == 'test'
-    if report.missing and not partial:
-        raise CheckpointError(_inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_option))
-    if purpose == 'resume':
-        _check_resume_state(checkpoint, source, len(usable))
-        _check_no_renames(report, source)
-    load_matched(model, usable, report, logger)
-    if report.missing:
-        (logger or _current_logger()).warning(
-            f'evaluating {source} with {len(report.missing)} tensors of {type(model).__name__} not from it '
-            f'(load_from_allow_partial): {_grouped(report.missing)}'
+    policy = WholeModelPolicy(purpose, allow_partial, partial_option)
+    return load_checkpoint(model, checkpoint, policy, source, logger=logger)
+
+
+class PretrainedPolicy:
+    """``init_cfg``'s rule: the file's backbone weights, converted, into the model; refused below 90%.
+
+    Args:
+        allow_partial (bool): Load even if fewer than 90% of the model's parameter tensors are set.
+        advice (str): The likely cause and the fix, in the refusal message.
+    """
+
+    unwrap_hint = 'Is it a model checkpoint? Point to a file holding a state_dict (tools/convert_ckpt.py writes one).'
+
+    def __init__(self, allow_partial=False, advice=INIT_CFG_ADVICE):
+        self.allow_partial, self.advice = allow_partial, advice
+
+    def choose(self, model, unwrapped):
+        """Into ``model`` itself, converted from its official layout.
+
+        Args:
+            model (nn.Module): The backbone or classifier given the checkpoint.
+            unwrapped (Unwrapped): The checkpoint (not looked at: every file goes the same way).
+        """
+        return LoadPlan(model, convert=True, layout='ours', advice=self.advice)
+
+    def judge(self, plan, report, unwrapped):
+        """Refuse below 90% (unless ``allow_partial``); no warning.
+
+        Args:
+            plan (LoadPlan): What :meth:`choose` chose.
+            report (LoadReport): The finished report.
+            unwrapped (Unwrapped): The checkpoint (not looked at).
+        """
+        _refuse_below_fraction(plan, report, self.allow_partial)
+
+
+class WholeModelPolicy:
+    """The rules of a checkpoint given to a whole detector or segmentor, by purpose (the module's docstring).
+
+    Args:
+        purpose (str): ``'load_from'``, ``'test'`` or ``'resume'`` (see :func:`load_model_checkpoint`).
+        allow_partial (bool): See :func:`load_model_checkpoint`.
+        partial_option (str): How the caller's tool asks for a partial evaluation.
+
+    Raises:
+        ValueError: For another ``purpose``.
+    """
+
+    unwrap_hint = 'Is it a model checkpoint?'
+
+    def __init__(self, purpose, allow_partial=False, partial_option=PARTIAL_LOAD_OPTION):
+        if purpose not in PURPOSES:
+            raise ValueError(f'purpose={purpose!r}; allowed: {PURPOSES}')
+        self.purpose, self.allow_partial, self.partial_option = purpose, allow_partial, partial_option
+
+    def choose(self, model, unwrapped):
+        """The backbone for a ``load_from`` file without tensors of the other parts; else the whole model.
+
+        Args:
+            model (nn.Module): The detector or segmentor.
+            unwrapped (Unwrapped): The checkpoint's tensors, by whose top-level names it chooses.
+        """
+        names = top_level_names(unwrapped.state_dict)
+        if self.purpose != 'load_from':
+            return LoadPlan(model, convert=False, layout=_whole_model_layout(model, names))
+        parts = parts_besides_backbone(model)
+        if parts and not set(names) & set(parts):
+            advice = _backbone_load_from_advice(unwrapped.source, model, names)
+            return LoadPlan(model.backbone, convert=True, layout='ours', advice=advice)
+        return LoadPlan(model, convert=False, layout='whole model', advice=LOAD_FROM_ADVICE)
+
+    def judge(self, plan, report, unwrapped):
+        """Refuse what the purpose does not take; the warning of a partial evaluation, or None.
+
+        Args:
+            plan (LoadPlan): What :meth:`choose` chose.
+            report (LoadReport): The finished report.
+            unwrapped (Unwrapped): The checkpoint: what a refusal says it holds, and the training
+                state ``--resume`` needs.
+
+        Raises:
+            CheckpointError: The refusal, with what the file holds and the fix.
+        """
+        if self.purpose == 'load_from':
+            _refuse_below_fraction(plan, report, self.allow_partial)
+            return None
+        if report.missing and not (self.allow_partial and self.purpose == 'test'):
+            raise CheckpointError(_inexact_refusal(plan.target, unwrapped, report, self.purpose, self.partial_option))
+        if self.purpose == 'resume':
+            # Every tensor of the model matched (nothing is missing), so their count is the model's.
+            _check_resume_state(unwrapped.checkpoint, unwrapped.source, len(plan.target.state_dict()))
+            _check_no_renames(report, unwrapped.source)
+        if not report.missing:
+            return None
+        return (
+            f'evaluating {unwrapped.source} with {len(report.missing)} tensors of {type(plan.target).__name__} '
+            f'not from it (load_from_allow_partial): {_grouped(report.missing)}'
         )
-    return report
 
 
-def _whole_model_layout(model, state_dict):
-    """The report's layout of a file given to a whole model: ``'whole model'`` where its top-level names are
-    the model's parts (``backbone``, ``neck``, ...), else what they are (a ResNet-50 ImageNet file: ``conv1,
-    bn1, layer1, ...``)."""
-    names = top_level_names(state_dict)
+def _refuse_below_fraction(plan, report, allow_partial):
+    """Refuse a load that sets less than 90% of ``plan.target``'s parameter tensors, unless ``allow_partial``."""
+    if report.loaded_fraction < MIN_LOADED_FRACTION and not allow_partial:
+        raise CheckpointError(
+            f'refusing to load: only {report.num_loaded_params} of {report.num_model_params} '
+            f'parameter tensors of {type(plan.target).__name__} match {report.source} (need '
+            f'{MIN_LOADED_FRACTION:.0%}); {plan.advice} Nothing was loaded.\n' + report.summary()
+        )
+
+
+def _whole_model_layout(model, names):
+    """The report's layout of a file given to a whole model: ``'whole model'`` where its top-level ``names``
+    are the model's parts (``backbone``, ``neck``, ...), else what they are (a ResNet-50 ImageNet file:
+    ``conv1, bn1, layer1, ...``)."""
     if set(names) & {name for name, _ in model.named_children()}:
         return 'whole model'
     shown = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
@@ -142,16 +249,10 @@ def top_level_names(state_dict):
     return list(dict.fromkeys(key.split('.', 1)[0] for key in state_dict))
 
 
-def _current_logger():
-    from mmengine.logging import MMLogger
-
-    return MMLogger.get_current_instance()
-
-
 # --------------------------------------------------------------------------
 # What a refused file holds, and the fix for each case
 # --------------------------------------------------------------------------
-def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_option):
+def _inexact_refusal(model, unwrapped, report, purpose, partial_option):
     """The message refusing to evaluate or resume from a checkpoint that does not set every tensor."""
     source, action = report.source, REFUSED_ACTION[purpose]
     not_in_file = [key for key in report.missing if key not in report.mismatched]
@@ -161,7 +262,7 @@ def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_opt
         f'{len(report.mismatched)} of another shape); {"evaluating" if purpose == "test" else "resuming"} '
         'needs every tensor from the checkpoint.'
     ]
-    holds, fix = _what_it_holds(model, checkpoint, state_dict, report, purpose)
+    holds, fix = _what_it_holds(model, unwrapped, report, purpose)
     lines.append(f'It holds {holds}. {fix}')
     if not_in_file:
         lines.append(f'  not in it: {_grouped(not_in_file)}')
@@ -186,9 +287,9 @@ def _inexact_refusal(model, checkpoint, state_dict, report, purpose, partial_opt
     return '\n'.join(lines) + '\n' + report.summary()
 
 
-def _what_it_holds(model, checkpoint, state_dict, report, purpose):
+def _what_it_holds(model, unwrapped, report, purpose):
     """``(what the file holds, the fix)`` for a checkpoint that does not set every tensor of ``model``."""
-    source = report.source
+    source, state_dict = report.source, unwrapped.state_dict
     parts = parts_besides_backbone(model)
     names = top_level_names(state_dict)
     file_parts = [name for name in names if name != 'backbone']
@@ -197,7 +298,7 @@ def _what_it_holds(model, checkpoint, state_dict, report, purpose):
     )
     backbone = type(getattr(model, 'backbone', model)).__name__
     if parts and not whole_model:
-        fits, matched = _fits_backbone(model.backbone, checkpoint, source)
+        fits, matched = _fits_backbone(model.backbone, unwrapped)
         if fits:
             holds = (
                 f'backbone-only weights (ImageNet classification weights of this {backbone}, '
@@ -285,11 +386,10 @@ SAME_MODEL_FIX = {
 }
 
 
-def _fits_backbone(backbone, checkpoint, source):
-    """Whether ``init_cfg`` would load ``checkpoint`` into ``backbone``, and ``'N of M tensors match'``."""
+def _fits_backbone(backbone, unwrapped):
+    """Whether ``init_cfg`` would load the checkpoint into ``backbone``, and ``'N of M tensors match'``."""
     try:
-        state_dict, report = read_pretrained(backbone, checkpoint, source=source)
-        match_state_dict(backbone, state_dict, report)
+        report, _ = fit(PretrainedPolicy().choose(backbone, unwrapped), unwrapped)
     except (CheckpointError, ValueError) as err:
         return False, f'not loadable into it: {err}'
     return (
@@ -396,10 +496,10 @@ def _check_no_renames(report, source):
         )
 
 
-def _backbone_load_from_advice(source, model, state_dict):
-    """The refusal's advice when ``load_from`` puts a file without tensors of the other parts into the backbone."""
+def _backbone_load_from_advice(source, model, names):
+    """The refusal's advice when ``load_from`` puts a file (of top-level ``names``) without tensors of the other
+    parts into the backbone."""
     backbone = type(model.backbone).__name__
-    names = top_level_names(state_dict)
     others = [name for name in names if name != 'backbone']
     if 'backbone' in names and set(others) - set(CLASSIFIER_PARTS):
         holds = (

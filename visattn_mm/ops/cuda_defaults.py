@@ -141,8 +141,8 @@ def unmeasured_rows(measured=()):
     )
 
 
-# The rows the GPU sessions measured; docs/benchmarks.md ("GPU") has the measurements and the command
-# that wrote them.
+# The rows the GPU sessions measured; docs/benchmarks.md ("What 'auto' runs on CUDA") has the measurements and the
+# command that wrote them, results/ the device calls' files.
 # BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
 MEASURED_ON = dict(
     device='NVIDIA H200',

@@ -55,7 +55,7 @@ ENV_VAR = 'VISATTN_ATTENTION_IMPL'
 # What the Triton kernels cannot run (their public functions refuse it too): chunks (segments) over 11 tokens a
 # side, whose tiles of 256 slots need more shared memory than an H100's 227 KB; vicinity head dims over 64
 # (over 32 in float64 on a GPU), whose (4d x d) sums per program do not fit it either (sm_90 compiles:
-# docs/benchmarks.md, "Triton kernels: registers and spills").
+# docs/benchmarks_history.md, "Triton kernels: registers and spills").
 MAX_TRITON_WINDOW = 11
 MAX_TRITON_VICINITY_HEAD_DIM, MAX_TRITON_VICINITY_FLOAT64_HEAD_DIM = 64, 32
 

@@ -530,8 +530,8 @@ def launch_settings(dtype):
     tiles of 64 (Triton 3.6, H100 and H200, 2026-11-26): the sliding-chunk forward then computes wrong
     outputs on a map smaller than its chunk and reads outside its shared memory on larger ones
     (compute-sanitizer: "out-of-range shared or local address" at the ``q k^T`` product of
-    ``kernel_parts.key_tile``), whatever the stages; 4 warps were right in every case (docs/benchmarks.md,
-    "GPU"). The price is some register spills in the query-side backward kernels at head dim 64 (about 150
+    ``kernel_parts.key_tile``), whatever the stages; 4 warps were right in every case (docs/benchmarks_history.md,
+    "GPU sessions"). The price is some register spills in the query-side backward kernels at head dim 64 (about 150
     bytes per thread by ``tools/analysis/triton_resources.py``). With fp32 (and fp64) inputs, whose products
     run on CUDA cores and hold more registers, 8 warps and no pipelining of the loads, which keeps the
     key-side backward kernels from spilling up to 8 KB per thread (3 stages) to under 1 KB; the GPU tests

@@ -1,6 +1,6 @@
 """The 16-bit softmax kernels under one launch setting, against float64, at kernel and backbone level.
 
-``python docs/gpu_2026-11-26/call4/launch_matrix.py SETTING`` on a GPU, from the repository root, with
+``python results/gpu_2026-11-26/call4/launch_matrix.py SETTING`` on a GPU, from the repository root, with
 SETTING ``package`` (the package's own) or e.g. ``4w3s`` (4 warps, 3 pipeline stages for every 16-bit
 launch). ``run.sh`` beside it ran six settings side by side on the H200 (2026-11-26, call 4; at that
 commit ``launch_settings`` also took the head-dim tile, and 'package' meant 8 warps at head dim 64; its
