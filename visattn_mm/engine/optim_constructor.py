@@ -10,6 +10,8 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 # mmengine's constructor logs one INFO line per parameter and option ("paramwise_options -- name:key=value")
 # and one WARNING per frozen parameter; these go to the DEBUG level, the summary says what they add up to.
 _PER_PARAMETER_LINE = 'paramwise_options -- '
+# mmengine's record of the multipliers behind a group's lr and weight_decay, which the summary shows.
+_MULTIPLIER_KEYS = {'lr_mult', 'decay_mult'}
 _FROZEN_LINE = ' is skipped since its requires_grad=False'
 # More rows than this and the summary merges the rows that differ only in their learning rate.
 MAX_SUMMARY_ROWS = 8
@@ -44,7 +46,8 @@ def summarize_param_groups(model, groups):
     """What the parameter groups hold, in a few lines: one per combination of settings, with its tensor and
     value counts and where in the model they are (by top-level module).
 
-    Settings shown: ``lr``, ``weight_decay`` and any other that differs between groups. With more than
+    Settings shown: ``lr``, ``weight_decay`` and any other that differs between groups (not mmengine's
+    ``lr_mult`` and ``decay_mult``, already applied to the two). With more than
     :data:`MAX_SUMMARY_ROWS` combinations (layer-wise lr decay), rows differing only in ``lr`` are merged
     and show its range.
 
@@ -57,7 +60,8 @@ def summarize_param_groups(model, groups):
     """
     names = {id(param): name for name, param in model.named_parameters()}
     shown = {'lr', 'weight_decay'} & set().union(*groups)
-    shown |= {key for key in set().union(*groups) - {'params'} if len({repr(group.get(key)) for group in groups}) > 1}
+    differing = set().union(*groups) - {'params'} - _MULTIPLIER_KEYS
+    shown |= {key for key in differing if len({repr(group.get(key)) for group in groups}) > 1}
     keys = sorted(shown, key=lambda key: (key != 'lr', key != 'weight_decay', key))
     rows = _group_rows(groups, keys)
     if len(rows) > MAX_SUMMARY_ROWS:
