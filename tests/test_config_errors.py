@@ -198,7 +198,8 @@ def test_training_without_data_names_the_missing_file_in_one_line(tmp_path):
     )
     line = _one_line_failure(proc)
     missing = 'data/coco/annotations/instances_train2017.json (ann_file)'
-    assert line.startswith(f'error: train_dataloader: {missing} does not exist (and 4 more);')
+    assert line.startswith(f'error: train_dataloader: {missing} does not exist, nor do train_dataloader: data/coco/')
+    assert line.count('data/coco/') == 5  # every missing file named
     assert 'docs/training.md#data-layout' in line
 
 

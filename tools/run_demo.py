@@ -13,6 +13,7 @@ untrained model, training and evaluation times).
 """
 
 import argparse
+import contextlib
 import json
 import pickle
 import re
@@ -38,17 +39,82 @@ IMAGE_ZOOM = 2.5
 DRAW_OVERLAP_THR = 0.5
 
 
-def run(cmd, log_path):
-    """Run a command, echo its output, keep a copy, and fail loudly."""
-    print('$', ' '.join(map(str, cmd)), flush=True)
+# mmengine's training progress lines, e.g. "Iter(train) [ 10/150]  base_lr: ...".
+TRAIN_PROGRESS = re.compile(r'Iter\(train\) \[\s*(\d+)/(\d+)\]')
+# Lines of a failed stage's log shown on the console.
+FAILURE_TAIL = 20
+
+
+class Console:
+    """The demo's console: one line per stage (updated in place on a terminal while training runs), the
+    whole output of each stage in a log file that the line names.
+
+    Args:
+        stages (int): How many stages the demo has (the lines count them).
+        stream (io.TextIOBase, optional): Where the lines go. Default: ``sys.stdout``.
+    """
+
+    def __init__(self, stages, stream=None):
+        self.stages, self.stream, self.done = stages, stream or sys.stdout, 0
+        self.live = self.stream.isatty()
+        self.title, self.began = '', time.time()
+
+    def start(self, title):
+        """Begin the next stage's line with its title."""
+        self.done += 1
+        self.title, self.began = f'[{self.done}/{self.stages}] {title} ...', time.time()
+        self._write(self.title)
+
+    def progress(self, text):
+        """Show how far the stage is, on a terminal only (elsewhere each update would add to the line)."""
+        if self.live:
+            self._write(f'\r\033[K{self.title} {text}')
+
+    def finish(self, result):
+        """End the stage's line with its result and time."""
+        prefix = f'\r\033[K{self.title}' if self.live else ''
+        self._write(f'{prefix} {result} ({time.time() - self.began:.0f} s)\n')
+
+    def _write(self, text):
+        self.stream.write(text)
+        self.stream.flush()
+
+
+def run(cmd, log_path, console):
+    """Run a command with its whole output going to ``log_path`` (the command first); the console shows
+    the training iterations it reaches. On failure, exit with the log's last lines and its path."""
     with open(log_path, 'w') as log:
+        log.write('$ ' + ' '.join(map(str, cmd)) + '\n')
+        log.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
-            sys.stdout.write(line)
             log.write(line)
+            reached = TRAIN_PROGRESS.search(line)
+            if reached:
+                console.progress(f'iteration {reached.group(1)}/{reached.group(2)}')
     if proc.wait():
-        sys.exit(f'command failed ({proc.returncode}); see {log_path}')
+        tail = ''.join(Path(log_path).read_text().splitlines(keepends=True)[-FAILURE_TAIL:])
+        console.finish('FAILED')
+        sys.exit(f'{tail}\ncommand failed ({proc.returncode}); its whole output: {log_path}')
     return Path(log_path).read_text()
+
+
+@contextlib.contextmanager
+def output_into(log_path):
+    """The block's printed output and warnings into ``log_path``; the mmengine logger's lines below
+    ERROR left out (it writes to the stream it was created with, the console)."""
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    with open(log_path, 'a') as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
 
 
 def parse_metrics(output):
@@ -279,8 +345,16 @@ def main(argv=None):
     work_dir = (ROOT / args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
 
-    make_coco_instances(DATA_ROOT, seed=args.seed)
+    console = Console(stages=5)
+    console.start(f'toy COCO data in {DATA_ROOT.relative_to(ROOT)}')
+    demo_log = work_dir / 'demo.log'
+    demo_log.write_text('')
+    with output_into(demo_log):
+        make_coco_instances(DATA_ROOT, seed=args.seed)
+    console.finish('ready')
 
+    iters = args.max_iters or cfg.train_cfg.max_iters
+    console.start(f'training {iters} iterations with tools/train.py')
     start = time.time()
     run(
         [
@@ -296,18 +370,26 @@ def main(argv=None):
             *args.cfg_options,
         ],
         work_dir / 'train.log',
+        console,
     )
     train_minutes = (time.time() - start) / 60
     checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
+    console.finish(f'log: {work_dir / "train.log"}')
 
+    console.start('evaluating the untrained model with tools/test.py')
     untrained = work_dir / 'untrained.pth'
-    save_untrained_checkpoint(cfg, untrained)
+    with output_into(demo_log):
+        save_untrained_checkpoint(cfg, untrained)
     before = parse_metrics(
         run(
             [sys.executable, 'tools/test.py', CONFIG, untrained, '--work-dir', work_dir / 'untrained_eval'],
             work_dir / 'test_untrained.log',
+            console,
         )
     )
+    console.finish(f'bbox mAP {before["bbox_mAP"]:.3f}; log: {work_dir / "test_untrained.log"}')
+
+    console.start('evaluating the trained model with tools/test.py')
     start = time.time()
     predictions_file = work_dir / 'predictions.pkl'
     after = parse_metrics(
@@ -323,26 +405,30 @@ def main(argv=None):
                 predictions_file,
             ],
             work_dir / 'test.log',
+            console,
         )
     )
     test_minutes = (time.time() - start) / 60
+    console.finish(f'bbox mAP {after["bbox_mAP"]:.3f}; log: {work_dir / "test.log"}')
 
+    console.start('drawing the picture')
     with open(predictions_file, 'rb') as f:
         predictions = pickle.load(f)
-    iters = args.max_iters or cfg.train_cfg.max_iters
     picture = work_dir / 'demo.png'
-    draw_demo_picture(
-        predictions,
-        DATA_ROOT / 'annotations' / 'instances_val.json',
-        work_dir,
-        picture,
-        cfg.metainfo['classes'],
-        cfg.metainfo['palette'],
-        args.score_thr,
-        args.num_images,
-        title=f'Mask R-CNN ViL-T after {iters} iterations on the toy data: bbox mAP {after["bbox_mAP"]:.3f}, '
-        f'segm mAP {after.get("segm_mAP", float("nan")):.3f} (untrained: {before["bbox_mAP"]:.3f})',
-    )
+    with output_into(demo_log):
+        draw_demo_picture(
+            predictions,
+            DATA_ROOT / 'annotations' / 'instances_val.json',
+            work_dir,
+            picture,
+            cfg.metainfo['classes'],
+            cfg.metainfo['palette'],
+            args.score_thr,
+            args.num_images,
+            title=f'Mask R-CNN ViL-T after {iters} iterations on the toy data: bbox mAP {after["bbox_mAP"]:.3f}, '
+            f'segm mAP {after.get("segm_mAP", float("nan")):.3f} (untrained: {before["bbox_mAP"]:.3f})',
+        )
+    console.finish(str(picture))
 
     summary = dict(
         trained=after,
@@ -365,6 +451,7 @@ def main(argv=None):
         f'training ({iters} iterations, no validation inside) took {train_minutes:.1f} min, '
         f'evaluating the trained model {test_minutes:.1f} min; picture: {picture}'
     )
+    print(f'logs: {work_dir}/train.log, test_untrained.log, test.log; the rest (data, picture): {demo_log}')
 
 
 if __name__ == '__main__':

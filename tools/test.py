@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import os.path as osp
 
 from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.dist import is_main_process
 
 from visattn_mm import cli as common
 
@@ -79,6 +82,20 @@ def apply_visualization(cfg: Config, scope: str, args: argparse.Namespace) -> No
             hook['test_out_dir'] = args.show_dir
         else:
             cfg.visualizer['save_dir'] = args.show_dir
+
+
+def pictures_dir(scope: str, show_dir: str, work_dir: str, timestamp: str) -> str:
+    """Where ``--show-dir`` puts the painted images, by each library's convention (see the module docstring).
+
+    Args:
+        scope (str): ``'mmdet'`` or ``'mmseg'``.
+        show_dir (str): The ``--show-dir`` argument.
+        work_dir (str): The run's work dir.
+        timestamp (str): The run's timestamp (the Runner's ``timestamp``).
+    """
+    if scope == 'mmdet':
+        return osp.join(work_dir, timestamp, show_dir)  # an absolute show_dir stays as it is
+    return osp.join(show_dir, 'vis_data', 'vis_image')
 
 
 def _test_pipeline(cfg: Config) -> list:
@@ -174,7 +191,7 @@ def main(argv=None) -> None:
     scope = common.register_scope_modules(cfg)
     common.set_work_dir(cfg, args.work_dir, args.config)
     cfg.load_from = args.checkpoint
-    common.check_backbone(cfg)
+    common.check_model(cfg, scope)
     common.check_data(cfg, ('test_dataloader', 'test_evaluator'))
     if args.allow_partial:
         cfg.load_from_allow_partial = True
@@ -196,6 +213,10 @@ def main(argv=None) -> None:
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     with common.exit_on_checkpoint_error():
         runner.test()
+    if args.show_dir and is_main_process():
+        pictures = pictures_dir(scope, args.show_dir, runner.work_dir, runner.timestamp)
+        count = len(os.listdir(pictures)) if osp.isdir(pictures) else 0
+        print(f'[visattn_mm] painted predictions ({count} images): {pictures}', flush=True)
     common.finish_distributed()
 
 

@@ -135,13 +135,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     common.import_plugin()
     cfg = common.load_config(args.config, args.cfg_options, args.launcher)
-    common.register_scope_modules(cfg)
+    scope = common.register_scope_modules(cfg)
     common.set_work_dir(cfg, args.work_dir, args.config)
     if args.amp:
         apply_amp(cfg)
     common.check_amp_device(cfg)
     refuse_bf16_focal_loss(cfg, on_cuda=torch.cuda.is_available())
-    common.check_backbone(cfg)
+    common.check_model(cfg, scope)
     validation = ('val_dataloader', 'val_evaluator') if cfg.get('val_cfg') else ()
     common.check_data(cfg, ('train_dataloader', *validation))
     if args.auto_scale_lr:

@@ -9,8 +9,11 @@ the config, register its modules and apply the library-specific conventions.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import os
 import os.path as osp
+import re
 import sys
 
 from mmengine.config import Config
@@ -129,40 +132,148 @@ def missing_data(cfg: Config, parts) -> list:
 
 def check_data(cfg: Config, parts) -> None:
     """Refuse, in one line before the Runner starts, a config whose ``parts`` name data files that are not
-    there (see :func:`missing_data`)."""
+    there, naming every one of them (see :func:`missing_data`)."""
     missing = missing_data(cfg, parts)
     if missing:
-        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        others = f', nor do {", ".join(missing[1:])}' if len(missing) > 1 else ''
         raise SystemExit(
-            f'error: {missing[0]} does not exist{more}; {DATA_DOCS} says where the data goes and how to '
+            f'error: {missing[0]} does not exist{others}; {DATA_DOCS} says where the data goes and how to '
             'point a config elsewhere (--cfg-options ...data_root=...)'
         )
 
 
-def check_backbone(cfg: Config) -> None:
-    """Build one of our backbones (``model.backbone``) on the meta device before the Runner starts: a bad
-    argument (``arch='smal'``) ends the run in one line instead of after the whole config dump."""
+_UNEXPECTED_ARGUMENT = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _typed_nodes(node, path):
+    """``(path, dict)`` for every dict with a ``type`` in a config node, the node included, outermost first."""
+    if isinstance(node, dict):
+        if 'type' in node:
+            yield path, node
+        for key, child in node.items():
+            yield from _typed_nodes(child, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for index, child in enumerate(node):
+            yield from _typed_nodes(child, f'{path}.{index}')
+
+
+def _type_name(type_):
+    """The class name a config's ``type`` names (a scope prefix such as ``mmdet.`` dropped)."""
+    return type_.__name__ if isinstance(type_, type) else str(type_).rsplit('.', 1)[-1]
+
+
+def _init_arguments(cls) -> list:
+    """The keyword arguments ``cls(...)`` accepts: its ``__init__``'s and, while an ``__init__`` passes
+    ``**kwargs`` on, its bases'."""
+    names = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != 'self' and p.name not in names
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _failed_build(error: Exception):
+    """The config and class of the innermost registry build (mmengine's ``build_from_cfg``) that ``error``
+    went through, from its traceback; ``(None, None)`` if none."""
+    failed = (None, None)
+    frame_tb = error.__traceback__
+    while frame_tb is not None:
+        code = frame_tb.tb_frame.f_code
+        if code.co_name == 'build_from_cfg' and code.co_filename.endswith(osp.join('registry', 'build_functions.py')):
+            local = frame_tb.tb_frame.f_locals
+            failed = (local.get('cfg'), local.get('obj_cls'))
+        frame_tb = frame_tb.tb_next
+    return failed
+
+
+def describe_build_error(model: dict, error: Exception) -> str:
+    """One line naming the config key of a model build's ``error`` and the problem, e.g.
+    ``model.neck.out_channel: FPN.__init__() got an unexpected keyword argument 'out_channel' (did you
+    mean out_channels?)``.
+
+    The failing node is the config of the innermost registry build in the error's traceback; the
+    model's node of its type whose entries it holds (a parent module may add some, such as
+    ``train_cfg``) names the key.
+
+    Args:
+        model (dict): The config's ``model``.
+        error (Exception): What building it raised.
+
+    Returns:
+        str: The line, without the ``error:`` prefix.
+    """
+    reason = str(error.args[0]) if error.args else type(error).__name__
+    if isinstance(error, KeyError) and len(reason) > 1 and reason[0] == reason[-1] == "'":
+        reason = reason[1:-1]  # str() of a KeyError quotes its message
+    built, cls = _failed_build(error)
+    if not isinstance(built, dict) or 'type' not in built:
+        return f'model: {reason}'
+    name = _type_name(built['type'])
+    nodes = [(path, node) for path, node in _typed_nodes(model, 'model') if _type_name(node['type']) == name]
+    nodes = [(path, node) for path, node in nodes if all(built.get(k) == v for k, v in node.items())] or nodes
+    if not nodes:
+        return f'model ({name}): {reason}'
+    argument = _UNEXPECTED_ARGUMENT.search(reason)
+    if argument:
+        nodes = [(path, node) for path, node in nodes if argument.group(1) in node] or nodes
+        accepted = _init_arguments(cls) if isinstance(cls, type) else []
+        close = difflib.get_close_matches(argument.group(1), accepted, n=1)
+        hint = f'did you mean {close[0]}?' if close else f'{name} takes {", ".join(accepted)}'
+        return f'{nodes[0][0]}.{argument.group(1)}: {reason} ({hint})'
+    paths = ' or '.join(path for path, _ in nodes)
+    return f'{paths}: {reason}' if reason.startswith(name) else f'{paths} ({name}): {reason}'
+
+
+def check_model(cfg: Config, scope: str) -> None:
+    """Build the config's whole model (backbone, neck, heads) on the meta device before the Runner starts,
+    so that a bad argument anywhere in it (``model.neck.out_channel=128``, ``arch='smal'``) ends the run
+    in one line naming the key, before the data is read and the config dumped.
+
+    Errors that only the meta device causes (a constructor that reads a tensor's values) leave the
+    verdict to the Runner's own build.
+
+    Args:
+        cfg (Config): The config, with ``--cfg-options`` applied.
+        scope (str): ``'mmdet'`` or ``'mmseg'``: whose model registry builds it.
+
+    Raises:
+        SystemExit: If building the model raises a ValueError, TypeError, KeyError or AssertionError.
+    """
     import logging
+    import warnings
 
     import torch
     from mmengine.logging import MMLogger
+    from mmengine.registry import DefaultScope
 
-    from visattn_mm.models import BACKBONES
-
-    backbone = dict(cfg.get('model', {}).get('backbone') or {})
-    cls = BACKBONES.get(backbone.pop('type', None))
-    if cls is None:
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    model = cfg.get('model')
+    if not isinstance(model, dict):
         return
-    backbone.pop('init_cfg', None)  # loaded by the Runner, which reports on it
-    backbone.pop('pretrained', None)
     logger = MMLogger.get_current_instance()
     level = logger.level
-    logger.setLevel(logging.WARNING)  # the build's log line comes with the Runner's build
+    logger.setLevel(logging.WARNING)  # the build's log lines come with the Runner's build
     try:
-        with torch.device('meta'):
-            cls(**backbone)
-    except (ValueError, TypeError, KeyError) as error:
-        raise SystemExit(f'error: model.backbone: {error}') from None
+        # The scope as the Runner sets it: modules build parts through mmengine's registry too.
+        with torch.device('meta'), warnings.catch_warnings(), DefaultScope.overwrite_default_scope(scope):
+            warnings.simplefilter('ignore')  # the Runner's build gives them
+            MODELS.build(model)
+    except (ValueError, TypeError, KeyError, AssertionError) as error:
+        raise SystemExit(f'error: {describe_build_error(model, error)}') from None
+    except Exception:  # a meta-device limitation, not a config error: the Runner's build decides
+        return
     finally:
         logger.setLevel(level)
 

@@ -208,8 +208,17 @@ def test_environment_report_and_build_log_name_the_rows(triton_bf16_sliding_chun
     models.PaleTransformer(arch='tiny')
     assert lines == [
         f"PaleTransformer: attn_impl='auto': {impl_module.SOFTMAX_SUMMARIES['auto']}; on CUDA: "
-        f'pale fast on bf16, fp16, fp32 (defaults table: {UNMEASURED})'
+        'pale fast on bf16, fp16, fp32 (why: python tools/collect_env.py on the GPU machine)'
     ]
+    # The evidence stays in the environment report: a row with a measurement (ViL's triton row) is named
+    # by path and dtypes only.
+    lines.clear()
+    models.ViL(arch='tiny')
+    assert lines[0].endswith(
+        '; on CUDA: sliding_chunk triton on bf16/d1-32; fast on bf16, fp16, fp32 '
+        '(why: python tools/collect_env.py on the GPU machine)'
+    )
+    assert triton_bf16_sliding_chunk.reason not in lines[0]
 
 
 # --- the tool -------------------------------------------------------------------------------

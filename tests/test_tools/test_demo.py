@@ -47,6 +47,11 @@ def test_demo_learns(tmp_path):
     # evaluated once each.
     assert 'coco/bbox_mAP' not in (work_dir / 'train.log').read_text()
     assert proc.stdout.count('tools/test.py') == 2
+    # The console: a line per stage and the summary; every tool's output is in the logs it names.
+    assert len(proc.stdout.splitlines()) <= 60, proc.stdout
+    for log in ('train.log', 'test_untrained.log', 'test.log'):
+        assert str(work_dir / log) in proc.stdout
+    assert 'Iter(train) [150/150]' in (work_dir / 'train.log').read_text()
     from PIL import Image
 
     with Image.open(work_dir / 'demo.png') as picture:

@@ -273,10 +273,27 @@ def test_evaluation_refuses_images_outside_the_exported_sides():
     dynamic = dict(input_sides=dict(min=224, max=2048))
     assert outside((224, 2048), dynamic) is None
     assert 'this batch is 160x224, outside the sides [224, 2048]' in outside((160, 224), dynamic)
-    assert '--allow-outside-range' in outside((2080, 800), dynamic)
+    assert '--allow-outside-range' not in outside((2080, 800), dynamic)
     assert outside((480, 640), dict(input_size=[480, 640])) is None
     assert 'exported for [480, 640] only (--static)' in outside((480, 672), dict(input_size=[480, 640]))
     assert outside((16, 16), {}) is None  # a file from before the declaration: not checked
+
+
+def test_outside_range_message_gives_the_fix_only_where_it_is_not_taken():
+    """Without --allow-outside-range: an error whose fixes are another export or the option; with it: a
+    warning that says the batch runs, and does not ask for the option again."""
+    message = _load_evaluate_tool().outside_range_message
+    dynamic, static = dict(input_sides=dict(min=224, max=2048)), dict(input_size=[480, 640])
+    refused = message((160, 224), dynamic, False)
+    assert refused.startswith('error: this batch is 160x224') and refused.endswith(
+        'export with other --min-side / --max-side, or pass --allow-outside-range'
+    )
+    assert message((480, 672), static, False).endswith('export at this size, or pass --allow-outside-range')
+    for graph_info, size in ((dynamic, (160, 224)), (static, (480, 672))):
+        warned = message(size, graph_info, True)
+        assert warned.startswith('warning: ') and warned.endswith('; run anyway (--allow-outside-range)')
+        assert 'pass --allow-outside-range' not in warned
+    assert message((224, 224), dynamic, False) is None and message((224, 224), dynamic, True) is None
 
 
 def _load_evaluate_tool():

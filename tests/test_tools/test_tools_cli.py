@@ -135,7 +135,7 @@ def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, worksp
     work_dir = workspace / 'det_test'
     show_dir = workspace / 'det_vis'
     out = workspace / 'det_preds.pkl'
-    _run(
+    proc = _run(
         _tool(
             'test.py',
             det_config,
@@ -153,6 +153,7 @@ def test_det_test_reports_coco_metrics_and_draws(det_trained, det_config, worksp
     for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP'):
         assert isinstance(metrics[key], float), key
     assert len(list(show_dir.glob('*.png'))) == 4  # one painted image per val image
+    assert proc.stdout.splitlines()[-1] == f'[visattn_mm] painted predictions (4 images): {show_dir}'
     assert out.is_file() and out.stat().st_size > 0
 
 
@@ -201,7 +202,7 @@ def test_seg_train_and_test(seg_trained, seg_config, workspace):
 
     test_dir, show_dir, out = (workspace / n for n in ('seg_test', 'seg_vis', 'seg_out'))
     # SegVisualizationHook draws every `interval`-th image (default 50).
-    _run(
+    proc = _run(
         _tool(
             'test.py',
             seg_config,
@@ -221,6 +222,7 @@ def test_seg_train_and_test(seg_trained, seg_config, workspace):
     for key in ('aAcc', 'mIoU', 'mAcc'):
         assert isinstance(metrics[key], float), key
     assert len(list((show_dir / 'vis_data' / 'vis_image').glob('*.png'))) == 3
+    assert f'[visattn_mm] painted predictions (3 images): {show_dir}/vis_data/vis_image' in proc.stdout
     assert len(list(out.glob('*.png'))) == 3
 
 

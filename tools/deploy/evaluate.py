@@ -66,9 +66,27 @@ def outside_exported_range(size, graph_info):
     if sides and not all(sides['min'] <= side <= sides['max'] for side in size):
         return (
             f'this batch is {size[0]}x{size[1]}, outside the sides [{sides["min"]}, {sides["max"]}] the graph was '
-            'exported for; export with other --min-side / --max-side, or pass --allow-outside-range'
+            'exported for'
         )
     return None
+
+
+def outside_range_message(size, graph_info, allow_outside_range):
+    """The line for a batch of padded ``size`` outside the exported range: an error with the fix, or,
+    with ``--allow-outside-range`` given, a warning that says it runs anyway; None inside the range.
+
+    Args:
+        size (tuple[int, int]): The batch's padded height and width.
+        graph_info (dict): The export's ``.json`` (see :func:`outside_exported_range`).
+        allow_outside_range (bool): Whether ``--allow-outside-range`` was passed.
+    """
+    problem = outside_exported_range(size, graph_info)
+    if problem is None:
+        return None
+    if allow_outside_range:
+        return f'warning: {problem}; run anyway (--allow-outside-range)'
+    export_fix = 'export at this size' if 'input_size' in graph_info else 'export with other --min-side / --max-side'
+    return f'error: {problem}; {export_fix}, or pass --allow-outside-range'
 
 
 def evaluate(cfg, tensor_mode, session, eager=False, graph_info=None, allow_outside_range=False):
@@ -100,12 +118,12 @@ def evaluate(cfg, tensor_mode, session, eager=False, graph_info=None, allow_outs
             data = model.data_preprocessor(batch, False)
             images, samples = data['inputs'], data['data_samples']
             size = tuple(images.shape[-2:])
-            problem = outside_exported_range(size, graph_info or {})
-            if problem and not allow_outside_range:
-                raise SystemExit(f'error: {problem}')
-            if problem and size not in warned:
+            message = outside_range_message(size, graph_info or {}, allow_outside_range)
+            if message and not allow_outside_range:
+                raise SystemExit(message)
+            if message and size not in warned:
                 warned.add(size)
-                print(f'warning: {problem}', flush=True)
+                print(message, flush=True)
             outputs = deploy.run_onnx(session, images)
             if eager:
                 error = deploy.max_relative_error(outputs, tensor_mode(images))

@@ -139,7 +139,7 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
         attn_impl (str): The backbone's argument.
         name (str): The backbone's name, for the messages.
         attention_ops (tuple): The backbone's ``attention_ops``: where 'auto' is in force, the log
-            line says what each runs on CUDA and which row of the defaults table decides it.
+            line says what each runs on CUDA per dtype (the environment report says on what evidence).
 
     Raises:
         ValueError: If ``attn_impl`` is not one of ``ATTENTION_IMPLS``.
@@ -154,7 +154,12 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
     vicinity = any(has_bias is None for _, has_bias in attention_ops) or not attention_ops
     line = f'{name}: {describe_impl(attn_impl, softmax, vicinity)}'
     if attn_impl == 'auto' and get_attention_impl() == 'auto' and attention_ops:
-        line += '; on CUDA: ' + '; '.join(describe_cuda_defaults(op, has_bias) for op, has_bias in attention_ops)
+        # The rows' evidence is the environment report's (it would make this line 1,500 characters long).
+        line += (
+            '; on CUDA: '
+            + '; '.join(describe_cuda_defaults(op, has_bias, evidence=False) for op, has_bias in attention_ops)
+            + ' (why: python tools/collect_env.py on the GPU machine)'
+        )
     print_log(line, logger='current')
     return attn_impl
 

@@ -237,7 +237,7 @@ def cuda_default(op, dtype, head_dim=None):
     return next((row for row in CUDA_DEFAULTS if row.covers(op, name, head_dim)), None)
 
 
-def describe_cuda_defaults(op, has_bias=False):
+def describe_cuda_defaults(op, has_bias=False, evidence=True):
     """What 'auto' runs for ``op`` on CUDA, per dtype, and why: e.g. ``'pale fast on bf16, fp16, fp32
     (defaults table: not measured on a GPU yet)'``, rows of equal path and reason merged.
 
@@ -245,13 +245,17 @@ def describe_cuda_defaults(op, has_bias=False):
         op (str): One of :data:`OPS`.
         has_bias (bool | None): As in a backbone's ``attention_ops``; None for an attention without
             softmax (vicinity attention), whose 'fast' path is its torch ops.
+        evidence (bool): Whether to give each row's reason (the measurement behind it); without,
+            rows of equal path are merged and the line stays short (``'pale fast on bf16, fp16, fp32'``).
     """
     groups = {}
     for row in CUDA_DEFAULTS:
         if row.op == op:
-            groups.setdefault((row.path, row.reason), []).append(row.name.split('/', 1)[1])
+            key = (row.path, row.reason) if evidence else (row.path, None)
+            groups.setdefault(key, []).append(row.name.split('/', 1)[1])
     fast_label = 'torch ops' if has_bias is None else 'fast'
     return f'{op} ' + '; '.join(
-        f'{fast_label if path == "fast" else path} on {", ".join(labels)} (defaults table: {reason})'
+        f'{fast_label if path == "fast" else path} on {", ".join(labels)}'
+        + (f' (defaults table: {reason})' if evidence else '')
         for (path, reason), labels in groups.items()
     )
