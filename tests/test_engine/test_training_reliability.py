@@ -75,7 +75,7 @@ def test_fp16_autocast_on_cpu_warns_once(cls, monkeypatch):
     from visattn_mm.models import base
     from visattn_mm.ops.process_state import STATE
 
-    monkeypatch.setattr(STATE, 'warned_cpu_fp16', False)
+    monkeypatch.setattr(STATE, 'warnings_given', set())
     model = build_tiny(cls).eval()
     image = torch.randn(1, 3, 32, 32)
     with pytest.warns() as caught, torch.no_grad():

@@ -146,7 +146,7 @@ def test_auto_skips_triton_where_its_kernels_cannot_run_and_says_why(monkeypatch
     path and warns once, naming the reason; 'triton' asked for raises, naming it and the fix."""
     row = CudaDefault(op, 'bf16', 'triton', _measurement(0.5, 0.8, op=op))
     monkeypatch.setattr(cuda_defaults, 'CUDA_DEFAULTS', (row, *cuda_defaults.unmeasured_rows()))
-    monkeypatch.setattr(impl_module.STATE, 'triton_skips', set())
+    monkeypatch.setattr(impl_module.STATE, 'warnings_given', set())
     q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16)
     with dispatch_as('cuda'):
         assert attention_path(op, q[..., :32], impl='auto') == 'triton'  # within the limits

@@ -243,27 +243,29 @@ def test_impl_selection_api(monkeypatch):
 
 
 def test_process_state_is_one_object_that_resets():
-    """The selection, the device override, the launch counts, the caches and the CPU fp16 warning live
+    """The selection, the device override, the launch counts, the caches and the warnings given live
     in visattn_mm.ops.process_state.STATE; reset() returns them to how import left them."""
     from visattn_mm.ops.common import device_cache
     from visattn_mm.ops.process_state import STATE
 
     cached = device_cache(lambda size: torch.zeros(size))
-    saved = (STATE.attention_impl, dict(STATE.kernel_launches), STATE.warned_cpu_fp16)
+    saved = (STATE.attention_impl, dict(STATE.kernel_launches), set(STATE.warnings_given))
     try:
         set_attention_impl('math' if STATE.default_attention_impl != 'math' else 'fast')
         STATE.kernel_launches['a_kernel'] += 1
-        STATE.warned_cpu_fp16 = True
+        with pytest.warns(UserWarning, match='said once'):
+            STATE.warn_once('a_warning', 'said once')
+            STATE.warn_once('a_warning', 'said once')  # not again
         cached(3)
         with impl_module.dispatch_as('cuda'):
             assert impl_module.dispatch_device_type('cpu') == 'cuda'
             STATE.reset()
             assert impl_module.dispatch_device_type('cpu') == 'cpu'
         assert get_attention_impl() == STATE.default_attention_impl
-        assert not STATE.kernel_launches and not STATE.warned_cpu_fp16
+        assert not STATE.kernel_launches and not STATE.warnings_given
         assert cached.cache_info().currsize == 0
     finally:
-        STATE.attention_impl, STATE.warned_cpu_fp16 = saved[0], saved[2]
+        STATE.attention_impl, STATE.warnings_given = saved[0], saved[2]
         STATE.kernel_launches.update(saved[1])
 
 

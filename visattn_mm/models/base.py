@@ -59,14 +59,8 @@ def warn_once_on_cpu_fp16_autocast(x):
 
     Reads only the autocast state and the device of ``x`` (no host-device sync).
     """
-    if (
-        not STATE.warned_cpu_fp16
-        and x.device.type == 'cpu'
-        and torch.is_autocast_enabled('cpu')
-        and torch.get_autocast_dtype('cpu') == torch.float16
-    ):
-        STATE.warned_cpu_fp16 = True
-        warnings.warn(CPU_FP16_WARNING, stacklevel=2)
+    if x.device.type == 'cpu' and torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.float16:
+        STATE.warn_once('cpu_fp16_autocast', CPU_FP16_WARNING)
 
 
 def with_aliases(presets, aliases):

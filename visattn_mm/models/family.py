@@ -13,7 +13,7 @@ VIL_CLASSIFICATION_ATTN = ('sliding_chunk', 'sliding_chunk', 'full', 'full')
 VIL_LS_CLASSIFICATION_ATTN = ('long_short', 'long_short', 'full', 'full')
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Family:
     """One backbone family.
 
@@ -57,27 +57,40 @@ class Family:
         return dict(arch=size, **self.classification, **self.classification_by_size.get(size, {}))
 
 
-FAMILIES = (
+FAMILIES = (  # by keyword: several fields hold the same text ('vil' is the tools' name and the timm prefix)
     Family(
-        ViL, 'ViL', 'vil', 'vil', ('tiny', 'small', 'medium', 'base'), 'small', dict(attn_types=VIL_CLASSIFICATION_ATTN)
+        cls=ViL,
+        title='ViL',
+        name='vil',
+        timm_prefix='vil',
+        sizes=('tiny', 'small', 'medium', 'base'),
+        compared_size='small',
+        classification=dict(attn_types=VIL_CLASSIFICATION_ATTN),
     ),
     Family(
-        ViLLS,
-        'ViL-LS',
-        'vil-ls',
-        'vil_ls',
-        ('tiny', 'small', 'medium', 'base'),
-        'small',
-        dict(attn_types=VIL_LS_CLASSIFICATION_ATTN),
+        cls=ViLLS,
+        title='ViL-LS',
+        name='vil-ls',
+        timm_prefix='vil_ls',
+        sizes=('tiny', 'small', 'medium', 'base'),
+        compared_size='small',
+        classification=dict(attn_types=VIL_LS_CLASSIFICATION_ATTN),
     ),
-    Family(VVT, 'VVT', 'vvt', 'vvt', ('tiny', 'small', 'medium', 'large'), 'small'),
     Family(
-        PaleTransformer,
-        'Pale',
-        'pale',
-        'pale',
-        ('tiny', 'small', 'base'),
-        'tiny',
+        cls=VVT,
+        title='VVT',
+        name='vvt',
+        timm_prefix='vvt',
+        sizes=('tiny', 'small', 'medium', 'large'),
+        compared_size='small',
+    ),
+    Family(
+        cls=PaleTransformer,
+        title='Pale',
+        name='pale',
+        timm_prefix='pale',
+        sizes=('tiny', 'small', 'base'),
+        compared_size='tiny',
         # The Pale paper's ImageNet drop path per size.
         classification_by_size=dict(
             tiny=dict(drop_path_rate=0.1), small=dict(drop_path_rate=0.3), base=dict(drop_path_rate=0.5)

@@ -40,7 +40,6 @@ environment variable read at import.
 
 import contextlib
 import os
-import warnings
 
 import torch
 
@@ -292,9 +291,10 @@ def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
     fix = "impl 'math' (or 'fast')" if op == 'vicinity' else "impl 'fast' or 'math'"
     if raise_error:
         raise ValueError(f"impl 'triton' cannot run this {op} attention call: {reason}; use {fix} for it")
-    if (op, reason) not in STATE.triton_skips:
-        STATE.triton_skips.add((op, reason))
-        warnings.warn(f"attn_impl 'auto' runs {op} attention with torch ops here, not Triton kernels: {reason}")
+    STATE.warn_once(
+        ('triton_skip', op, reason),
+        f"attn_impl 'auto' runs {op} attention with torch ops here, not Triton kernels: {reason}",
+    )
     return False
 
 

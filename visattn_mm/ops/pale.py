@@ -81,6 +81,16 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
     Returns:
         Tensor: ``(B, heads, H*W, d_v)``.
     """
+    return _interlaced_rows(q, k, v, height, width, pale_size, dropout_p, _softmax_attention(q, impl))
+
+
+def _softmax_attention(q, impl):
+    """The softmax attention an op without Triton kernels of its own runs on ``impl``'s path."""
+    return fused_attention if use_fast_path(q, impl=impl) else dense_attention
+
+
+def _interlaced_rows(q, k, v, height, width, pale_size, dropout_p, attend):
+    """:func:`interlaced_row_attention` through ``attend`` (:func:`fused_attention` or :func:`dense_attention`)."""
     b, heads, n, _ = q.shape
     if n != height * width:
         raise ValueError(f'interlaced_row_attention: {n} tokens do not form a {height}x{width} map')
@@ -93,7 +103,6 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
         t = t.reshape(b, heads, size, stride, width, d).transpose(2, 3)
         return t.reshape(b, heads, stride, size * width, d)
 
-    attend = fused_attention if use_fast_path(q, impl=impl) else dense_attention
     # Groups as (B*h, stride, s*W, d): the (stride, 1, s*W) key mask broadcasts.
     out = attend(
         *(group(t).flatten(0, 1) for t in (q, k, v)),
@@ -115,13 +124,18 @@ def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0
     The row attention of the transposed map. Arguments and result as
     :func:`interlaced_row_attention`, with ``pale_size`` = columns per group.
     """
+    return _interlaced_columns(q, k, v, height, width, pale_size, dropout_p, _softmax_attention(q, impl))
+
+
+def _interlaced_columns(q, k, v, height, width, pale_size, dropout_p, attend):
+    """:func:`interlaced_column_attention` through ``attend``."""
     b, heads, n, _ = q.shape
 
     def transpose(t, h, w):
         return t.reshape(b, heads, h, w, -1).transpose(2, 3).reshape(b, heads, n, -1)
 
-    out = interlaced_row_attention(
-        *(transpose(t, height, width) for t in (q, k, v)), width, height, pale_size, dropout_p, impl
+    out = _interlaced_rows(
+        *(transpose(t, height, width) for t in (q, k, v)), width, height, pale_size, dropout_p, attend
     )
     return transpose(out, width, height)
 
@@ -155,9 +169,10 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     # The gathered path's token order depends on the sizes; the padded path's one graph serves every size.
     if path == 'fast' and not builds_for_every_size(*q.shape, height, width):
         return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
-    # The path decided here (an explicit value) is what the row and column parts run.
-    row = interlaced_row_attention(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, path)
-    col = interlaced_column_attention(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, path)
+    # The path decided here is what the row and column parts run.
+    attend = fused_attention if path == 'fast' else dense_attention
+    row = _interlaced_rows(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, attend)
+    col = _interlaced_columns(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, attend)
     return torch.cat([row, col], dim=1)
 
 

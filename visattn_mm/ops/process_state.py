@@ -7,6 +7,7 @@ caches, no launches counted, no warning given).
 
 import collections
 import dataclasses
+import warnings
 from typing import Optional
 
 
@@ -23,9 +24,8 @@ class ProcessState:
         kernel_launches (collections.Counter): Triton kernel launches per kernel name (tests prove
             with it which path ran).
         device_caches (list): Every cache of :func:`visattn_mm.ops.common.device_cache`.
-        warned_cpu_fp16 (bool): Whether the backbones have warned of fp16 autocast on the CPU.
-        triton_skips (set): ``(op, reason)`` of each warning that 'auto' did not run an op's Triton kernels
-            (:func:`visattn_mm.ops.impl.can_run_triton`).
+        warnings_given (set): The keys of the warnings given once per process (:meth:`warn_once`), e.g.
+            ``('triton_skip', op, reason)``: what the package has said already, whoever said it.
     """
 
     attention_impl: str = 'auto'
@@ -33,8 +33,19 @@ class ProcessState:
     dispatch_device_type: Optional[str] = None
     kernel_launches: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     device_caches: list = dataclasses.field(default_factory=list)
-    warned_cpu_fp16: bool = False
-    triton_skips: set = dataclasses.field(default_factory=set)
+    warnings_given: set = dataclasses.field(default_factory=set)
+
+    def warn_once(self, key, message, stacklevel=3):
+        """Warn ``message`` unless a warning of ``key`` was given already in this process.
+
+        Args:
+            key (Hashable): What the warning is about.
+            message (str): The warning.
+            stacklevel (int): As for :func:`warnings.warn`; the default points at the caller's caller.
+        """
+        if key not in self.warnings_given:
+            self.warnings_given.add(key)
+            warnings.warn(message, stacklevel=stacklevel)
 
     def clear_device_caches(self):
         """Drops every cached constant (frees their device memory)."""
@@ -48,8 +59,7 @@ class ProcessState:
         self.dispatch_device_type = None
         self.kernel_launches.clear()
         self.clear_device_caches()
-        self.warned_cpu_fp16 = False
-        self.triton_skips.clear()
+        self.warnings_given.clear()
 
 
 STATE = ProcessState()
