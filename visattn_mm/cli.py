@@ -243,7 +243,7 @@ def check_model(cfg: Config, scope: str) -> None:
 
     Args:
         cfg (Config): The config, with ``--cfg-options`` applied.
-        scope (str): ``'mmdet'`` or ``'mmseg'``: whose model registry builds it.
+        scope (str): ``'mmdet'`` or ``'mmseg'``: the default scope to build it under, whose model registry builds it.
 
     Raises:
         SystemExit: If building the model raises a ValueError, TypeError, KeyError or AssertionError.
@@ -253,12 +253,8 @@ def check_model(cfg: Config, scope: str) -> None:
 
     import torch
     from mmengine.logging import MMLogger
-    from mmengine.registry import DefaultScope
+    from mmengine.registry import MODELS, DefaultScope
 
-    if scope == 'mmdet':
-        from mmdet.registry import MODELS
-    else:
-        from mmseg.registry import MODELS
     model = cfg.get('model')
     if not isinstance(model, dict):
         return
@@ -266,7 +262,8 @@ def check_model(cfg: Config, scope: str) -> None:
     level = logger.level
     logger.setLevel(logging.WARNING)  # the build's log lines come with the Runner's build
     try:
-        # The scope as the Runner sets it: modules build parts through mmengine's registry too.
+        # The scope as the Runner sets it: the root registry builds from the scope's library (mmdet's or
+        # mmseg's), as do the modules that build their parts through mmengine's registry.
         with torch.device('meta'), warnings.catch_warnings(), DefaultScope.overwrite_default_scope(scope):
             warnings.simplefilter('ignore')  # the Runner's build gives them
             MODELS.build(model)
