@@ -77,14 +77,15 @@ def attention_paths(device_type):
     follows_table = dispatch_device_type(device_type) == 'cuda' and get_attention_impl() == 'auto'
     for backbone, cls in BACKBONES.items():
         parts = []
-        for op, has_bias in cls.attention_ops:
+        for spec in cls.attention_ops:
+            op = spec.name
             if follows_table:
-                parts.append(describe_cuda_defaults(op, has_bias))
+                parts.append(describe_cuda_defaults(op))
                 continue
-            if has_bias is None:  # no softmax: the Triton kernels or torch ops
+            if not spec.softmax:  # the Triton kernels or torch ops
                 parts.append(f'{op} ' + ('triton' if chosen_path(device_type, op=op) == 'triton' else 'torch ops'))
                 continue
-            train, infer = chosen_path(device_type, has_bias, op=op), chosen_path(device_type, False, op=op)
+            train, infer = chosen_path(device_type, spec.trained_bias, op=op), chosen_path(device_type, False, op=op)
             parts.append(f'{op} {train}' if train == infer else f'{op} {train} (training) / {infer} (inference)')
         lines[backbone] = ', '.join(parts)
     return lines

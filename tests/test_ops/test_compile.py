@@ -18,10 +18,9 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from helpers import build_tiny
 from triton_harness import interpreted_fixture, launch_snapshot, launches_since, main, mismatches
 from visattn_mm.models import PaleTransformer, ViL, ViLLS, VVT
+from visattn_mm.ops.specs import OP_NAMES
 
 BACKBONES = (ViL, ViLLS, VVT, PaleTransformer)
-# The modules of the Triton ops in visattn_mm.ops.triton (each defines its op as ``_<name>_op``).
-OP_MODULES = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 interpreted = interpreted_fixture()  # the Triton comparisons below, run in the interpreter
 
 
@@ -93,7 +92,7 @@ def test_triton_path_compiles_in_one_graph_to_the_eager_numbers(interpreted, bac
     assert not result['mismatches'], '\n'.join(result['mismatches'])
 
 
-@pytest.mark.parametrize('module', OP_MODULES)
+@pytest.mark.parametrize('module', OP_NAMES)
 def test_triton_ops_pass_opcheck(interpreted, module):
     result = interpreted[f'opcheck {module}']
     assert 'error' not in result, result.get('error')
@@ -226,5 +225,5 @@ if __name__ == '__main__':
         None,
         {},
         **{f'compile {cls.__name__}': lambda cls=cls: compile_backbone(cls) for cls in BACKBONES},
-        **{f'opcheck {module}': lambda module=module: opcheck_op(module) for module in OP_MODULES},
+        **{f'opcheck {module}': lambda module=module: opcheck_op(module) for module in OP_NAMES},
     )

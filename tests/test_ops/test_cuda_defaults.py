@@ -24,7 +24,8 @@ from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
 from visattn_mm.ops import kernel_digests
 from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, decide
-from visattn_mm.ops.impl import TRITON_OPS, attention_impl, attention_path, chosen_path, dispatch_as
+from visattn_mm.ops.impl import attention_impl, attention_path, chosen_path, dispatch_as
+from visattn_mm.ops.specs import OP_NAMES, OP_SPECS
 
 DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
 
@@ -39,8 +40,7 @@ def _measurement(ratio8, ratio2, tests='passed', op='sliding_chunk'):
 
 
 def test_every_op_with_kernels_has_one_row_per_dtype():
-    assert set(cuda_defaults.OPS) == set(TRITON_OPS) == set(cuda_defaults.DECIDED_BY)
-    for op in cuda_defaults.OPS:
+    for op in OP_NAMES:
         for dtype in DTYPES.values():
             rows = [row for row in cuda_defaults.CUDA_DEFAULTS if row.covers(op, cuda_defaults.DTYPE_NAMES[dtype], 32)]
             assert len(rows) >= 1, (op, dtype)
@@ -170,7 +170,7 @@ def test_auto_does_not_trust_kernels_changed_since_the_gpu_measured_them(monkeyp
     measured; once the sliding-chunk kernels compile to other code, their rows run 'fast' and say why (the
     environment report too), the other ops' rows keep 'triton'; a row that recorded no digest runs 'fast'."""
     triton_rows = [row for row in cuda_defaults.CUDA_DEFAULTS if row.decided == 'triton']
-    assert {'sliding_chunk', 'long_short'} <= {row.op for row in triton_rows}
+    assert 'sliding_chunk' in {row.op for row in triton_rows} and len({row.op for row in triton_rows}) >= 2
     measured = {row.op: row.measured.kernel_digest for row in triton_rows}
     monkeypatch.setattr(kernel_digests, 'KERNEL_DIGESTS', dict(kernel_digests.KERNEL_DIGESTS, **measured))
     assert all(_auto_on_cuda(row.op, row.dtype) == 'triton' for row in triton_rows)
@@ -229,7 +229,7 @@ BENCH_HEADER = (
 
 
 #: The kernel digests of the sessions below: ``op=digest`` as the environment report writes them.
-SESSION_DIGESTS = dict(sliding_chunk='a' * 12, long_short='b' * 12, pale='c' * 12, vicinity='d' * 12)
+SESSION_DIGESTS = {op: letter * 12 for op, letter in zip(OP_NAMES, 'abcd')}
 
 
 def _digests_line(monkeypatch, digests):
@@ -254,7 +254,7 @@ def _session(folder, times, failing=(), failing_backbone=None, backbones=tuple(B
     lines.append('vil-s,triton,fwd,bf16,8,800,1333,1,1,0.01,0.001,ok')  # forward alone never decides
     (folder / 'benchmark.csv').write_text('\n'.join(lines) + '\n')
     cases = []
-    for module, *_older_names in defaults_tool.KERNEL_TESTS.values():
+    for module in (defaults_tool.kernel_test_modules(op)[0] for op in OP_NAMES):
         for dtype in ('fp32', 'bf16'):
             failure = '<failure message="x"/>' if (module, dtype) in failing else ''
             cases.append(
@@ -314,7 +314,7 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert 'vicinity/bf16: vvt-s lacks fast and triton rows at batch 8 and 2: stays unmeasured' in gaps
     # Each row records the digest of its op's kernels that the call reported.
     assert {row.op: row.measured.kernel_digest for row in rows} == {
-        op: SESSION_DIGESTS[op] for op in ('sliding_chunk', 'long_short', 'pale')
+        op: SESSION_DIGESTS[op] for op in OP_NAMES if op != 'vicinity'
     }
     # A failed backbone test on 'triton' counts against every op the backbone runs.
     later = _session(tmp_path / 'later', times, failing_backbone='ViLLS')
@@ -363,7 +363,7 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     assert written['sliding_chunk', 'bf16'].path == 'triton'
     assert dataclasses.asdict(written['sliding_chunk', 'bf16'].measured) == dataclasses.asdict(rows[0].measured)
     assert written['sliding_chunk', 'fp32'].measured is None and written['sliding_chunk', 'fp32'].path == 'fast'
-    assert len(module.CUDA_DEFAULTS) == len(cuda_defaults.OPS) * len(DTYPES)
+    assert len(module.CUDA_DEFAULTS) == len(OP_NAMES) * len(DTYPES)
     # The GPU table: every bf16 fwd+bwd row, batch 8 first, with the ratios the benchmark wrote.
     markdown = defaults_tool.gpu_table([str(session)], predict=False).splitlines()
     assert markdown[0].startswith('| model | path | batch | time (ms) | x Swin-T |')
@@ -384,12 +384,12 @@ def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
     assert tuple(rows) == cuda_defaults.MEASURED
     # The recorded calls name no digest of their own: without the given ones no row is trusted.
     unknown, gaps = defaults_tool.measured_rows(calls, measured_on['commit'], measured_on['date'])
-    assert {row.path for row in unknown} == {'fast'} and len(gaps) == len(cuda_defaults.OPS)
+    assert {row.path for row in unknown} == {'fast'} and len(gaps) == len(OP_NAMES)
     # Today's kernels are the ones measured: 'auto' runs what the rule decided.
     assert all(row.path == row.decided for row in cuda_defaults.MEASURED)
     page = (ROOT / 'docs' / 'benchmarks.md').read_text()
     table = defaults_tool.gpu_table(calls, predict=False).splitlines()[2:]
-    assert len(table) >= 2 * len(defaults_tool.BATCHES) * len(cuda_defaults.OPS)
+    assert len(table) >= 2 * len(defaults_tool.BATCHES) * len(OP_NAMES)
     for line in table:
         measured = line.rsplit('|', 3)[0]  # the tracer's two columns left out
         assert measured in page, f'docs/benchmarks.md lacks the row {line}'
@@ -410,6 +410,7 @@ def test_tool_predicts_peaks_with_the_tracer(monkeypatch):
 def test_each_op_is_decided_by_a_backbone_that_runs_it():
     """By the size of a family that runs the op which the tools set beside Swin-T."""
     compared = {family.compared_model: family for family in FAMILIES}
-    for op, model in cuda_defaults.DECIDED_BY.items():
+    for spec in OP_SPECS:
+        model = spec.deciding_model
         assert model in benchmark.MODEL_ZOO and model in compared, model
-        assert op in [name for name, _ in compared[model].cls.attention_ops], (op, model)
+        assert spec in compared[model].cls.attention_ops, (spec.name, model)

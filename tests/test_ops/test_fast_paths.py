@@ -17,6 +17,7 @@ from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+from visattn_mm.ops.specs import LONG_SHORT, SLIDING_CHUNK
 
 HEADS, DIM = 2, 5
 TOLERANCES = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
@@ -355,7 +356,7 @@ def test_backbone_logs_its_attention_implementation_once_at_build(backbone, monk
     assert "selected process-wide: 'fast'" in lines[1], lines
 
 
-@pytest.mark.parametrize('op_name', ['sliding_chunk', 'long_short'])
+@pytest.mark.parametrize('op_name', [SLIDING_CHUNK.name, LONG_SHORT.name])
 def test_fused_paths_gather_keys_again_in_backward(op_name, monkeypatch):
     """The fused ViL and ViL-LS paths keep the tokens, not their gathered neighbour keys and values,
     for the attention's backward (``RegatherInBackward``): the rows are gathered again there, the

@@ -11,7 +11,7 @@ import profile_step
 import pytest
 import torch
 
-from visattn_mm.ops.impl import TRITON_OPS
+from visattn_mm.ops.specs import OP_NAMES
 
 OWN = profile_step.own_kernels()
 
@@ -184,7 +184,7 @@ def test_own_kernels_are_the_jit_functions_of_each_op_module():
     each op's module (and nothing of the shared helpers, which belong to no op), and each custom op."""
     triton = pytest.importorskip('triton')
     expected = {}
-    for op in TRITON_OPS:
+    for op in OP_NAMES:
         module = importlib.import_module(f'visattn_mm.ops.triton.{op}')
         for name, value in vars(module).items():
             if isinstance(value, triton.runtime.JITFunction) and value.__module__ == module.__name__:

@@ -62,9 +62,9 @@ def test_attention_table_matches_the_paths_backbones_take(backbone, impl, monkey
         with attention_impl(impl):
             taken = paths_taken(model, training, monkeypatch)
             expected = {
-                op: {chosen_path('cpu', has_bias and training)}
-                for op, has_bias in BACKBONES[backbone].attention_ops
-                if has_bias is not None
+                spec.name: {chosen_path('cpu', spec.trained_bias and training)}
+                for spec in BACKBONES[backbone].attention_ops
+                if spec.softmax
             }
         assert taken == expected, (backbone, impl, training)
 

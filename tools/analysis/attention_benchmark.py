@@ -39,12 +39,13 @@ from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+from visattn_mm.ops.specs import OP_NAMES
 from visattn_mm.ops.vicinity import vicinity_attention
 
 WINDOW = 7
 DP_RANK = 8
 NUM_GLOBAL = 1
-OURS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
+OURS = OP_NAMES
 DENSE = ('dense', 'sdpa')
 # fp32 N x N buffers alive at the peak of the dense path: logits and probabilities
 # in forward; plus their gradients in backward.

@@ -8,9 +8,9 @@ replaces an earlier one's; a call whose files came back packed: unpack its ``res
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
 ``session.log`` (the GPU and the versions, from the first call that reported them, and the digest of each op's
 compiled kernels that every call reporting one reported: ``visattn_mm.collect_env.KERNEL_DIGESTS_KEY``). For each op of
-``visattn_mm.ops.cuda_defaults.OPS`` and each dtype it takes
+``visattn_mm.ops.specs.OP_SPECS`` and each dtype it takes
 
-* the ``triton / fast`` time ratio of the op's deciding model (``DECIDED_BY``), forward + backward
+* the ``triton / fast`` time ratio of the op's deciding model (``OpSpec.deciding_model``), forward + backward
   at 800x1333, at batch 8 and at batch 2;
 * whether the op's CUDA tests of that dtype passed: its kernels' file (at least one passed, none
   failed), and the backbone tests on ``'triton'`` of every backbone that runs the op (for each such
@@ -44,6 +44,7 @@ from visattn_mm.collect_env import KERNEL_DIGESTS_KEY
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import cuda_defaults
 from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
+from visattn_mm.ops.specs import OP_NAMES, OP_SPECS
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TABLE_FILE = osp.join(ROOT, 'visattn_mm', 'ops', 'cuda_defaults.py')
@@ -63,13 +64,15 @@ BEGIN, END = '# BEGIN measured rows', '# END measured rows'
 ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest'
 SIZE = (800, 1333)
 BATCHES = (8, 2)
-# The test module(s) of each op's kernels: the sliding-chunk one was test_triton_kernels in the sessions on record.
-KERNEL_TESTS = dict(
-    sliding_chunk=('test_triton_sliding_chunk', 'test_triton_kernels'),
-    long_short=('test_triton_long_short',),
-    pale=('test_triton_pale',),
-    vicinity=('test_triton_vicinity',),
-)
+# The sliding-chunk kernels' test module was test_triton_kernels in the sessions on record.
+FORMER_KERNEL_TESTS = dict(sliding_chunk=('test_triton_kernels',))
+
+
+def kernel_test_modules(op):
+    """The test modules of the kernels of ``op``: its own, then the names it had in earlier sessions."""
+    return (f'test_triton_{op}', *FORMER_KERNEL_TESTS.get(op, ()))
+
+
 BACKBONE_TEST = 'test_backbone_matches_float64_reference'
 
 
@@ -133,7 +136,7 @@ def read_kernel_digests(sessions, given=None):
         tuple: ``{op: digest or None}`` for every op (None where no call reported one or calls reported
         different ones), and a line for each op recorded as None.
     """
-    reported = {op: {given[op]} if op in (given or {}) else set() for op in cuda_defaults.OPS}
+    reported = {op: {given[op]} if op in (given or {}) else set() for op in OP_NAMES}
     for session in sessions:
         log = open(osp.join(session, 'session.log')).read()
         for line in re.findall(rf'^{re.escape(KERNEL_DIGESTS_KEY)}: (.*)$', log, re.M):
@@ -155,12 +158,13 @@ def op_tests_outcome(op, dtype, outcomes):
     """How the CUDA tests of ``op`` in ``dtype`` went (``Measurement.tests``), over its kernel tests and the
     backbone tests on 'triton' of each backbone that runs it: 'failed' where one failed, else 'passed' where
     each group had one that passed, else 'incomplete'."""
-    classes = [name for name, cls in BACKBONES.items() if any(o == op for o, _ in cls.attention_ops)]
+    classes = [name for name, cls in BACKBONES.items() if any(spec.name == op for spec in cls.attention_ops)]
+    kernel_tests = kernel_test_modules(op)
 
     def group(test_id):
         module, name = test_id.split('::', 1)
         params = re.split(r'[-\[\]]', name)
-        if module in KERNEL_TESTS[op]:
+        if module in kernel_tests:
             return 'kernels' if dtype in params else None
         if name.startswith(BACKBONE_TEST) and 'triton' in params and dtype in params and params[2] in classes:
             return params[2]
@@ -186,8 +190,8 @@ def measured_rows(sessions, commit, date, kernel_digests=None):
     versions = read_versions(sessions)
     digests, gaps = read_kernel_digests(sessions, kernel_digests)
     rows = []
-    for op in cuda_defaults.OPS:
-        model = cuda_defaults.DECIDED_BY[op]
+    for spec in OP_SPECS:
+        op, model = spec.name, spec.deciding_model
         for dtype in cuda_defaults.DTYPE_NAMES.values():
             ratios = []
             for batch in BATCHES:
@@ -290,9 +294,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.kernel_digests:
         pairs = [item.partition('=') for item in common.parse_list(args.kernel_digests, str, '--kernel-digests')]
-        bad = [op for op, _, digest in pairs if op not in cuda_defaults.OPS or not digest]
+        bad = [op for op, _, digest in pairs if op not in OP_NAMES or not digest]
         if bad:
-            parser.error(f'--kernel-digests: {bad} not OP=DIGEST with OP of {", ".join(cuda_defaults.OPS)}')
+            parser.error(f'--kernel-digests: {bad} not OP=DIGEST with OP of {", ".join(OP_NAMES)}')
         args.kernel_digests = {op: digest for op, _, digest in pairs}
     return args
 

@@ -53,7 +53,8 @@ import torch
 import visattn_mm
 from visattn_mm.analysis.step_cost import OP_CLASSES, trace_step
 from visattn_mm.models import FAMILIES
-from visattn_mm.ops.impl import ATTENTION_IMPLS, TRITON_OPS, attention_impl
+from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
+from visattn_mm.ops.specs import OP_NAMES
 
 DEFAULT_MODELS = ('swin-t',) + tuple(family.compared_model for family in FAMILIES)
 TRITON_FOLDER = osp.join(osp.dirname(visattn_mm.__file__), 'ops', 'triton')
@@ -125,7 +126,7 @@ def own_kernels(folder=TRITON_FOLDER):
     """Our Triton kernels and custom ops by name, each with the op it belongs to.
 
     Read from the source of each op's module in ``folder`` (``ops/triton/<op>.py`` for the ops of
-    ``TRITON_OPS``), not imported, so that no Triton is needed: every ``@triton.jit`` function (the
+    ``visattn_mm.ops.specs.OP_NAMES``), not imported, so that no Triton is needed: every ``@triton.jit`` function (the
     kernels, and their helpers, which are inlined and never show in a profile) and the custom ops
     ``host.define_op`` registers (``visattn_mm::<name>`` and ``visattn_mm::<name>_backward``, the
     names the CPU profiler shows).
@@ -137,7 +138,7 @@ def own_kernels(folder=TRITON_FOLDER):
         dict[str, str]: ``{kernel or op name: op}``, e.g. ``{'_pale_forward': 'pale'}``.
     """
     names = {}
-    for op in TRITON_OPS:
+    for op in OP_NAMES:
         with open(osp.join(folder, f'{op}.py')) as source:
             tree = ast.parse(source.read())
         for node in ast.walk(tree):

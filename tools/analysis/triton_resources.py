@@ -40,7 +40,8 @@ import _bench_common as common
 import torch
 
 from visattn_mm.models import BACKBONES, FAMILIES
-from visattn_mm.ops import cuda_defaults, kernel_digests
+from visattn_mm.ops import kernel_digests
+from visattn_mm.ops.specs import OP_NAMES
 
 # Each family's size set beside Swin-T: (class name, arch) by the tools' name.
 MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
@@ -194,7 +195,7 @@ def kernel_resources(name, dtype, size, capability=90):
 def op_digests(rows):
     """One digest per op of the code of its kernels: of every distinct launch's code in ``rows``, however the rows
     group the launches and whichever backbones launched them; in the order of
-    :data:`visattn_mm.ops.cuda_defaults.OPS`.
+    :data:`visattn_mm.ops.specs.OP_NAMES`.
 
     Args:
         rows (list[dict]): Rows of :func:`kernel_resources`.
@@ -205,10 +206,12 @@ def op_digests(rows):
     codes = {}
     for row in rows:
         codes.setdefault(row['op'], set()).update(row['launches'])
-    unknown = set(codes) - set(cuda_defaults.OPS)
+    unknown = set(codes) - set(OP_NAMES)
     if unknown:
-        raise ValueError(f'kernels of {sorted(unknown)}, which cuda_defaults.OPS lacks: add the op there')
-    return {op: code_digest('\n'.join(sorted(codes[op]))) for op in cuda_defaults.OPS if op in codes}
+        raise ValueError(
+            f'kernels of {sorted(unknown)}, which the spec table (visattn_mm.ops.specs) lacks: add the op there'
+        )
+    return {op: code_digest('\n'.join(sorted(codes[op]))) for op in OP_NAMES if op in codes}
 
 
 def digest_changes(digests, committed=None):

@@ -124,9 +124,8 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
     arch_required = ('depths', 'embed_dims', 'num_heads')
     #: Optional per-stage arch keys -> default (one value for every stage, or a tuple).
     arch_defaults = {}
-    #: The attention ops of the default stages, each with whether it has a learned logit
-    #: bias (RPB) that trains with the model (which decides ``'auto'`` on the CPU, see
-    #: :func:`visattn_mm.ops.impl.chosen_path`), or None for an op without softmax.
+    #: The specs (:mod:`visattn_mm.ops.specs`) of the attention ops of the default stages: the build
+    #: log and the environment report say what ``'auto'`` runs for each.
     attention_ops = ()
     #: Centre-crop fraction of the paper's ImageNet evaluation (timm's ``crop_pct``).
     crop_pct = 0.875

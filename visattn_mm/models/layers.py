@@ -138,7 +138,7 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
     Args:
         attn_impl (str): The backbone's argument.
         name (str): The backbone's name, for the messages.
-        attention_ops (tuple): The backbone's ``attention_ops``: where 'auto' is in force, the log
+        attention_ops (tuple): The backbone's ``attention_ops`` (op specs): where 'auto' is in force, the log
             line says what each runs on CUDA per dtype (the environment report says on what evidence).
 
     Raises:
@@ -150,14 +150,14 @@ def check_attn_impl(attn_impl, name, attention_ops=()):
             "(see visattn_mm.ops.impl; 'auto' picks per device)"
         )
     # What the line speaks of: the backbone's softmax attentions and / or its vicinity attention (no bias).
-    softmax = any(has_bias is not None for _, has_bias in attention_ops) or not attention_ops
-    vicinity = any(has_bias is None for _, has_bias in attention_ops) or not attention_ops
+    softmax = any(op.softmax for op in attention_ops) or not attention_ops
+    vicinity = any(not op.softmax for op in attention_ops) or not attention_ops
     line = f'{name}: {describe_impl(attn_impl, softmax, vicinity)}'
     if attn_impl == 'auto' and get_attention_impl() == 'auto' and attention_ops:
         # The rows' evidence is the environment report's (it would make this line 1,500 characters long).
         line += (
             '; on CUDA: '
-            + '; '.join(describe_cuda_defaults(op, has_bias, evidence=False) for op, has_bias in attention_ops)
+            + '; '.join(describe_cuda_defaults(op.name, evidence=False) for op in attention_ops)
             + ' (why: python tools/collect_env.py on the GPU machine)'
         )
     print_log(line, logger='current')

@@ -36,6 +36,7 @@ import torch.nn as nn
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
+from ..ops.specs import PALE
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
 
@@ -231,7 +232,7 @@ class PaleTransformer(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(pale_sizes=DEFAULT_PALE_SIZE, mlp_ratios=DEFAULT_MLP_RATIO)
-    attention_ops = (('pale', False),)
+    attention_ops = (PALE,)
     crop_pct = 0.875  # the paper resizes to 256 and crops 224
     numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(pale_checkpoint_filter)

@@ -23,6 +23,7 @@ from timm.layers import DropPath, trunc_normal_
 
 from ..ops.indexing import SHIFT_MODES, check_modes
 from ..ops.rel_pos import long_short_rpb_table_size, resize_1d_table, resize_rpb_table
+from ..ops.specs import LONG_SHORT, SLIDING_CHUNK
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, with_aliases
 from .layers import (
     Mlp,
@@ -299,7 +300,7 @@ class ViL(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(patch_sizes=PATCH_SIZES, num_global_tokens=NUM_GLOBAL_TOKENS)
-    attention_ops = (('sliding_chunk', True),)
+    attention_ops = (SLIDING_CHUNK,)
     crop_pct = 0.875  # DeiT's evaluation crop
     checkpoint_filter = staticmethod(vil_checkpoint_filter)
     derived_tensors = ('relative_position_index',)
@@ -492,7 +493,7 @@ class ViLLS(ViL):
     """
 
     arch_zoo = LS_ARCH_ZOO
-    attention_ops = (('long_short', True), ('sliding_chunk', True))
+    attention_ops = (LONG_SHORT, SLIDING_CHUNK)
 
     def __init__(self, arch='medium', attn_types=LS_ATTN_TYPES, **kwargs):
         super().__init__(arch=arch, attn_types=attn_types, **kwargs)

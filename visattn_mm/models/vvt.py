@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
 
+from ..ops.specs import VICINITY
 from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attention
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
 from .layers import (
@@ -305,7 +306,7 @@ class VVT(DenseBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_defaults = dict(mlp_ratios=DEFAULT_MLP_RATIO)
-    attention_ops = (('vicinity', None),)
+    attention_ops = (VICINITY,)
     crop_pct = 0.9  # PVT's evaluation crop
     numbered_layout = NUMBERED_LAYOUT
     checkpoint_filter = staticmethod(vvt_checkpoint_filter)

@@ -29,9 +29,8 @@ import dataclasses
 import torch
 
 from . import kernel_digests
+from .specs import OP_NAMES, op_spec
 
-#: The ops whose CUDA path this table decides (those with Triton kernels).
-OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 #: The dtypes of the rows, by the name the benchmarks use.
 DTYPE_NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16', torch.float32: 'fp32'}
 PATHS = ('fast', 'triton')
@@ -84,7 +83,7 @@ class CudaDefault:
     ``head_dims`` (inclusive; None: unbounded), and on what evidence.
 
     Args:
-        op (str): One of :data:`OPS`.
+        op (str): An op's name (:data:`visattn_mm.ops.specs.OPS`).
         dtype (str): 'bf16', 'fp16' or 'fp32' (the query's dtype; under autocast, the autocast dtype).
         decided (str): 'fast' or 'triton', as the rule (:func:`decide`) decided from ``measured``; 'auto'
             runs it while the op's kernels are the ones measured (:attr:`path`).
@@ -162,15 +161,11 @@ def decide(measured):
     return 'triton' if measured.ratio_batch8 < 1 and measured.ratio_batch2 < 1 else 'fast'
 
 
-#: The backbone (its ``tools/analysis/benchmark.py`` name) whose step decides each op's rows.
-DECIDED_BY = dict(sliding_chunk='vil-s', long_short='vil-ls-s', pale='pale-t', vicinity='vvt-s')
-
-
 def unmeasured_rows(measured=()):
     """An unmeasured 'fast' row for every op and dtype that the rows ``measured`` leave out."""
     return tuple(
         CudaDefault(op, dtype, 'fast')
-        for op in OPS
+        for op in OP_NAMES
         for dtype in DTYPE_NAMES.values()
         if not any(row.op == op and row.dtype == dtype for row in measured)
     )
@@ -237,14 +232,12 @@ def cuda_default(op, dtype, head_dim=None):
     return next((row for row in CUDA_DEFAULTS if row.covers(op, name, head_dim)), None)
 
 
-def describe_cuda_defaults(op, has_bias=False, evidence=True):
+def describe_cuda_defaults(op, evidence=True):
     """What 'auto' runs for ``op`` on CUDA, per dtype, and why: e.g. ``'pale fast on bf16, fp16, fp32
     (defaults table: not measured on a GPU yet)'``, rows of equal path and reason merged.
 
     Args:
-        op (str): One of :data:`OPS`.
-        has_bias (bool | None): As in a backbone's ``attention_ops``; None for an attention without
-            softmax (vicinity attention), whose 'fast' path is its torch ops.
+        op (str): An op's name (an op without softmax, vicinity attention, names its 'fast' path 'torch ops').
         evidence (bool): Whether to give each row's reason (the measurement behind it); without,
             rows of equal path are merged and the line stays short (``'pale fast on bf16, fp16, fp32'``).
     """
@@ -253,7 +246,7 @@ def describe_cuda_defaults(op, has_bias=False, evidence=True):
         if row.op == op:
             key = (row.path, row.reason) if evidence else (row.path, None)
             groups.setdefault(key, []).append(row.name.split('/', 1)[1])
-    fast_label = 'torch ops' if has_bias is None else 'fast'
+    fast_label = 'fast' if op_spec(op).softmax else 'torch ops'
     return f'{op} ' + '; '.join(
         f'{fast_label if path == "fast" else path} on {", ".join(labels)}'
         + (f' (defaults table: {reason})' if evidence else '')

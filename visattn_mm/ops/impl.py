@@ -15,14 +15,12 @@ function, and Triton kernels:
   of the two measured faster, by whether a bias needs a gradient (see
   ``FUSED_DEVICES`` and :func:`chosen_path`).
 * ``'triton'``: Triton kernels that store neither gathered neighbours nor
-  logits, for the ops in ``TRITON_OPS`` on CUDA tensors
-  (:mod:`visattn_mm.ops.triton.sliding_chunk`,
-  :mod:`visattn_mm.ops.triton.long_short`, :mod:`visattn_mm.ops.triton.pale`,
-  :mod:`visattn_mm.ops.triton.vicinity`); other ops and devices take the path
-  'auto' picks. What the kernels cannot run (attention dropout, windows over
-  :data:`MAX_TRITON_WINDOW`, vicinity head dims over :data:`MAX_TRITON_VICINITY_HEAD_DIM`)
-  :func:`can_run_triton` refuses, naming the reason: an error where 'triton' was asked for,
-  a warning (once per reason) where 'auto' picked it and runs 'fast' instead.
+  logits, for every op of :mod:`visattn_mm.ops.specs` on CUDA tensors
+  (``visattn_mm.ops.triton.<op>``); other devices take the path 'auto' picks.
+  What the kernels cannot run (attention dropout, and each op's
+  :class:`~visattn_mm.ops.specs.TritonLimits`) :func:`can_run_triton` refuses, naming the
+  reason: an error where 'triton' was asked for, a warning (once per reason) where 'auto'
+  picked it and runs 'fast' instead.
 
 Vicinity attention (:mod:`visattn_mm.ops.vicinity`) has no softmax and is
 linear by construction: 'auto', 'fast' and 'math' run its one torch path; 'triton'
@@ -45,18 +43,10 @@ import torch
 
 from .cuda_defaults import cuda_default
 from .process_state import STATE
+from .specs import OPS, op_spec
 
 ATTENTION_IMPLS = ('auto', 'fast', 'math', 'triton')
-# Ops with Triton kernels ('triton'), by name.
-TRITON_OPS = ('sliding_chunk', 'long_short', 'pale', 'vicinity')
 ENV_VAR = 'VISATTN_ATTENTION_IMPL'
-
-# What the Triton kernels cannot run (their public functions refuse it too): chunks (segments) over 11 tokens a
-# side, whose tiles of 256 slots need more shared memory than an H100's 227 KB; vicinity head dims over 64
-# (over 32 in float64 on a GPU), whose (4d x d) sums per program do not fit it either (sm_90 compiles:
-# docs/benchmarks_history.md, "Triton kernels: registers and spills").
-MAX_TRITON_WINDOW = 11
-MAX_TRITON_VICINITY_HEAD_DIM, MAX_TRITON_VICINITY_FLOAT64_HEAD_DIM = 64, 32
 
 # Device types besides CUDA (whose 'auto' follows ops/cuda_defaults.py) on which 'auto' picks the
 # fused path. Measured on CPU (torch 2.12, forward + backward, stage-1 shapes; rerun with
@@ -204,8 +194,8 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=
             padded tensors instead: no faster than the explicit path and more
             saved for backward; 'auto' keeps the explicit path then.
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
-        op (str, optional): The op's name; 'triton' is taken by the ops in
-            :data:`TRITON_OPS` on :func:`triton_device_types`, elsewhere it means 'auto'.
+        op (str, optional): The op's name (:data:`visattn_mm.ops.specs.OPS`); 'triton' is taken by an op
+            on :func:`triton_device_types`, elsewhere (and by None, a part of an op) it means 'auto'.
         dtype (torch.dtype, optional): The query's dtype, and
         head_dim (int, optional): its head dim: on CUDA, 'auto' follows the row of
             :mod:`visattn_mm.ops.cuda_defaults` they select (None: the op's bf16 row).
@@ -213,14 +203,14 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=
     device_type = dispatch_device_type(device_type)
     choice = resolve_impl(impl)
     if choice == 'triton':
-        if op in TRITON_OPS and device_type in triton_device_types():
+        if op in OPS and device_type in triton_device_types():
             return 'triton'
         choice = 'auto'
     if choice != 'auto':
         return choice
     if device_type == 'cuda':
         row = cuda_default(op, dtype, head_dim)
-        return 'triton' if row is not None and row.path == 'triton' and op in TRITON_OPS else 'fast'
+        return 'triton' if row is not None and row.path == 'triton' else 'fast'
     fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)
     return 'fast' if fused else 'math'
 
@@ -249,25 +239,10 @@ def attention_path(op, q, *biases, impl='auto', window=None, dropout_p=0.0):
 
 
 def triton_limit(op, q, window=None, dropout_p=0.0):
-    """What keeps the Triton kernels of ``op`` from running a call, in words; None where nothing does. The
-    kernels' public functions refuse the same (see :func:`can_run_triton`)."""
-    if dropout_p > 0:
-        return f'the kernels do not support attention dropout (dropout_p={dropout_p})'
-    if window is not None and window > MAX_TRITON_WINDOW:
-        return (
-            f'the kernels take windows of at most {MAX_TRITON_WINDOW} tokens a side (window <= '
-            f"{MAX_TRITON_WINDOW}: tiles of 128 slots), got window={window}: larger tiles would not fit the GPU's "
-            'shared memory'
-        )
-    if op == 'vicinity':
-        gpu_float64 = q.dtype == torch.float64 and not triton_interpreted()
-        limit = MAX_TRITON_VICINITY_FLOAT64_HEAD_DIM if gpu_float64 else MAX_TRITON_VICINITY_HEAD_DIM
-        if q.shape[-1] > limit:
-            return (
-                f"the kernels take head dims up to {limit}{' in float64' if gpu_float64 else ''}, got {q.shape[-1]}: a "
-                "program's (4d x d) sums would not fit the GPU's shared memory"
-            )
-    return None
+    """What keeps the Triton kernels of ``op`` from running a call, in words (its spec's
+    :class:`~visattn_mm.ops.specs.TritonLimits`); None where nothing does. The kernels' public functions
+    refuse the same (see :func:`can_run_triton`)."""
+    return op_spec(op).triton_limits.reason(q, window, dropout_p, triton_interpreted())
 
 
 def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
@@ -276,7 +251,7 @@ def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
     (the path 'auto' then runs instead is the fused torch one).
 
     Args:
-        op (str): A name in :data:`TRITON_OPS`.
+        op (str): A name in :data:`visattn_mm.ops.specs.OPS`.
         q (torch.Tensor): The op's queries ``(..., N, head_dim)``.
         window (int, optional): The op's chunk (segment) size, where it has one.
         dropout_p (float): The op's attention dropout.
@@ -288,9 +263,10 @@ def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
     reason = triton_limit(op, q, window=window, dropout_p=dropout_p)
     if reason is None:
         return True
-    fix = "impl 'math' (or 'fast')" if op == 'vicinity' else "impl 'fast' or 'math'"
     if raise_error:
-        raise ValueError(f"impl 'triton' cannot run this {op} attention call: {reason}; use {fix} for it")
+        raise ValueError(
+            f"impl 'triton' cannot run this {op} attention call: {reason}; use {op_spec(op).torch_paths} for it"
+        )
     STATE.warn_once(
         ('triton_skip', op, reason),
         f"attn_impl 'auto' runs {op} attention with torch ops here, not Triton kernels: {reason}",

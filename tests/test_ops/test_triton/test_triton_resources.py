@@ -18,7 +18,8 @@ import triton_tuning
 from helpers import build_tiny
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
 from visattn_mm.models import ViL
-from visattn_mm.ops import cuda_defaults, kernel_digests
+from visattn_mm.ops import kernel_digests
+from visattn_mm.ops.specs import OP_NAMES
 
 # Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype. bf16 trains on
 # tensor cores with few spills: the sliding-chunk query-side backward at head dim 64 spills about 150 bytes
@@ -79,7 +80,7 @@ def test_committed_kernel_digests_are_the_code_the_kernels_compile_to(rows):
         'lock file (tools/bootstrap.sh)'
     )
     digests = triton_resources.op_digests(rows)
-    assert list(digests) == list(cuda_defaults.OPS)
+    assert list(digests) == list(OP_NAMES)
     changes = triton_resources.digest_changes(digests)
     assert not changes, f'visattn_mm/ops/kernel_digests.py is stale ({changes}): {triton_resources.DIGESTS_COMMAND}'
 
@@ -89,14 +90,14 @@ def test_op_digests_follow_each_launchs_code_however_rows_group_launches():
     split = [dict(op='pale', launches=('b' * 12,)), dict(op='pale', launches=('a' * 12, 'b' * 12))]
     assert triton_resources.op_digests([row]) == triton_resources.op_digests(split)
     assert triton_resources.op_digests([row]) != triton_resources.op_digests([dict(row, launches=('a' * 12,))])
-    with pytest.raises(ValueError, match=r"kernels of \['swin'\], which cuda_defaults.OPS lacks"):
+    with pytest.raises(ValueError, match=r"kernels of \['swin'\], which the spec table \(visattn_mm.ops.specs\) lacks"):
         triton_resources.op_digests([dict(op='swin', launches=())])
 
 
 def test_digests_are_written_as_the_package_reads_them(tmp_path, monkeypatch, capsys):
     import triton
 
-    digests = {op: str(index) * 12 for index, op in enumerate(cuda_defaults.OPS)}
+    digests = {op: str(index) * 12 for index, op in enumerate(OP_NAMES)}
     path = tmp_path / 'kernel_digests.py'
     triton_resources.check_or_write_digests(digests, 'write', 90, path=str(path))
     spec = importlib.util.spec_from_file_location('written_kernel_digests', path)

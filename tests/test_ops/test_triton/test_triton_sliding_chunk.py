@@ -37,6 +37,7 @@ from visattn_mm.ops.impl import chosen_path
 from visattn_mm.ops.indexing import NEIGHBOUR_OFFSETS
 from visattn_mm.ops.rel_pos import sliding_chunk_rpb_index
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+from visattn_mm.ops.specs import OP_NAMES
 
 MODULE = 'visattn_mm.ops.triton.sliding_chunk'
 LONG_SHORT_MODULE = 'visattn_mm.ops.triton.long_short'
@@ -168,11 +169,11 @@ def test_triton_is_opt_in_and_taken_only_where_it_runs(monkeypatch):
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with attention_impl('auto'):
         # 'auto' takes the CUDA defaults table's row (tests/test_ops/test_cuda_defaults.py checks the rule behind it).
-        for op in ('sliding_chunk', 'long_short'):
+        for op in OP_NAMES:
             for dtype in (torch.float32, torch.bfloat16):
                 assert chosen_path('cuda', True, op=op, dtype=dtype) == cuda_default(op, dtype).path
         assert chosen_path('cuda', True, op='sliding_chunk', dtype=torch.float32) == 'fast'  # slower there
-        for op in ('sliding_chunk', 'long_short', 'pale', 'vicinity'):
+        for op in OP_NAMES:
             assert chosen_path('cuda', True, impl='triton', op=op) == 'triton'
         assert chosen_path('cuda', True, impl='triton') == 'fast'  # an op without kernels: as 'auto'
         assert chosen_path('cpu', True, impl='triton', op='sliding_chunk') == 'math'

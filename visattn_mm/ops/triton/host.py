@@ -355,7 +355,7 @@ def check_supported(op, q, tokens, window=None, dropout_p=0.0):
     dropout, too large windows or head dims), naming the alternative, and another token count than the map's.
 
     Args:
-        op (str): The op's name in :data:`~visattn_mm.ops.impl.TRITON_OPS`.
+        op (str): The op's name in :data:`~visattn_mm.ops.specs.OPS`.
         q (Tensor): ``(B, heads, N, d)`` queries.
         tokens (int): ``N`` the map has (``height * width``).
         window (int, optional): The chunk (segment) size, where the op has one.

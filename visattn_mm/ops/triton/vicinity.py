@@ -476,7 +476,7 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     Raises:
         ValueError: For ``q``, ``k``, ``v`` that are not 4-D tensors of one shape,
             a token count other than ``height * width``, or a head dim the kernels'
-            shared memory cannot hold (:func:`~visattn_mm.ops.impl.triton_limit`): use impl 'math' then.
+            shared memory cannot hold (:class:`~visattn_mm.ops.specs.TritonLimits`): use impl 'math' then.
         RuntimeError: For tensors that are not on a CUDA device, unless Triton's
             interpreter is on (``TRITON_INTERPRET=1`` before the kernels are imported).
     """
