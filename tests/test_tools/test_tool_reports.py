@@ -5,6 +5,7 @@ resume only: evaluating the checkpoint with ``tools/test.py`` says nothing about
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 from unittest import mock
 
@@ -12,9 +13,6 @@ import pytest
 import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
-import visattn_mm.ops.long_short
-import visattn_mm.ops.pale
-import visattn_mm.ops.sliding_chunk
 from helpers import build_tiny
 from tool_runs import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool
 from visattn_mm import toy_data as toy
@@ -23,8 +21,10 @@ from visattn_mm.engine import RngStateHook
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.impl import chosen_path
+from visattn_mm.ops.specs import OP_SPECS
 
-OPS_WITH_TWO_PATHS = (visattn_mm.ops.sliding_chunk, visattn_mm.ops.long_short, visattn_mm.ops.pale)
+# The modules of the softmax attentions, which have two torch paths.
+OPS_WITH_TWO_PATHS = [importlib.import_module(f'visattn_mm.ops.{spec.name}') for spec in OP_SPECS if spec.softmax]
 NO_RNG_STATES = 'RngStateHook: the checkpoint has no RNG states'
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath, trunc_normal_
 
-from ..ops.indexing import SHIFT_MODES, check_modes
+from ..ops.indexing import check_modes
 from ..ops.rel_pos import long_short_rpb_table_size, resize_1d_table, resize_rpb_table
 from ..ops.specs import LONG_SHORT, SLIDING_CHUNK
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, with_aliases
@@ -356,10 +356,8 @@ class ViL(DenseBackbone):
             check_int(g, f'num_global_tokens[{i}]', name, minimum=0)
         for d in dims:
             check_mlp_ratio(mlp_ratio, 'mlp_ratio', name, d)
-        if shift_mode not in SHIFT_MODES:
-            raise ValueError(f'{name}: shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
         try:
-            check_modes(masking_mode, 1 if random_shift else shift_mode)
+            check_modes(masking_mode, shift_mode, random_shift)
         except ValueError as err:
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[: i + 1]) for i in range(num_stages)]
@@ -508,7 +506,7 @@ def set_random_shift(model, enabled):
     layers = [m for m in model.modules() if isinstance(m, SlidingChunkAttention)]
     if enabled:
         for m in layers:
-            check_modes(m.masking_mode, 1)
+            check_modes(m.masking_mode, m.shift_mode, random_shift=True)
     for m in layers:
         m.random_shift = enabled
     return len(layers)

@@ -147,9 +147,7 @@ class SlidingChunkAttention(RelativePositionBias):
         attn_impl='auto',
     ):
         super().__init__()
-        check_modes(masking_mode, shift_mode)
-        if random_shift:  # every draw must work with the masking mode (shift 1 stands for them all)
-            check_modes(masking_mode, 1)
+        check_modes(masking_mode, shift_mode, random_shift)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5

@@ -44,12 +44,21 @@ def neighbour_blocks(shift_mode):
     raise ValueError(f'shift_mode must be one of {SHIFT_MODES}, got {shift_mode!r}')
 
 
-def check_modes(masking_mode, shift_mode):
-    """Raise a ValueError naming the problem for an unsupported mode combination."""
+def check_modes(masking_mode, shift_mode, random_shift=False):
+    """Raise a ValueError naming the problem for an unsupported mode combination: the one check of
+    sliding-chunk attention's modes, wherever they are taken (the op, its Triton kernels and reference,
+    the attention module and ViL's arguments, :func:`~visattn_mm.models.vil.set_random_shift`).
+
+    Args:
+        masking_mode (int): One of :data:`MASKING_MODES`.
+        shift_mode (int): One of :data:`SHIFT_MODES`.
+        random_shift (bool): Whether training draws the shift (1..8) at random: every draw must
+            work with the masking mode.
+    """
     if masking_mode not in MASKING_MODES:
         raise ValueError(f'masking_mode must be one of {MASKING_MODES}, got {masking_mode!r}')
     neighbour_blocks(shift_mode)
-    if masking_mode == 1 and shift_mode != 0:
+    if masking_mode == 1 and (shift_mode != 0 or random_shift):
         raise ValueError(
             'masking_mode=1 (exact window) needs all 8 neighbour chunks; it cannot be '
             f'combined with shift_mode={shift_mode} or random shift. Use masking_mode=0.'
