@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cuda_defaults import RESULTS_DIR
+from decide_cuda_defaults import RESULTS_DIR
 
 from paths import ROOT
 

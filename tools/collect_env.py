@@ -8,7 +8,7 @@ Usage::
 Paste its output into bug reports; ``tools/train.py`` logs the same at start.
 """
 
-from visattn_mm.collect_env import collect_env, format_env
+from visattn_mm.env_report import collect_env, format_env
 
 
 def main():

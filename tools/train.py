@@ -16,7 +16,7 @@ import torch
 from mmengine.config import Config, DictAction
 
 from visattn_mm import cli as common
-from visattn_mm.collect_env import format_env, plugin_env
+from visattn_mm.env_report import format_env, plugin_env
 
 
 def parse_args(argv=None) -> argparse.Namespace:

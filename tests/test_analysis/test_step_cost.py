@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 
 import pytest
-import step_cost as step_cost_tool
 import step_cost_calibration
+import step_cost_report as step_cost_tool
 import torch
 import torch.nn.functional as F
 
@@ -219,7 +219,7 @@ def test_step_cost_tool_refuses_bad_options(argv, message):
 
 
 # Ceilings of each backbone's step at batch 8, 800x1333, bf16 autocast, forward + backward, as ratios to
-# Swin-T traced in the same run: just above what tools/analysis/step_cost.py gives today, so that a change
+# Swin-T traced in the same run: just above what tools/analysis/step_cost_report.py gives today, so that a change
 # that makes a backbone heavier fails here (the counts are deterministic). Lower them when a change lowers
 # the figures.
 FIGURES = ('peak memory', 'layout-op bytes', 'ops launched', 'bytes moved', 'ops launched per block')

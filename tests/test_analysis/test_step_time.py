@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import step_cost as step_cost_tool
+import step_cost_report as step_cost_tool
 import step_time_calibration
 
 from helpers import build_tiny

@@ -1,6 +1,6 @@
 """The CUDA defaults table (``visattn_mm.ops.cuda_defaults``): its form and rule, 'auto' following it
 on CUDA (dispatch emulated on the CPU, as the step-cost tracer does) while the kernels compile to the code
-a GPU measured, the reports that name its rows, and ``tools/analysis/cuda_defaults.py`` turning a GPU
+a GPU measured, the reports that name its rows, and ``tools/analysis/decide_cuda_defaults.py`` turning a GPU
 session's files into rows."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import sys
 import warnings
 
 import benchmark
-import cuda_defaults as defaults_tool  # the tool, not visattn_mm.ops.cuda_defaults
+import decide_cuda_defaults as defaults_tool
 import pytest
 import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
 from paths import ROOT
-from visattn_mm.collect_env import KERNEL_DIGESTS_KEY, attention_paths, format_env, plugin_env
+from visattn_mm.env_report import KERNEL_DIGESTS_KEY, attention_paths, format_env, plugin_env
 from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
 from visattn_mm.ops import kernel_digests
@@ -397,12 +397,12 @@ def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
 
 def test_tool_predicts_peaks_with_the_tracer(monkeypatch):
     """The tracer's peak for a row: a real trace, of a tiny backbone here (the command runs the rows' models)."""
-    import step_cost
+    import step_cost_report
 
     from visattn_mm.models import ViL
 
     monkeypatch.setattr(defaults_tool, 'SIZE', (64, 64))
-    monkeypatch.setattr(step_cost, 'build_backbone', lambda name: ViL(arch='tiny'))
+    monkeypatch.setattr(step_cost_report, 'build_backbone', lambda name: ViL(arch='tiny'))
     peak = defaults_tool.predicted_peak_gib('vil-t', 'fast', 1)
     assert 0 < peak < 1
 

@@ -17,7 +17,7 @@ from visattn_mm.ops.specs import OP_NAMES, OP_SPECS, OPS, op_spec
 # Data keyed by op that is not a list of the ops (a test checks its keys against the table).
 KEYED_BY_OP = {
     'visattn_mm/ops/kernel_digests.py': 'generated: the digests of the kernels in this tree',
-    'tools/analysis/cuda_defaults.py': "recorded: the digests of the kernels that the deciding GPU calls ran",
+    'tools/analysis/decide_cuda_defaults.py': "recorded: the digests of the kernels that the deciding GPU calls ran",
 }
 
 

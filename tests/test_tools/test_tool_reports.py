@@ -16,8 +16,8 @@ import visattn_mm.ops.cuda_defaults as cuda_defaults
 from helpers import build_tiny
 from tool_runs import DET_CONFIG, _load_tool, _log_text, _run, _test_metrics, _tool
 from visattn_mm import toy_data as toy
-from visattn_mm.collect_env import attention_paths, plugin_env
 from visattn_mm.engine import RngStateHook
+from visattn_mm.env_report import attention_paths, plugin_env
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.impl import chosen_path

@@ -1,7 +1,7 @@
 """Where a training step's GPU time goes: each backbone's kernels by class, its busy fraction, its floor.
 
 For Swin-T and each family's backbone beside it (``--models``, named and built as ``benchmark.py`` and
-``step_cost.py`` do: Swin-T is timm's, as in the GPU measurements and the floor), one training step as
+``step_cost_report.py`` do: Swin-T is timm's, as in the GPU measurements and the floor), one training step as
 the benchmark runs it (forward + backward, loss = sum of the output maps' means, gradients freed) on
 ``--batches`` images of ``--size`` under ``--dtype`` autocast, on the attention path ``--impl``
 (default ``'auto'``: what a user gets). Per model and batch:
@@ -47,7 +47,7 @@ import re
 
 import _bench_common as common
 import benchmark
-import step_cost
+import step_cost_report
 import torch
 
 import visattn_mm
@@ -268,7 +268,7 @@ def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
     """
 
     def traced(path):
-        model = step_cost.build_backbone(name).train()
+        model = step_cost_report.build_backbone(name).train()
         with attention_impl(path):
             return trace_step(model, (batch, 3, *size), dtype=dtype, mode='fwd+bwd', device_type='cuda')
 
@@ -499,7 +499,7 @@ def main(argv=None):
                     found = [floor_case(name, batch, device, args)]
                 else:
                     if name not in built:
-                        built[name] = step_cost.build_backbone(name).to(device)
+                        built[name] = step_cost_report.build_backbone(name).to(device)
                     found = profile_case(name, built[name], batch, device, meter, args, own)
                 total = found[0]
                 figures = {key: common.format_value(_readable(value)) for key, value in total.items()}

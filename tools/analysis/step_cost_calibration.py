@@ -50,10 +50,10 @@ def trace_peak_mib(model):
 
 
 def trace_baselines():
-    """``{name: traced peak MiB}`` of the baselines, built as ``step_cost.py`` builds them."""
-    import step_cost
+    """``{name: traced peak MiB}`` of the baselines, built as ``step_cost_report.py`` builds them."""
+    import step_cost_report
 
-    return {name: trace_peak_mib(step_cost.build_backbone(name)) for name in BASELINES}
+    return {name: trace_peak_mib(step_cost_report.build_backbone(name)) for name in BASELINES}
 
 
 def _load_tracer_into(package):

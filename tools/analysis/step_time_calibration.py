@@ -101,7 +101,7 @@ def traced_case(row):
 
 def trace_terms(rows, cache_dir):
     """Adds ``terms`` (:func:`step_time.step_terms`) to each row, tracing each distinct case once."""
-    import step_cost
+    import step_cost_report
     import torch
 
     from visattn_mm.analysis.step_cost import trace_step
@@ -119,7 +119,7 @@ def trace_terms(rows, cache_dir):
             continue
         begin = time.perf_counter()
         torch.manual_seed(0)
-        model = models.get(model_name) or models.setdefault(model_name, step_cost.build_backbone(model_name))
+        model = models.get(model_name) or models.setdefault(model_name, step_cost_report.build_backbone(model_name))
         model.train()
         with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
             cost = trace_step(model, (batch, 3, height, width), dtype=dtype, mode=mode, device_type='cuda')

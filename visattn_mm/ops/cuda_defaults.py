@@ -17,7 +17,7 @@ reason says why (:attr:`CudaDefault.path`), until a GPU session has passed its C
 the changed kernels.
 
 Every other row says ``'fast'``: a measured one with the ratio that kept it there, an unmeasured
-one because nothing has measured it. ``tools/analysis/cuda_defaults.py`` turns the files of a
+one because nothing has measured it. ``tools/analysis/decide_cuda_defaults.py`` turns the files of a
 GPU session's device calls (``tools/gpu_session.sh``) into rows for this table; docs/benchmarks.md keeps the
 measurements behind them.
 """
@@ -173,7 +173,7 @@ def unmeasured_rows(measured=()):
 
 # The rows the GPU sessions measured; docs/benchmarks.md ("What 'auto' runs on CUDA") has the measurements and the
 # command that wrote them, results/ the device calls' files.
-# BEGIN measured rows (tools/analysis/cuda_defaults.py --write)
+# BEGIN measured rows (tools/analysis/decide_cuda_defaults.py --write)
 MEASURED_ON = dict(
     device='NVIDIA H200',
     torch='2.11.0+cu130',

@@ -29,7 +29,7 @@ from triton_harness import (
     set_interpreted,
     stray_load,
 )
-from visattn_mm.collect_env import attention_paths
+from visattn_mm.env_report import attention_paths
 from visattn_mm.models import ViL
 from visattn_mm.ops import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.cuda_defaults import cuda_default

@@ -27,7 +27,7 @@ measurement.
 
 Example (the table of docs/benchmarks.md)::
 
-    .venv/bin/python tools/analysis/step_cost.py --models vil-s,vil-ls-s,pale-t,vvt-s \
+    .venv/bin/python tools/analysis/step_cost_report.py --models vil-s,vil-ls-s,pale-t,vvt-s \
         --impls auto,triton --configs maskrcnn_vil_s_1x,upernet_vvt_s_160k_ade20k
 """
 

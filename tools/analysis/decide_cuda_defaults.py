@@ -7,7 +7,7 @@ replaces an earlier one's; a call whose files came back packed: unpack its ``res
 ``tests.xml`` (the CUDA-marked tests; a later call's outcome of a test replaces an earlier one's: a later
 call runs the code fixed after the earlier, and a failure stands until a later call passes that test) and
 ``session.log`` (the GPU and the versions, from the first call that reported them, and the digest of each op's
-compiled kernels that every call reporting one reported: ``visattn_mm.collect_env.KERNEL_DIGESTS_KEY``). For each op of
+compiled kernels that every call reporting one reported: ``visattn_mm.env_report.KERNEL_DIGESTS_KEY``). For each op of
 ``visattn_mm.ops.specs.OP_SPECS`` and each dtype it takes
 
 * the ``triton / fast`` time ratio of the op's deciding model (``OpSpec.deciding_model``), forward + backward
@@ -27,7 +27,7 @@ one (``--no-predict`` leaves the tracing out).
 
 Example (after two device calls whose files came back to DIR1 and DIR2, kept in ``results/``)::
 
-    .venv/bin/python tools/analysis/cuda_defaults.py DIR1 DIR2 --commit 3cb5f65 --date 2026-11-26 --write
+    .venv/bin/python tools/analysis/decide_cuda_defaults.py DIR1 DIR2 --commit 3cb5f65 --date 2026-11-26 --write
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import xml.etree.ElementTree as ElementTree
 
 import _bench_common as common
 
-from visattn_mm.collect_env import KERNEL_DIGESTS_KEY
+from visattn_mm.env_report import KERNEL_DIGESTS_KEY
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import cuda_defaults
 from visattn_mm.ops.cuda_defaults import CudaDefault, Measurement, decide
@@ -218,7 +218,7 @@ def measured_rows(sessions, commit, date, kernel_digests=None):
 def rows_source(rows):
     """The rows as the Python that stands between the markers of the table file: what all rows were
     measured on (one invocation's versions, commit and date), then one line per row."""
-    begin = BEGIN + ' (tools/analysis/cuda_defaults.py --write)'
+    begin = BEGIN + ' (tools/analysis/decide_cuda_defaults.py --write)'
     if not rows:
         return '\n'.join([begin, 'MEASURED_ON = dict()', f'MEASURED_ROWS = ()  # {ROW_FIELDS}', END])
     measured_on = {key: getattr(rows[0].measured, key) for key in ('device', 'torch', 'triton', 'commit', 'date')}
@@ -244,7 +244,7 @@ def write_rows(rows, path=TABLE_FILE):
 
 def predicted_peak_gib(model, impl, batch):
     """The step-cost tracer's peak for a bf16 forward + backward at :data:`SIZE` (CUDA emulated)."""
-    from step_cost import build_backbone
+    from step_cost_report import build_backbone
 
     from visattn_mm.analysis.step_cost import trace_step
     from visattn_mm.ops.impl import attention_impl

@@ -28,7 +28,7 @@ LIBRARIES = (
     ('Triton', 'triton'),
     ('visattn_mm', 'visattn_mm'),
 )
-#: The report's entry of the kernel digests, which tools/analysis/cuda_defaults.py reads from a GPU session's log.
+#: The report's entry of the kernel digests, which tools/analysis/decide_cuda_defaults.py reads from a GPU call's log.
 KERNEL_DIGESTS_KEY = 'Triton kernel digests'
 
 
