@@ -221,16 +221,17 @@ def test_impl_selection_api(monkeypatch):
         raise RuntimeError
     assert get_attention_impl() == initial
     cpu, trained_bias, frozen_bias = torch.zeros(1), torch.zeros(1, requires_grad=True), torch.zeros(1)
+    path = impl_module.attention_path  # of a part of an op (None: no Triton kernels of its own)
     with attention_impl('math'):
-        assert not impl_module.use_fast_path(cpu)
+        assert path(None, cpu) == 'math'
     with attention_impl('fast'):
-        assert impl_module.use_fast_path(cpu, trained_bias)
+        assert path(None, cpu, trained_bias) == 'fast'
     with attention_impl('auto'):
         # The CPU kernel cannot return bias gradients: 'auto' keeps the explicit path then.
-        assert impl_module.use_fast_path(cpu, None, frozen_bias)
-        assert not impl_module.use_fast_path(cpu, None, trained_bias)
+        assert path(None, cpu, None, frozen_bias) == 'fast'
+        assert path(None, cpu, None, trained_bias) == 'math'
         with torch.no_grad():
-            assert impl_module.use_fast_path(cpu, trained_bias)
+            assert path(None, cpu, trained_bias) == 'fast'
     try:
         monkeypatch.setenv(impl_module.ENV_VAR, 'fast')
         assert importlib.reload(impl_module).get_attention_impl() == 'fast'

@@ -220,7 +220,8 @@ def attention_path(op, q, *biases, impl='auto', window=None, dropout_p=0.0):
     only where :func:`can_run_triton`.
 
     Args:
-        op (str | None): The op's name (e.g. 'sliding_chunk'); None for one without Triton kernels.
+        op (str | None): The op's name (e.g. 'sliding_chunk'); None for a part of an op without Triton kernels of
+            its own (Pale's row attention), which runs 'fast' or 'math'.
         q (torch.Tensor): The op's queries ``(..., N, head_dim)``: their device, dtype and head dim decide 'auto'.
         *biases (torch.Tensor | None): The op's logit biases (whether one needs a gradient decides 'auto' on the CPU).
         impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
@@ -272,14 +273,3 @@ def can_run_triton(op, q, *, window=None, dropout_p=0.0, raise_error=False):
         f"attn_impl 'auto' runs {op} attention with torch ops here, not Triton kernels: {reason}",
     )
     return False
-
-
-def use_fast_path(tensor, *biases, impl='auto'):
-    """Whether an op without Triton kernels (a part of one, e.g. Pale's row attention) runs its fused path.
-
-    Args:
-        tensor (torch.Tensor): the op's queries (see :func:`attention_path`).
-        *biases (torch.Tensor | None): the op's logit biases.
-        impl (str): The op's (its model's) choice, see :func:`resolve_impl`.
-    """
-    return attention_path(None, tensor, *biases, impl=impl) == 'fast'

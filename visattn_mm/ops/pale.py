@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import builds_for_every_size, dense_attention, device_cache, fused_attention
-from .impl import attention_path, use_fast_path
+from .impl import attention_path
 from .indexing import half_heads, interlace_stride, pale_size_pair
 
 
@@ -81,12 +81,12 @@ def interlaced_row_attention(q, k, v, height, width, pale_size, dropout_p=0.0, i
     Returns:
         Tensor: ``(B, heads, H*W, d_v)``.
     """
-    return _interlaced_rows(q, k, v, height, width, pale_size, dropout_p, _softmax_attention(q, impl))
+    return _interlaced_rows(q, k, v, height, width, pale_size, dropout_p, _attend(attention_path(None, q, impl=impl)))
 
 
-def _softmax_attention(q, impl):
-    """The softmax attention an op without Triton kernels of its own runs on ``impl``'s path."""
-    return fused_attention if use_fast_path(q, impl=impl) else dense_attention
+def _attend(path):
+    """The softmax attention that ``path`` ('fast' or 'math') runs."""
+    return fused_attention if path == 'fast' else dense_attention
 
 
 def _interlaced_rows(q, k, v, height, width, pale_size, dropout_p, attend):
@@ -124,7 +124,9 @@ def interlaced_column_attention(q, k, v, height, width, pale_size, dropout_p=0.0
     The row attention of the transposed map. Arguments and result as
     :func:`interlaced_row_attention`, with ``pale_size`` = columns per group.
     """
-    return _interlaced_columns(q, k, v, height, width, pale_size, dropout_p, _softmax_attention(q, impl))
+    return _interlaced_columns(
+        q, k, v, height, width, pale_size, dropout_p, _attend(attention_path(None, q, impl=impl))
+    )
 
 
 def _interlaced_columns(q, k, v, height, width, pale_size, dropout_p, attend):
@@ -169,8 +171,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     # The gathered path's token order depends on the sizes; the padded path's one graph serves every size.
     if path == 'fast' and not builds_for_every_size(*q.shape, height, width):
         return gathered_pale_attention(q, k, v, height, width, (s_r, s_c), dropout_p)
-    # The path decided here is what the row and column parts run.
-    attend = fused_attention if path == 'fast' else dense_attention
+    attend = _attend(path)  # the path decided here is what the row and column parts run
     row = _interlaced_rows(q[:, :half], k[:, :half], v[:, :half], height, width, s_r, dropout_p, attend)
     col = _interlaced_columns(q[:, half:], k[:, half:], v[:, half:], height, width, s_c, dropout_p, attend)
     return torch.cat([row, col], dim=1)

@@ -138,7 +138,15 @@ def backward_schema(forward, backward, num_tensor_inputs):
     return f'({", ".join(parts)}) -> Tensor[]'
 
 
-def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
+class QKV(NamedTuple):
+    """The tensor inputs of an op that has no others (Pale, vicinity attention)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def define_op(name, forward, backward, tensor_inputs, forward_fake=None):
     """Registers a kernel pair as the custom ops ``visattn_mm::<name>`` and
     ``visattn_mm::<name>_backward``, linked by an autograd formula.
 
@@ -155,13 +163,23 @@ def define_op(name, forward, backward, num_tensor_inputs, forward_fake=None):
             geometry..., needs_grad) -> list[Tensor]``, not annotated: its schema is
             ``forward``'s (:func:`backward_schema`); ``needs_grad`` holds ``needs_input_grad``
             of the tensor inputs; the result comes from :func:`gradient_list`.
-        num_tensor_inputs (int): How many leading arguments of ``forward`` are tensors.
+        tensor_inputs (type): The named tuple of the op's tensor inputs (``q, k, v`` first): the leading
+            arguments of ``forward`` and ``backward`` (after ``grad_out``) have its field names.
         forward_fake (callable, optional): ``forward``'s outputs as empty tensors, from the
             same arguments. Default: a softmax attention's, :func:`forward_outputs` of ``q``.
 
     Returns:
         The forward op: call it with ``forward``'s arguments; it returns ``(out, *saved)``.
+
+    Raises:
+        TypeError: Where ``forward``'s or ``backward``'s leading arguments are not ``tensor_inputs``' fields.
     """
+    fields = list(tensor_inputs._fields)
+    num_tensor_inputs = len(fields)
+    for function, first in ((forward, 0), (backward, 1)):
+        names = list(inspect.signature(function).parameters)[first : first + num_tensor_inputs]
+        if names != fields:
+            raise TypeError(f'{function.__qualname__} takes {names} where {tensor_inputs.__name__} has {fields}')
     forward_op = torch.library.custom_op(f'visattn_mm::{name}', forward, mutates_args=())
     forward_op.register_fake(forward_fake or (lambda q, *_: forward_outputs(q)))
     backward_op = torch.library.custom_op(
@@ -265,7 +283,7 @@ def window_softmax_forward(kernels, plan, q, input_args):
         kernels.forward,
         plan.grid,
         plan.settings,
-        input_args,
+        tuple(input_args),
         head_rows(out),
         lse,
         plan.geometry,
@@ -275,28 +293,25 @@ def window_softmax_forward(kernels, plan, q, input_args):
     return out, lse
 
 
-def window_softmax_backward(
-    kernels, plan, inputs, input_args, grad_out, out, lse, needs_grad, local_bias_index, shared_grads
-):
+def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, lse, needs_grad, shared_grads):
     """Launches the two backward kernels of a local-window softmax op.
 
     Args:
         kernels (WindowSoftmaxKernels): The op's kernels.
         plan (LaunchPlan): The call's launch plan.
-        inputs (tuple): The op's tensor inputs, ``q, k, v`` first.
-        input_args (tuple): ``inputs`` as the kernels take them.
+        inputs (NamedTuple): The op's tensor inputs (its ``define_op`` named tuple: ``q, k, v`` first, a
+            ``local_bias``).
+        input_args (NamedTuple): ``inputs`` as the kernels take them, in the same named tuple.
         grad_out, out, lse (Tensor): The output's gradient, the output and the log-sum-exp.
         needs_grad (list[bool]): Which of ``inputs`` need a gradient.
-        local_bias_index (int): The local bias's index in ``inputs`` and ``input_args``.
         shared_grads (tuple): Buffers of the shared keys' partial gradients (None: not needed), which
             the query-side kernel writes and the op sums.
 
     Returns:
         tuple: The gradients of ``q, k, v`` and of the local bias (None where not wanted).
     """
-    q, k, v = inputs[:3]
-    local_bias = inputs[local_bias_index]
-    local_bias_grad = gradient_wanted(local_bias_index, inputs, needs_grad)
+    q, k, v, local_bias = inputs.q, inputs.k, inputs.v, inputs.local_bias
+    local_bias_grad = gradient_wanted(inputs._fields.index('local_bias'), inputs, needs_grad)
     copies = bias_grad_copies(plan.programs)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = backward_buffers(
         q, k, v, grad_out, lse, local_bias, local_bias_grad, copies
@@ -306,7 +321,7 @@ def window_softmax_backward(
         kernels.backward_queries,
         plan.grid,
         plan.settings,
-        input_args,
+        tuple(input_args),
         head_rows(out),
         grad_out_rows,
         lse,
@@ -324,8 +339,10 @@ def window_softmax_backward(
         kernels.backward_keys,
         plan.grid,
         plan.settings,
-        *input_args[:3],
-        input_args[local_bias_index],
+        input_args.q,
+        input_args.k,
+        input_args.v,
+        input_args.local_bias,
         grad_out_rows,
         lse,
         delta,

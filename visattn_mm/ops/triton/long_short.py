@@ -70,6 +70,19 @@ class _Tile(NamedTuple):
     DOT_PRECISION: str
 
 
+class _Inputs(NamedTuple):
+    """The op's tensor inputs (the custom op's leading arguments; ``host.define_op``)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    k_bar: Optional[torch.Tensor]
+    v_bar: Optional[torch.Tensor]
+    global_k: Optional[torch.Tensor]
+    global_v: Optional[torch.Tensor]
+    local_bias: Optional[torch.Tensor]
+
+
 class _Shared(NamedTuple):
     """The compile-time constants of the shared keys (projected and global), which the forward and the
     query-side backward kernel read, as one ``shared`` argument.
@@ -314,8 +327,8 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
 
 
 def _input_args(q, k, v, k_bar, v_bar, global_k, global_v, local_bias):
-    """The op's tensor inputs as the forward and the query-side backward kernel take them."""
-    return (
+    """The op's tensor inputs as the forward and the query-side backward kernel take them (an :class:`_Inputs`)."""
+    return _Inputs(
         *map(host.head_rows, (q, k, v)),
         *(host.head_rows(t, q) for t in (k_bar, v_bar, global_k, global_v)),
         host.bias_table(local_bias, q),
@@ -346,7 +359,7 @@ def _backward(
     grad_out, q, k, v, k_bar, v_bar, global_k, global_v, local_bias, out, lse, height, width, window, needs_grad
 ):
     """The gradients of ``q, k, v, k_bar, v_bar, global_k, global_v, local_bias``."""
-    inputs = (q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
+    inputs = _Inputs(q, k, v, k_bar, v_bar, global_k, global_v, local_bias)
     plan = _launch_setup(q, k_bar, global_k, local_bias, height, width, window)
     grad_k_bar, grad_v_bar, _ = host.shared_key_parts(lse, plan.programs, k_bar)
     grad_global_k, grad_global_v, _ = host.shared_key_parts(lse, plan.programs, global_k)
@@ -359,7 +372,6 @@ def _backward(
         out,
         lse,
         needs_grad,
-        local_bias_index=7,
         shared_grads=(grad_k_bar, grad_v_bar, grad_global_k, grad_global_v),
     )
     return host.gradient_list(
@@ -379,7 +391,7 @@ def _backward(
 
 
 _KERNELS = host.WindowSoftmaxKernels(_long_short_forward, _long_short_backward_queries, _long_short_backward_keys)
-_long_short_op = host.define_op('triton_long_short_attention', _forward, _backward, num_tensor_inputs=8)
+_long_short_op = host.define_op('triton_long_short_attention', _forward, _backward, _Inputs)
 
 
 def triton_long_short_attention(

@@ -304,7 +304,7 @@ def _backward(grad_out, q, k, v, out, lse, height, width, pale_rows, pale_cols, 
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_pale_op = host.define_op('triton_pale_attention', _forward, _backward, num_tensor_inputs=3)
+_pale_op = host.define_op('triton_pale_attention', _forward, _backward, host.QKV)
 
 
 def triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0):

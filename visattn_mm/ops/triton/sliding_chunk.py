@@ -71,6 +71,18 @@ class _Tile(NamedTuple):
     DOT_PRECISION: str
 
 
+class _Inputs(NamedTuple):
+    """The op's tensor inputs (the custom op's leading arguments; ``host.define_op``)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    global_k: Optional[torch.Tensor]
+    global_v: Optional[torch.Tensor]
+    local_bias: Optional[torch.Tensor]
+    l2g_bias: Optional[torch.Tensor]
+
+
 class _Shared(NamedTuple):
     """The compile-time constants of the shared keys, which the forward and the query-side backward kernel
     read, as one ``shared`` argument.
@@ -356,8 +368,8 @@ def _forward(
 
 
 def _input_args(q, k, v, global_k, global_v, local_bias, l2g_bias):
-    """The op's tensor inputs as the forward and the query-side backward kernel take them."""
-    return (
+    """The op's tensor inputs as the forward and the query-side backward kernel take them (an :class:`_Inputs`)."""
+    return _Inputs(
         *map(host.head_rows, (q, k, v)),
         host.head_rows(global_k, q),
         host.head_rows(global_v, q),
@@ -385,7 +397,7 @@ def _backward(
     needs_grad,
 ):
     """The gradients of ``q, k, v, global_k, global_v, local_bias, l2g_bias``."""
-    inputs = (q, k, v, global_k, global_v, local_bias, l2g_bias)
+    inputs = _Inputs(q, k, v, global_k, global_v, local_bias, l2g_bias)
     plan = _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode)
     grad_global_k, grad_global_v, grad_l2g = host.shared_key_parts(
         lse, plan.programs, global_k, with_bias=l2g_bias is not None
@@ -399,7 +411,6 @@ def _backward(
         out,
         lse,
         needs_grad,
-        local_bias_index=5,
         shared_grads=(grad_global_k, grad_global_v, grad_l2g),
     )
     if grad_l2g is not None:
@@ -422,7 +433,7 @@ def _backward(
 _KERNELS = host.WindowSoftmaxKernels(
     _sliding_chunk_forward, _sliding_chunk_backward_queries, _sliding_chunk_backward_keys
 )
-_sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _backward, num_tensor_inputs=7)
+_sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _backward, _Inputs)
 
 
 def triton_sliding_chunk_attention(

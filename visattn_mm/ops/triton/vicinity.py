@@ -458,9 +458,7 @@ def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, 
     return host.gradient_list([grad_q, grad_k, grad_v], (q, k, v), needs_grad)
 
 
-_vicinity_op = host.define_op(
-    'triton_vicinity_attention', _forward, _backward, num_tensor_inputs=3, forward_fake=_forward_fake
-)
+_vicinity_op = host.define_op('triton_vicinity_attention', _forward, _backward, host.QKV, forward_fake=_forward_fake)
 
 
 def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
