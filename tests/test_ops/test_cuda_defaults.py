@@ -335,10 +335,10 @@ def test_tool_decides_rows_from_a_sessions_files(tmp_path, monkeypatch):
     # Digests: a call that did not report them (a tests-only call) adds nothing; calls that reported different
     # kernels of an op, or none at all, leave its rows without one, which 'auto' does not trust.
     quiet = _session(tmp_path / 'quiet', times)
-    assert defaults_tool.read_kernel_digests([str(session), str(quiet)]) == (SESSION_DIGESTS, [])
+    assert defaults_tool.read_kernel_digests(defaults_tool.read_logs([session, quiet])) == (SESSION_DIGESTS, [])
     rebuilt = _digests_line(monkeypatch, dict(SESSION_DIGESTS, long_short='e' * 12))
     other = _session(tmp_path / 'other', times, digests_line=rebuilt)
-    digests, digest_gaps = defaults_tool.read_kernel_digests([str(session), str(other)])
+    digests, digest_gaps = defaults_tool.read_kernel_digests(defaults_tool.read_logs([session, other]))
     assert digests == dict(SESSION_DIGESTS, long_short=None)
     assert digest_gaps == [
         f"long_short: no kernel digest (calls ran different kernels ({'b' * 12}, {'e' * 12})): its rows record None, "

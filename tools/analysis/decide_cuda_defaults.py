@@ -108,9 +108,14 @@ def read_tests(path):
     return outcomes
 
 
-def read_versions(sessions):
-    """The GPU, torch and Triton, from the first ``session.log`` of ``sessions`` with the environment report."""
-    logs = [open(osp.join(session, 'session.log')).read() for session in sessions]
+def read_logs(sessions):
+    """The ``session.log`` text of each of ``sessions`` (the device calls' folders), in order."""
+    return [open(osp.join(session, 'session.log')).read() for session in sessions]
+
+
+def read_versions(logs):
+    """The GPU, torch and Triton, from the first of the calls' ``logs`` (:func:`read_logs`) with the environment
+    report."""
     text = next((log for log in logs if re.search(r'^GPU 0: ', log, re.M)), '')
 
     def first(pattern):
@@ -124,11 +129,11 @@ def read_versions(sessions):
     )
 
 
-def read_kernel_digests(sessions, given=None):
-    """Each op's digest of its compiled kernels over the ``session.log`` files of ``sessions`` that report them.
+def read_kernel_digests(logs, given=None):
+    """Each op's digest of its compiled kernels over the calls' ``logs`` that report them.
 
     Args:
-        sessions (list[str]): The device calls' folders.
+        logs (list[str]): The calls' ``session.log`` texts (:func:`read_logs`).
         given (dict, optional): ``{op: digest}`` for calls that predate the report's entry (``--kernel-digests``);
             a call's own report that differs from it leaves the op without a digest.
 
@@ -137,8 +142,7 @@ def read_kernel_digests(sessions, given=None):
         different ones), and a line for each op recorded as None.
     """
     reported = {op: {given[op]} if op in (given or {}) else set() for op in OP_NAMES}
-    for session in sessions:
-        log = open(osp.join(session, 'session.log')).read()
+    for log in logs:
         for line in re.findall(rf'^{re.escape(KERNEL_DIGESTS_KEY)}: (.*)$', log, re.M):
             for op, digest in re.findall(r'(\w+)=([0-9a-f]+)', line):
                 if op in reported:
@@ -187,8 +191,9 @@ def measured_rows(sessions, commit, date, kernel_digests=None):
     tests = [osp.join(session, 'tests.xml') for session in sessions]
     latest = {test_id: outcome for path in tests if osp.exists(path) for test_id, outcome in read_tests(path)}
     outcomes = list(latest.items())
-    versions = read_versions(sessions)
-    digests, gaps = read_kernel_digests(sessions, kernel_digests)
+    logs = read_logs(sessions)
+    versions = read_versions(logs)
+    digests, gaps = read_kernel_digests(logs, kernel_digests)
     rows = []
     for spec in OP_SPECS:
         op, model = spec.name, spec.deciding_model
