@@ -213,6 +213,8 @@ def compile_baseline_blocks(model, name):
     for parent, index, block in blocks:
         compiler.add(block, f'{parent.replace(".", "_")}_{index}')
         model.get_submodule(parent)[index] = CompiledBlock(block, compiler)
+    # the compile-time line our backbones log after each forward pass that compiled
+    model.register_forward_hook(lambda module, args, output: compiler.report(args[0].shape[2:]))
     return model
 
 
