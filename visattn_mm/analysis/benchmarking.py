@@ -83,7 +83,7 @@ def check_choices(values, allowed, option):
 
 
 def check_run_options(args):
-    """Parses and checks the options both tools share (dtypes, impls, modes, repeats).
+    """Parses and checks the options the benchmark tools share (dtypes, impls, modes, repeats).
 
     Raises:
         SystemExit: naming the option that cannot work.
