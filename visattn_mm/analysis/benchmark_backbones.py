@@ -14,7 +14,7 @@ import functools
 import torch
 
 from visattn_mm.analysis import benchmarking
-from visattn_mm.models import FAMILIES
+from visattn_mm.models import FAMILIES, VVT
 
 # mmdet's Mask R-CNN Swin-T backbone (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)
 # and ResNet-50 backbone (configs/_base_/models/mask-rcnn_r50_fpn.py), without weights.
@@ -93,8 +93,6 @@ def _baseline(class_name, kwargs, fallback, fallback_name):
 
 def _model_zoo():
     """name -> (builder, uses our attention ops)."""
-    from visattn_mm.models import VVT
-
     zoo = {}
     for family in FAMILIES:
         for size in family.sizes:

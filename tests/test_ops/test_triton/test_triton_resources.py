@@ -133,7 +133,7 @@ def test_launch_settings_keep_register_spills_small(rows, dtype):
     assert not spilling
 
 
-@pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=lambda m: m.__name__)
+@pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=('triton_resources', 'triton_tuning'))
 @pytest.mark.parametrize(
     'argv,message',
     [
