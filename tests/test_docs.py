@@ -2,14 +2,12 @@
 short page of today's results, and the device calls' files stay in results/, each call described there."""
 
 import re
-from pathlib import Path
 
 import pytest
-from decide_cuda_defaults import RESULTS_DIR
 
 from paths import ROOT
 
-RESULTS = Path(RESULTS_DIR)
+RESULTS = ROOT / 'results'  # the device calls' files (tools/analysis/decide_cuda_defaults.py's RESULTS_DIR)
 PAGES = sorted([ROOT / 'README.md', RESULTS / 'README.md', *(ROOT / 'docs').glob('*.md')])
 BENCHMARKS_PAGE_LINES = 300
 # What a device call brings back (tools/gpu_session.sh), by name: JUnit reports, logs, the session's summary.

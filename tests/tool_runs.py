@@ -173,8 +173,16 @@ def _free_port() -> int:
 
 
 def _load_tool(name: str):
-    """Import tools/<name>.py under a private module name."""
-    spec = importlib.util.spec_from_file_location(f'_visattn_tool_{name}', TOOLS / f'{name}.py')
+    """Import ``tools/<name>.py`` (``name`` such as ``'train'`` or ``'analysis/benchmark'``) by its path, under a
+    private module name (registered in ``sys.modules``, where dataclasses look their module up): the tools are
+    scripts, not modules on ``sys.path``. Each call runs the file afresh."""
+    module_name = '_visattn_tool_' + name.replace('/', '_')
+    spec = importlib.util.spec_from_file_location(module_name, TOOLS / f'{name}.py')
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
     return module

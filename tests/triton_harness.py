@@ -46,10 +46,8 @@ def interpreter_results(test_file):
     env = dict(
         os.environ,
         TRITON_INTERPRET='1',
-        # What pytest's pythonpath (setup.cfg) gives the test process.
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT), str(ROOT / 'tests'), str(ROOT / 'tools' / 'analysis'), os.environ.get('PYTHONPATH', '')]
-        ),
+        # What pytest's pythonpath (setup.cfg) gives the test process, and the package of this tree.
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / 'tests'), os.environ.get('PYTHONPATH', '')]),
     )
     proc = subprocess.run(
         [sys.executable, str(test_file)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900

@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from analysis import plot_curves  # tools/analysis, next to this script
-
+from visattn_mm.analysis import training_curves
 from visattn_mm.toy_data import make_coco_instances
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,8 +288,8 @@ def draw_demo_picture(predictions, ann_file, work_dir, out, classes, palette, sc
         _draw_instances(pred_ax, image, visible_predictions(result['pred_instances'], score_thr), classes, palette)
         pred_ax.set_title(f'prediction (score >= {score_thr:g}; best of overlapping boxes)', fontsize=9)
     curve_ax = fig.add_subplot(grid[:, -1])
-    series, validation_keys = plot_curves.read_series(plot_curves.find_scalar_files(work_dir))
-    plot_curves.draw_panel(curve_ax, series, 'loss', validation_keys)
+    series, validation_keys = training_curves.read_series(training_curves.find_scalar_files(work_dir))
+    training_curves.draw_panel(curve_ax, series, 'loss', validation_keys)
     curve_ax.set_title('training loss (vis_data/scalars.json)', fontsize=9)
     if title:
         fig.suptitle(title)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import csv
 
 import pytest
-import step_cost_calibration
-import step_cost_report as step_cost_tool
 import torch
 import torch.nn.functional as F
 
 from helpers import build_tiny
+from tool_runs import _load_tool
+from visattn_mm.analysis.benchmark_backbones import build_backbone
 from visattn_mm.analysis.step_cost import ALLOCATION_ROUNDING, trace_step
 from visattn_mm.models import ViL
 from visattn_mm.ops.cuda_defaults import cuda_default
 
+step_cost_calibration = _load_tool('analysis/step_cost_calibration')
+step_cost_tool = _load_tool('analysis/step_cost_report')
 SHAPE = (2, 3, 40, 64)
 ELEMENTS = 2 * 3 * 40 * 64
 
@@ -236,10 +238,10 @@ CEILINGS = {
 
 
 def step_figures(model, impl='auto'):
-    """The :data:`FIGURES` of one traced step of ``model`` (a ``step_cost.build_backbone`` name)."""
+    """The :data:`FIGURES` of one traced step of ``model`` (a ``benchmark_backbones.build_backbone`` name)."""
     from visattn_mm.ops.impl import attention_impl
 
-    backbone = step_cost_tool.build_backbone(model).train()
+    backbone = build_backbone(model).train()
     with attention_impl(impl):
         step = trace_step(backbone, (8, 3, 800, 1333)).summary()
     per_block = step['launched'] / step_cost_tool.count_blocks(backbone)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import step_cost_report as step_cost_tool
-import step_time_calibration
 
 from helpers import build_tiny
+from tool_runs import _load_tool
 from visattn_mm.analysis import step_time, step_time_rates
 from visattn_mm.analysis.step_cost import trace_step
 from visattn_mm.models import ViL
+
+step_cost_tool = _load_tool('analysis/step_cost_report')
+step_time_calibration = _load_tool('analysis/step_time_calibration')
 
 # Known costs, ms per unit (GB, TFLOP, launch): the fit must find them again.
 TRUE_COSTS = {

@@ -12,13 +12,13 @@ import shutil
 import sys
 import warnings
 
-import benchmark
-import decide_cuda_defaults as defaults_tool
 import pytest
 import torch
 
 import visattn_mm.ops.cuda_defaults as cuda_defaults
 from paths import ROOT
+from tool_runs import _load_tool
+from visattn_mm.analysis import benchmark_backbones
 from visattn_mm.env_report import KERNEL_DIGESTS_KEY, attention_paths, format_env, plugin_env
 from visattn_mm.models import BACKBONES, FAMILIES
 from visattn_mm.ops import impl as impl_module
@@ -27,6 +27,7 @@ from visattn_mm.ops.cuda_defaults import UNMEASURED, CudaDefault, Measurement, d
 from visattn_mm.ops.impl import attention_impl, attention_path, chosen_path, dispatch_as
 from visattn_mm.ops.specs import OP_NAMES, OP_SPECS
 
+defaults_tool = _load_tool('analysis/decide_cuda_defaults')
 DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
 
 
@@ -397,12 +398,10 @@ def test_the_recorded_calls_give_the_tables_rows_and_the_gpu_table():
 
 def test_tool_predicts_peaks_with_the_tracer(monkeypatch):
     """The tracer's peak for a row: a real trace, of a tiny backbone here (the command runs the rows' models)."""
-    import step_cost_report
-
     from visattn_mm.models import ViL
 
     monkeypatch.setattr(defaults_tool, 'SIZE', (64, 64))
-    monkeypatch.setattr(step_cost_report, 'build_backbone', lambda name: ViL(arch='tiny'))
+    monkeypatch.setattr(benchmark_backbones, 'build_backbone', lambda name: ViL(arch='tiny'))
     peak = defaults_tool.predicted_peak_gib('vil-t', 'fast', 1)
     assert 0 < peak < 1
 
@@ -412,5 +411,5 @@ def test_each_op_is_decided_by_a_backbone_that_runs_it():
     compared = {family.compared_model: family for family in FAMILIES}
     for spec in OP_SPECS:
         model = spec.deciding_model
-        assert model in benchmark.MODEL_ZOO and model in compared, model
+        assert model in benchmark_backbones.MODEL_ZOO and model in compared, model
         assert spec in compared[model].cls.attention_ops, (spec.name, model)

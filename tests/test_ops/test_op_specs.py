@@ -80,7 +80,7 @@ def test_each_op_has_its_parts(spec):
     assert f"'triton_{spec.name}_attention'" in triton_source
     assert Path(ROOT, 'tests', 'test_ops', 'test_triton', f'test_triton_{spec.name}.py').exists()
     assert [name for name, cls in BACKBONES.items() if spec in cls.attention_ops]
-    from benchmark import MODEL_ZOO
+    from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO
 
     assert spec.deciding_model in MODEL_ZOO
 

@@ -1,71 +1,60 @@
-"""tools/analysis/model_zoo.py and its zoo_*.py modules (parameter / FLOPs counts, flagging, the generated page),
-tools/analysis/get_flops.py and tools/analysis/plot_curves.py (scalar parsing, the PNG)."""
+"""tools/analysis/model_zoo.py and the package modules it runs on (visattn_mm.analysis.flops: parameter / FLOPs
+counts; paper_numbers: flagging; model_zoo_page: the generated page), tools/analysis/get_flops.py and
+tools/analysis/plot_curves.py (visattn_mm.analysis.training_curves: scalar parsing; the PNG)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
-import model_zoo
 import pytest
 import torch
 import torch.nn.functional as F
 
-import zoo_measure
-import zoo_paper
-import zoo_render
 from paths import ROOT
+from tool_runs import _load_tool
+from visattn_mm.analysis import flops, model_zoo_page, paper_numbers, training_curves
 
-ANALYSIS = ROOT / 'tools' / 'analysis'
-
-
+CONFIG_DIR = ROOT / 'configs'
 SEG_STEM = 'upernet_vvt_s_160k_ade20k'
 
 
-def _load(name: str):
-    """Import tools/analysis/<name>.py under a private module name."""
-    spec = importlib.util.spec_from_file_location(f'_visattn_analysis_{name}', ANALYSIS / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+model_zoo = _load_tool('analysis/model_zoo')
 
 
 @pytest.fixture(scope='module')
-def curves():
-    return _load('plot_curves')
+def plot_curves():
+    return _load_tool('analysis/plot_curves')
 
 
 # --------------------------------------------------------------------------
 # model_zoo.py
 # --------------------------------------------------------------------------
 def test_flagging_threshold():
-    assert zoo_paper.relative_difference(102, 100) == pytest.approx(0.02)
-    assert zoo_paper.is_flagged(102.1, 100) and zoo_paper.is_flagged(97.9, 100)
-    assert not zoo_paper.is_flagged(101.9, 100) and not zoo_paper.is_flagged(98.1, 100)
-    assert not zoo_paper.is_flagged(None, 100) and not zoo_paper.is_flagged(100, None)
-    assert zoo_paper.is_flagged(105, 100, tolerance=0.04) and not zoo_paper.is_flagged(103, 100, 0.04)
+    assert paper_numbers.relative_difference(102, 100) == pytest.approx(0.02)
+    assert paper_numbers.is_flagged(102.1, 100) and paper_numbers.is_flagged(97.9, 100)
+    assert not paper_numbers.is_flagged(101.9, 100) and not paper_numbers.is_flagged(98.1, 100)
+    assert not paper_numbers.is_flagged(None, 100) and not paper_numbers.is_flagged(100, None)
+    assert paper_numbers.is_flagged(105, 100, tolerance=0.04) and not paper_numbers.is_flagged(103, 100, 0.04)
 
 
 def test_table_flags_only_rows_off_by_more_than_two_percent():
-    rows = zoo_paper.planned_configs(['maskrcnn'])
+    rows = paper_numbers.planned_configs(['maskrcnn'])
     measured = {
         # Paper: 26.9M, 145.6G -> params -7.1% (flagged), FLOPs +1.0% (not flagged).
-        'maskrcnn_vil_t_1x': zoo_measure.Measurement(
+        'maskrcnn_vil_t_1x': flops.Measurement(
             params=25_000_000,
             flops=147_056_000_000,
             flops_input=(800, 1333),
             flops_parts=dict(backbone=100_000_000_000, roi_head=47_056_000_000),
         ),
         # Paper: 45.0M; FLOPs skipped.
-        'maskrcnn_vil_s_1x': zoo_measure.Measurement(params=45_500_000),
+        'maskrcnn_vil_s_1x': flops.Measurement(params=45_500_000),
     }
     lines = {
         re.search('`(\\w+)`', line).group(1): line
-        for line in zoo_render.table('maskrcnn', rows, measured).splitlines()[2:]
+        for line in model_zoo_page.table('maskrcnn', rows, measured, config_dir=CONFIG_DIR).splitlines()[2:]
     }
     assert len(lines) == len(rows) == 30  # 15 backbones x 2 schedules
     vil_t = lines['maskrcnn_vil_t_1x'].split(' | ')
@@ -81,71 +70,72 @@ def test_table_flags_only_rows_off_by_more_than_two_percent():
     assert lines['maskrcnn_vvt_l_1x'].count('|') == 13  # no paper row: empty cells
 
 
-def test_planned_config_without_a_file_is_labelled(tmp_path, monkeypatch):
-    monkeypatch.setattr(zoo_render, 'CONFIG_DIR', tmp_path)
+def test_planned_config_without_a_file_is_labelled(tmp_path):
     (line,) = [
         line
-        for line in zoo_render.table('upernet', zoo_paper.planned_configs(['upernet']), {}).splitlines()
+        for line in model_zoo_page.table(
+            'upernet', paper_numbers.planned_configs(['upernet']), {}, config_dir=tmp_path
+        ).splitlines()
         if f'`{SEG_STEM}`' in line
     ]
     assert line.startswith(f'| `{SEG_STEM}` (no config yet) |')
 
 
 def test_paper_rows_cite_a_source_and_name_planned_configs():
-    planned = {stem for stem, *_ in zoo_paper.planned_configs()}
-    for stem, row in zoo_paper.PAPER.items():
+    planned = {stem for stem, *_ in paper_numbers.planned_configs()}
+    for stem, row in paper_numbers.PAPER.items():
         assert stem in planned, stem
         assert row.source and row.metric and row.flops_input, stem
-    assert zoo_paper.flops_input('upernet_pale_t_160k_ade20k', 'upernet', 'pale') == (512, 2048)
-    assert zoo_paper.flops_input('maskrcnn_pale_t_3x_ms', 'maskrcnn', 'pale') == (800, 1280)
+    assert paper_numbers.flops_input('upernet_pale_t_160k_ade20k', 'upernet', 'pale') == (512, 2048)
+    assert paper_numbers.flops_input('maskrcnn_pale_t_3x_ms', 'maskrcnn', 'pale') == (800, 1280)
     # ViL-LS rows follow ViL's paper, so the two stay comparable.
-    assert zoo_paper.flops_input('maskrcnn_vil_ls_t_1x', 'maskrcnn', 'vil_ls') == (800, 1333)
-    assert zoo_paper.flops_input('upernet_vil_t_160k_ade20k', 'upernet', 'vil') == (512, 512)
-    assert zoo_paper.flops_input('retinanet_vvt_s_1x', 'retinanet', 'vvt') == (800, 1280)
+    assert paper_numbers.flops_input('maskrcnn_vil_ls_t_1x', 'maskrcnn', 'vil_ls') == (800, 1333)
+    assert paper_numbers.flops_input('upernet_vil_t_160k_ade20k', 'upernet', 'vil') == (512, 512)
+    assert paper_numbers.flops_input('retinanet_vvt_s_1x', 'retinanet', 'vvt') == (800, 1280)
 
 
 def test_counter_sees_the_attention_ops():
     """Multiply-adds of the ops the backbones' attention is written with."""
     q, k, v = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 7, 3), torch.randn(1, 2, 7, 4)
     mask = torch.rand(1, 2, 5, 7) > 0.3
-    assert zoo_measure.count_macs(torch.einsum, 'bhnd,bhmd->bhnm', q, k) == 2 * 5 * 7 * 3
-    assert zoo_measure.count_macs(torch.matmul, q, k.transpose(-1, -2)) == 2 * 5 * 7 * 3
+    assert flops.count_macs(torch.einsum, 'bhnd,bhmd->bhnm', q, k) == 2 * 5 * 7 * 3
+    assert flops.count_macs(torch.matmul, q, k.transpose(-1, -2)) == 2 * 5 * 7 * 3
     qk_av = 2 * 5 * 7 * 3 + 2 * 5 * 7 * 4
-    assert zoo_measure.count_macs(F.scaled_dot_product_attention, q, k, v) == qk_av
-    assert zoo_measure.count_macs(F.scaled_dot_product_attention, q, k, v, attn_mask=mask) == qk_av
+    assert flops.count_macs(F.scaled_dot_product_attention, q, k, v) == qk_av
+    assert flops.count_macs(F.scaled_dot_product_attention, q, k, v, attn_mask=mask) == qk_av
     # The fused CPU kernel F.scaled_dot_product_attention dispatches to on larger
     # inputs; torch's own counter skips it.
     q, k, v = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 48, 8), torch.randn(1, 2, 48, 8)
     cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    assert zoo_measure.count_macs(cpu_flash, q, k, v) == 2 * 64 * 48 * 8 * 2
+    assert flops.count_macs(cpu_flash, q, k, v) == 2 * 64 * 48 * 8 * 2
     # The backbones' attention entry point (ViL, ViL-LS, Pale), whatever kernel it picks.
     from visattn_mm.ops.common import fused_attention
 
     q, k, v = torch.randn(4, 2, 49, 16), torch.randn(4, 2, 98, 16), torch.randn(4, 2, 98, 16)
-    assert zoo_measure.count_macs(fused_attention, q, k, v) == 4 * 2 * 49 * 98 * 16 * 2
+    assert flops.count_macs(fused_attention, q, k, v) == 4 * 2 * 49 * 98 * 16 * 2
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-    assert zoo_measure.count_macs(conv, torch.randn(1, 3, 6, 5)) == 8 * 3 * 9 * 6 * 5
+    assert flops.count_macs(conv, torch.randn(1, 3, 6, 5)) == 8 * 3 * 9 * 6 * 5
 
 
 @pytest.fixture(scope='module')
 def seg_model():
-    return zoo_measure.build_model(ROOT / 'configs' / f'{SEG_STEM}.py')
+    return flops.build_model(ROOT / 'configs' / f'{SEG_STEM}.py')
 
 
 def test_real_config_params_and_flops(seg_model):
     model, scope = seg_model
     assert scope == 'mmseg'
     # UperNet VVT-S as tests/test_models/test_vvt.py and the paper (55.5M) count it.
-    assert round(zoo_measure.count_parameters(model) / 1e6, 2) == 55.50
-    small, parts = zoo_measure.count_flops(model, scope, 64, 64)
-    large, _ = zoo_measure.count_flops(model, scope, 128, 128)
+    assert round(flops.count_parameters(model) / 1e6, 2) == 55.50
+    small, parts = flops.count_flops(model, scope, 64, 64)
+    large, _ = flops.count_flops(model, scope, 128, 128)
     assert small > 0
     # mmseg's tensor-mode forward: backbone and decode head, the auxiliary head is not run.
     assert set(parts) == {'backbone', 'decode_head'} and sum(parts.values()) == small
     # VVT's attention and every UperNet op are at most linear in the pixel count, and
     # most of the work grows with it: 4x the pixels cost between 3x and 4x.
     assert 3.0 < large / small <= 4.0, large / small
-    assert zoo_measure.count_flops(model, scope, 64, 64)[0] == small  # reproducible
+    assert flops.count_flops(model, scope, 64, 64)[0] == small  # reproducible
 
 
 def test_tool_writes_the_page(tmp_path, capsys):
@@ -174,8 +164,8 @@ def test_partial_run_merges_into_the_page(tmp_path, capsys):
     model_zoo.main(['--tasks', 'upernet', '--configs', SEG_STEM, '--skip-flops', '--out', str(out)])
     assert 'every other row and table kept' in capsys.readouterr().out
     text = out.read_text()
-    _, before = zoo_render.read_page(page)
-    _, after = zoo_render.read_page(text)
+    _, before = model_zoo_page.read_page(page)
+    _, after = model_zoo_page.read_page(text)
     assert set(after) == set(before) and len(after) == 75  # all three tables are still there
     for stem, cells in before.items():
         if stem != SEG_STEM:
@@ -202,19 +192,19 @@ def test_partial_run_merges_into_the_page(tmp_path, capsys):
 def test_page_round_trips():
     """Rendering the page again from its own rows changes nothing (so merges are exact)."""
     page = (ROOT / 'docs' / 'model_zoo.md').read_text()
-    command, _ = zoo_render.read_page(page)
-    assert zoo_render.render(['upernet'], {}, command, page) == page
+    command, _ = model_zoo_page.read_page(page)
+    assert model_zoo_page.render(['upernet'], {}, command, page, config_dir=CONFIG_DIR) == page
 
 
 # --------------------------------------------------------------------------
 # get_flops.py (mmseg 1.2.2's get_flops fails on every config; mmdet's has no --shape)
 # --------------------------------------------------------------------------
 def test_get_flops_counts_the_zoo_way_at_the_size_given(capsys):
-    get_flops = _load('get_flops')
+    get_flops = _load_tool('analysis/get_flops')
     config = ROOT / 'configs' / 'upernet_vvt_t_160k_ade20k.py'
     get_flops.main([str(config), '--shape', '64', '96'])
     printed = capsys.readouterr().out
-    expected = zoo_measure.measure(config, skip_flops=False, input_size=(64, 96))
+    expected = flops.measure(config, skip_flops=False, input_size=(64, 96))
     assert 'Input shape: (3, 64, 96)' in printed
     assert f'Flops: {expected.flops / 1e9:.2f} G multiply-adds' in printed
     assert f'Params: {expected.params / 1e6:.2f} M' in printed
@@ -253,35 +243,35 @@ def work_dir(tmp_path) -> Path:
     return tmp_path
 
 
-def test_series_join_resumed_runs(curves, work_dir):
-    files = curves.find_scalar_files(work_dir)
+def test_series_join_resumed_runs(work_dir):
+    files = training_curves.find_scalar_files(work_dir)
     assert [f.parent.parent.name for f in files] == ['20260101_000000', '20260102_000000']
-    series, validation = curves.read_series(files)
+    series, validation = training_curves.read_series(files)
     assert series['loss'] == {1: 4.0, 2: 3.0, 3: 2.5, 4: 2.0}  # the resumed run wins at 3
     assert series['lr'] == {1: 0.1, 2: 0.1, 3: 0.01, 4: 0.01}
     assert series['coco/bbox_mAP'] == {2: 0.1, 4: 0.3}
     assert 'iter' not in series and 'step' not in series
     assert validation == {'coco/bbox_mAP', 'data_time'}
-    assert curves.select_keys(series, None) == ['loss', 'lr', 'coco/bbox_mAP']
+    assert training_curves.select_keys(series, None) == ['loss', 'lr', 'coco/bbox_mAP']
     with pytest.raises(KeyError, match="available: .*'loss'"):
-        curves.select_keys(series, ['mIoU'])
+        training_curves.select_keys(series, ['mIoU'])
 
 
-def test_plot_writes_a_png(curves, work_dir, tmp_path):
+def test_plot_writes_a_png(plot_curves, work_dir, tmp_path):
     from PIL import Image
 
     out = tmp_path / 'plots' / 'curves.png'  # the tool creates the folder
-    curves.main([str(work_dir), '--keys', 'loss', 'coco/bbox_mAP', '--out', str(out)])
+    plot_curves.main([str(work_dir), '--keys', 'loss', 'coco/bbox_mAP', '--out', str(out)])
     with Image.open(out) as image:
         assert image.format == 'PNG'
         width, height = image.size
     assert width > 100 and height > 200  # two panels stacked
     with pytest.raises(SystemExit, match='no vis_data/scalars.json'):
-        curves.main([str(tmp_path / 'nowhere'), '--out', str(out)])
+        plot_curves.main([str(tmp_path / 'nowhere'), '--out', str(out)])
 
 
 def test_model_fingerprint_comparison_reports_every_kind_of_change():
-    fingerprint = _load('model_fingerprint')
+    fingerprint = _load_tool('analysis/model_fingerprint')
     entry = dict(keys=[('a.weight', (2, 3))], params='6 parameters', outputs=[torch.ones(2, 3)])
     before = {'config/x': entry, 'config/gone': entry}
     assert fingerprint.compare(before, {'config/x': entry, 'config/gone': entry}) == []
@@ -301,7 +291,7 @@ def test_model_fingerprint_comparison_reports_every_kind_of_change():
 
 
 def test_config_dump_comparison_names_every_changed_key():
-    dump = _load('config_dump')
+    dump = _load_tool('analysis/config_dump')
     cfg = dict(optim_wrapper=dict(optimizer=dict(lr=8e-5), clip_grad=dict(max_norm=0.5)), scales=[(1333, 800)])
     before = {'a.py': cfg, 'gone.py': cfg}
     assert dump.compare(before, {'a.py': cfg, 'gone.py': cfg}) == ([], [])
@@ -323,7 +313,7 @@ def test_config_dump_comparison_names_every_changed_key():
 def test_model_fingerprint_comparison_accepts_only_the_documented_renaming():
     """Keys and load reports of the numbered layout compare equal under the renaming the backbone
     documents (VVT: norm{n} into the stage; Pale: norm{n} -> norm{n-1}), and only under it."""
-    fingerprint = _load('model_fingerprint')
+    fingerprint = _load_tool('analysis/model_fingerprint')
     outputs = [torch.ones(1)]
 
     def unprefixed(keys):

@@ -1,20 +1,19 @@
 """tools/analysis/benchmark.py and attention_benchmark.py: end to end (their main()) on tiny cases,
 the ratio and growth arithmetic on crafted rows, and the peak-memory meter on known
-allocations."""
+allocations (visattn_mm.analysis.benchmarking, benchmark_backbones)."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 
-import _bench_common as common
 import pytest
 import torch
 
 from paths import ROOT
-from tool_runs import DET_CONFIG, _run
+from tool_runs import DET_CONFIG, _load_tool, _run
 from visattn_mm import toy_data as toy
+from visattn_mm.analysis import benchmark_backbones, benchmarking
 
 ANALYSIS = ROOT / 'tools' / 'analysis'
 
@@ -23,16 +22,9 @@ MIB = 2**20
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(f'_visattn_bench_{name}', ANALYSIS / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-benchmark = _load_tool('benchmark')
-attention_benchmark = _load_tool('attention_benchmark')
-train_throughput = _load_tool('train_throughput')
+benchmark = _load_tool('analysis/benchmark')
+attention_benchmark = _load_tool('analysis/attention_benchmark')
+train_throughput = _load_tool('analysis/train_throughput')
 
 
 def _read_csv(path):
@@ -54,7 +46,7 @@ def _assert_png(path):
 
 @pytest.fixture(scope='module')
 def cpu_meter():
-    return common.CpuPeakMemory()
+    return benchmarking.CpuPeakMemory()
 
 
 # A block (at most 256 KiB, inside the tolerance) allocated at the end of each measured
@@ -94,7 +86,7 @@ def test_cpu_meter_sees_nothing_when_nothing_is_allocated(cpu_meter):
 
 @pytest.mark.cuda
 def test_cuda_meter_measures_known_allocation():
-    meter = common.CudaPeakMemory(torch.device('cuda'))
+    meter = benchmarking.CudaPeakMemory(torch.device('cuda'))
     meter.start()
     block = torch.ones(64 * MIB // 4, device='cuda')
     del block
@@ -113,7 +105,7 @@ def test_ratio_columns_use_the_baseline_row_of_the_same_case():
         dict(model='vil-t', size=800, mode='fwd+bwd', time_ms=90.0, mem=500.0),
         dict(model='r50', size=512, mode='fwd', time_ms=None, mem=50.0),
     ]
-    common.add_ratio_columns(rows, 'swin-t', ('size', 'mode'), ('time_ms', 'mem'))
+    benchmarking.add_ratio_columns(rows, 'swin-t', ('size', 'mode'), ('time_ms', 'mem'))
     assert [r['time_ms_vs_swin-t'] for r in rows] == [1.0, 1.0, 0.5, 0.75, None, None]
     assert [r['mem_vs_swin-t'] for r in rows] == [1.0, 1.0, 3.0, 0.25, None, 0.5]
 
@@ -167,7 +159,7 @@ def test_dense_memory_estimate_is_the_fp32_score_matrices():
 def test_benchmark_rejects_bad_options(argv, message):
     with pytest.raises(SystemExit, match=message):
         args = benchmark.parse_args(argv)
-        common.resolve_device(args.device)
+        benchmarking.resolve_device(args.device)
 
 
 def test_benchmark_help_lists_the_choices(capsys):
@@ -320,11 +312,12 @@ def test_baselines_come_from_timm_and_torchvision_without_mmdet(monkeypatch, cap
     """Same architectures (parameter counts within 0.1%), any input size, four maps at
     strides 4-32, and a line saying where they came from."""
     with_mmdet = {
-        name: sum(p.numel() for p in benchmark.MODEL_ZOO[name][0]().parameters()) for name in ('swin-t', 'r50')
+        name: sum(p.numel() for p in benchmark_backbones.MODEL_ZOO[name][0]().parameters())
+        for name in ('swin-t', 'r50')
     }
     monkeypatch.setitem(sys.modules, 'mmdet.models.backbones', None)  # import raises ImportError
     for name, source in (('swin-t', 'timm'), ('r50', 'torchvision')):
-        model = benchmark.MODEL_ZOO[name][0]()
+        model = benchmark_backbones.MODEL_ZOO[name][0]()
         assert f'built from {source}' in capsys.readouterr().out
         params = sum(p.numel() for p in model.parameters())
         assert params == pytest.approx(with_mmdet[name], rel=1e-3)
@@ -334,7 +327,7 @@ def test_baselines_come_from_timm_and_torchvision_without_mmdet(monkeypatch, cap
         else:  # timm's Swin: NHWC maps
             sizes = [tuple(o.shape[1:3]) for o in outputs]
         assert sizes == [(18, 23), (9, 12), (5, 6), (3, 3)]
-        benchmark.backbone_loss(model(torch.randn(1, 3, 70, 90))).backward()
+        benchmark_backbones.backbone_loss(model(torch.randn(1, 3, 70, 90))).backward()
 
 
 # --- training throughput ----------------------------------------------------------------
@@ -435,7 +428,7 @@ def test_vvt_bf16_variants_build_vvt_with_bf16_products():
     what the opt-in costs, the plain name fp32 products."""
     from visattn_mm.models.vvt import VicinityAttention
 
-    plain, bf16 = (benchmark.MODEL_ZOO[name][0]() for name in ('vvt-t', 'vvt-t-bf16'))
+    plain, bf16 = (benchmark_backbones.MODEL_ZOO[name][0]() for name in ('vvt-t', 'vvt-t-bf16'))
     flags = [{m.bf16_products for m in model.modules() if isinstance(m, VicinityAttention)} for model in (plain, bf16)]
     assert flags == [{False}, {True}]
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in bf16.parameters())

@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import importlib
 
-import profile_step
 import pytest
 import torch
 
+from tool_runs import _load_tool
 from visattn_mm.ops.specs import OP_NAMES
+
+profile_step = _load_tool('analysis/profile_step')
 
 OWN = profile_step.own_kernels()
 

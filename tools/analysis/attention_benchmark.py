@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-import _bench_common as common
 import torch
 import torch.nn.functional as F
 
+from visattn_mm.analysis import benchmarking as bench
 from visattn_mm.ops.common import dense_attention
 from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
@@ -125,7 +125,7 @@ def make_extras(name, batch, heads, head_dim, device):
 
 def dense_score_gib(batch, heads, tokens, mode):
     """GiB of fp32 ``N x N`` buffers the dense path holds at its peak."""
-    return DENSE_SCORE_COPIES[mode] * batch * heads * tokens**2 * 4 / common.GIB
+    return DENSE_SCORE_COPIES[mode] * batch * heads * tokens**2 * 4 / bench.GIB
 
 
 def case_function(name, q, k, v, side, extras, mode, device, dtype):
@@ -133,13 +133,13 @@ def case_function(name, q, k, v, side, extras, mode, device, dtype):
     if mode == 'fwd':
 
         def forward():
-            with torch.no_grad(), common.autocast(device, dtype):
+            with torch.no_grad(), bench.autocast(device, dtype):
                 attention_call(name, q, k, v, side, extras)
 
         return forward
 
     def forward_backward():
-        with common.autocast(device, dtype):
+        with bench.autocast(device, dtype):
             out = attention_call(name, q, k, v, side, extras)
         out.float().mean().backward()
         for t in (q, k, v):
@@ -160,7 +160,7 @@ def run_side(side, args, device, meter, log):
     rows = []
     for name in args.attentions:
         extras = make_extras(name, batch, heads, head_dim, device)
-        impls = args.impls if name in OURS else [common.NO_IMPL]
+        impls = args.impls if name in OURS else [bench.NO_IMPL]
         for dtype in args.dtypes:
             for impl in impls:
                 for mode in args.modes:
@@ -182,7 +182,7 @@ def run_side(side, args, device, meter, log):
                         row['status'] = f'skipped: over --dense-max-tokens {args.dense_max_tokens}'
                     else:
                         fn = case_function(name, q, k, v, side, extras, mode, device, dtype)
-                        common.measure_case(row, fn, impl, device, meter, args)
+                        bench.measure_case(row, fn, impl, device, meter, args)
                     log(row)
                     rows.append(row)
     return rows
@@ -217,23 +217,23 @@ def growth_rows(rows):
 
 def plot_rows(rows, path, title):
     """One colour per (attention, impl), one line style per (mode, dtype), over tokens; returns
-    whether the PNG was written (``_bench_common.plot_growth``)."""
+    whether the PNG was written (``visattn_mm.analysis.benchmarking.plot_growth``)."""
     series = {}
     for row in rows:
         if row['status'] == 'ok':
             label = (f"{row['attention']} {row['impl']}", f"{row['mode']} {row['dtype']}")
             series.setdefault(label, []).append((row['tokens'], row['time_ms'], row['peak_mem_mib']))
-    return common.plot_growth(series, 'tokens N', path, title)
+    return bench.plot_growth(series, 'tokens N', path, title)
 
 
 def default_dense_limit_gib(device):
     """Half the memory available now: CUDA free memory, or MemAvailable on CPU."""
     if device.type == 'cuda':
-        return torch.cuda.mem_get_info(device)[0] / common.GIB / 2
+        return torch.cuda.mem_get_info(device)[0] / bench.GIB / 2
     with open('/proc/meminfo') as info:
         for line in info:
             if line.startswith('MemAvailable:'):
-                return int(line.split()[1]) * 1024 / common.GIB / 2
+                return int(line.split()[1]) * 1024 / bench.GIB / 2
     return 4.0
 
 
@@ -248,7 +248,7 @@ def parse_args(argv=None):
     parser.add_argument('--head-dim', type=int, default=32)
     parser.add_argument('--dtypes', default='fp32', help='fp32, bf16, fp16 (autocast)')
     parser.add_argument('--impls', default='math,fast', help='for ours: math, fast, auto, triton (CUDA)')
-    parser.add_argument('--modes', default=','.join(common.MODES))
+    parser.add_argument('--modes', default=','.join(bench.MODES))
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
@@ -268,27 +268,27 @@ def parse_args(argv=None):
     )
     parser.add_argument('--out-dir', default='work_dirs/attention_benchmark')
     args = parser.parse_args(argv)
-    args.attentions = common.check_choices(common.parse_list(args.attentions), OURS + DENSE, '--attentions')
-    args.sides = common.parse_list(args.sides, int, '--sides')
+    args.attentions = bench.check_choices(bench.parse_list(args.attentions), OURS + DENSE, '--attentions')
+    args.sides = bench.parse_list(args.sides, int, '--sides')
     if min(args.sides) < WINDOW:
         raise SystemExit(f'--sides: every side must be >= the window {WINDOW}')
     if 'pale' in args.attentions and args.heads % 2:
         raise SystemExit(f'--heads {args.heads}: pale attention needs an even number of heads')
-    common.check_run_options(args)
+    bench.check_run_options(args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device, meter, machine = common.start_run(args)
+    device, meter, machine = bench.start_run(args)
     if args.dense_limit_gib is None:
         args.dense_limit_gib = default_dense_limit_gib(device)
 
     def log(row):
         print(
             f"{row['attention']:>13} {row['impl']:>4} {row['mode']:>7} {row['dtype']:>4} "
-            f"N={row['tokens']}: {common.format_value(row.get('time_ms'))} ms, "
-            f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+            f"N={row['tokens']}: {bench.format_value(row.get('time_ms'))} ms, "
+            f"{bench.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
             flush=True,
         )
 
@@ -297,15 +297,15 @@ def main(argv=None):
         rows += run_side(side, args, device, meter, log)
     growth = growth_rows(rows)
     print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
-    print(common.format_table(rows, COLUMNS))
+    print(bench.format_table(rows, COLUMNS))
     print('\ngrowth between consecutive sizes (linear: mem_ratio ~ token_ratio)\n')
-    print(common.format_table(growth, GROWTH_COLUMNS))
+    print(bench.format_table(growth, GROWTH_COLUMNS))
     paths = [
         osp.join(args.out_dir, name)
         for name in ('attention_benchmark.csv', 'attention_growth.csv', 'attention_benchmark.png')
     ]
-    common.write_csv(rows, COLUMNS, paths[0])
-    common.write_csv(growth, GROWTH_COLUMNS, paths[1])
+    bench.write_csv(rows, COLUMNS, paths[0])
+    bench.write_csv(growth, GROWTH_COLUMNS, paths[1])
     if not plot_rows(rows, paths[2], f'attention benchmark ({device.type}): {machine}'):
         paths.pop()
     print(f'\nwrote {", ".join(paths)}')

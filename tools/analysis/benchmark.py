@@ -4,7 +4,7 @@ Every backbone (ours and the baselines) is built in this process and run on a
 ``(B, 3, H, W)`` tensor: forward alone (eval mode, no autograd) and forward +
 backward (train mode, loss = sum of the outputs' means). Each case reports the
 median time of ``--repeats`` calls after ``--warmup`` calls and the peak memory
-of one call on top of the model and input (method: ``_bench_common``), with
+of one call on top of the model and input (method: ``visattn_mm.analysis.benchmarking``), with
 ratios to the baseline (``--baseline``, Swin-T) measured in the same run.
 Where mmdet cannot be imported (a GPU host with only torch, timm and mmengine),
 the baselines are built from timm's Swin-T and torchvision's ResNet-50 instead,
@@ -49,13 +49,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import os.path as osp
 import re
 
-import _bench_common as common
 import torch
 import torch.nn as nn
+
+from visattn_mm.analysis import benchmarking as bench
+from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO, case_function
 
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
 # The options a --grid may replace.
@@ -79,104 +80,6 @@ COLUMNS = (
     'status',
 )
 
-# mmdet's Mask R-CNN Swin-T backbone (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)
-# and ResNet-50 backbone (configs/_base_/models/mask-rcnn_r50_fpn.py), without weights.
-SWIN_T = dict(
-    embed_dims=96,
-    depths=(2, 2, 6, 2),
-    num_heads=(3, 6, 12, 24),
-    window_size=7,
-    mlp_ratio=4,
-    qkv_bias=True,
-    qk_scale=None,
-    drop_rate=0.0,
-    attn_drop_rate=0.0,
-    drop_path_rate=0.2,
-    patch_norm=True,
-    out_indices=(0, 1, 2, 3),
-    with_cp=False,
-)
-RESNET_50 = dict(
-    depth=50,
-    num_stages=4,
-    out_indices=(0, 1, 2, 3),
-    frozen_stages=1,
-    norm_cfg=dict(type='BN', requires_grad=True),
-    norm_eval=True,
-    style='pytorch',
-)
-
-
-def _ours(class_name, arch, **kwargs):
-    import visattn_mm.models as models
-
-    return getattr(models, class_name)(arch=arch, **kwargs)
-
-
-def _timm_swin_t():
-    """timm's Swin-T as a dense backbone: any input size (padded like mmdet's Swin), 4 maps."""
-    import timm
-    from timm.layers import PatchEmbed
-
-    model = timm.create_model(
-        'swin_tiny_patch4_window7_224',
-        features_only=True,
-        strict_img_size=False,
-        drop_path_rate=SWIN_T['drop_path_rate'],
-    )
-    for module in model.modules():
-        if isinstance(module, PatchEmbed):
-            module.dynamic_img_pad = True
-    return model
-
-
-def _torchvision_resnet_50():
-    """torchvision's ResNet-50 trunk returning the four stage maps."""
-    import torchvision
-    from torchvision.models.feature_extraction import create_feature_extractor
-
-    return create_feature_extractor(torchvision.models.resnet50(), [f'layer{i}' for i in range(1, 5)])
-
-
-def _baseline(class_name, kwargs, fallback, fallback_name):
-    """mmdet's backbone ``class_name``; where mmdet (or mmcv's compiled ops) cannot be
-    imported, as on a GPU host with only torch and timm, the same architecture from
-    ``fallback``, announced on stdout."""
-    try:
-        import mmdet.models.backbones as backbones
-    except Exception as error:  # ImportError, or mmcv's _ext failing to load
-        print(
-            f'[benchmark] mmdet cannot be imported ({type(error).__name__}: {error}); '
-            f'{class_name} baseline built from {fallback_name} instead',
-            flush=True,
-        )
-        return fallback()
-    return getattr(backbones, class_name)(**kwargs)
-
-
-def _model_zoo():
-    """name -> (builder, uses our attention ops)."""
-    from visattn_mm.models import FAMILIES, VVT
-
-    zoo = {}
-    for family in FAMILIES:
-        for size in family.sizes:
-            name, class_name = family.model_name(size), family.cls.__name__
-            zoo[name] = (functools.partial(_ours, class_name, size), True)
-            if family.cls is VVT:  # its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
-                zoo[f'{name}-bf16'] = (functools.partial(_ours, class_name, size, bf16_products=True), True)
-    zoo['swin-t'] = (
-        functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t, "timm's swin_tiny_patch4_window7_224"),
-        False,
-    )
-    zoo['r50'] = (
-        functools.partial(_baseline, 'ResNet', RESNET_50, _torchvision_resnet_50, "torchvision's resnet50"),
-        False,
-    )
-    return zoo
-
-
-MODEL_ZOO = _model_zoo()
 #: The suffix of compiled models' names (``--compile``).
 COMPILED = '+compile'
 
@@ -227,34 +130,6 @@ def build_model(name):
     return builder(compile_blocks=True) if uses_ops else compile_baseline_blocks(builder(), base)
 
 
-def backbone_loss(outputs):
-    """Sum of the means of the backbone's output maps (a scalar depending on all of them)."""
-    if isinstance(outputs, dict):  # torchvision's feature extractor
-        outputs = outputs.values()
-    return sum(out.float().mean() for out in outputs)
-
-
-def case_function(model, images, mode, device, dtype):
-    """A no-argument callable running one forward (or forward + backward) of ``model``."""
-    if mode == 'fwd':
-        model.eval()
-
-        def forward():
-            with torch.no_grad(), common.autocast(device, dtype):
-                model(images)
-
-        return forward
-    model.train()
-
-    def forward_backward():
-        with common.autocast(device, dtype):
-            loss = backbone_loss(model(images))
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    return forward_backward
-
-
 def run_model(name, grid, device, meter, log, built, measured):
     """All cases of one model in one grid that no earlier grid measured; returns their rows.
 
@@ -263,7 +138,7 @@ def run_model(name, grid, device, meter, log, built, measured):
         grid (argparse.Namespace): The grid's sizes, batches, dtypes, impls and modes, and the run's
             warm-up and repeats.
         device (torch.device): Where it runs.
-        meter: The peak-memory meter (``_bench_common.memory_meter``).
+        meter: The peak-memory meter (``visattn_mm.analysis.benchmarking.memory_meter``).
         log (callable): Called with each row the moment it is measured.
         built (dict): Models built so far, by name (a model is built once per run).
         measured (set): The cases measured so far (skipped here, added to).
@@ -273,7 +148,7 @@ def run_model(name, grid, device, meter, log, built, measured):
         built[name] = build_model(name).to(device)
     model = built[name]
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
-    impls = grid.impls if uses_ops else [common.NO_IMPL]
+    impls = grid.impls if uses_ops else [bench.NO_IMPL]
     rows = []
     for height, width in grid.sizes:
         for batch in grid.batches:
@@ -297,7 +172,7 @@ def run_model(name, grid, device, meter, log, built, measured):
                             params_m=params_m,
                         )
                         fn = case_function(model, images, mode, device, dtype)
-                        common.measure_case(row, fn, impl, device, meter, grid)
+                        bench.measure_case(row, fn, impl, device, meter, grid)
                         log(row)
                         rows.append(row)
             del images
@@ -306,13 +181,13 @@ def run_model(name, grid, device, meter, log, built, measured):
 
 def plot_rows(rows, path, title):
     """One colour per (model, impl), one line style per (mode, dtype, batch), over megapixels;
-    returns whether the PNG was written (``_bench_common.plot_growth``)."""
+    returns whether the PNG was written (``visattn_mm.analysis.benchmarking.plot_growth``)."""
     series = {}
     for row in rows:
         if row['status'] == 'ok':
             label = (f"{row['model']} {row['impl']}", f"{row['mode']} {row['dtype']} b{row['batch']}")
             series.setdefault(label, []).append((row['megapixels'], row['time_ms'], row['peak_mem_mib']))
-    return common.plot_growth(series, 'input megapixels', path, title)
+    return bench.plot_growth(series, 'input megapixels', path, title)
 
 
 def columns_for(baseline):
@@ -329,7 +204,7 @@ def check_grid(grid):
     grid.models = (
         list(MODEL_ZOO)
         if grid.models == 'all'
-        else common.check_choices(common.parse_list(grid.models), MODEL_ZOO, '--models')
+        else bench.check_choices(bench.parse_list(grid.models), MODEL_ZOO, '--models')
     )
     if grid.compile:
         if 'r50' in grid.models:
@@ -337,11 +212,11 @@ def check_grid(grid):
         grid.models = [name + COMPILED for name in grid.models]
     if grid.baseline not in grid.models:
         grid.models.insert(0, grid.baseline)
-    grid.sizes = [common.parse_size(s, '--sizes') for s in common.parse_list(grid.sizes)]
-    grid.batches = common.parse_list(grid.batches, int, '--batches')
+    grid.sizes = [bench.parse_size(s, '--sizes') for s in bench.parse_list(grid.sizes)]
+    grid.batches = bench.parse_list(grid.batches, int, '--batches')
     if min(grid.batches) < 1:
         raise SystemExit(f'--batches: batch sizes must be >= 1, got {grid.batches}')
-    common.check_run_options(grid)
+    bench.check_run_options(grid)
     return grid
 
 
@@ -371,8 +246,8 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         '--modes',
-        default=','.join(common.MODES),
-        help=f'comma-separated, any of: {", ".join(common.MODES)} (forward; forward + backward)',
+        default=','.join(bench.MODES),
+        help=f'comma-separated, any of: {", ".join(bench.MODES)} (forward; forward + backward)',
     )
     parser.add_argument(
         '--grid',
@@ -408,7 +283,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    device, meter, machine = common.start_run(args)
+    device, meter, machine = bench.start_run(args)
     columns = columns_for(args.baseline)
     csv_path = osp.join(args.out_dir, 'benchmark.csv')
     png_path = osp.join(args.out_dir, 'benchmark.png')
@@ -418,13 +293,13 @@ def main(argv=None):
         print(
             f"{row['model']:>9} {row['impl']:>6} {row['mode']:>7} {row['dtype']:>4} "
             f"b{row['batch']} {row['height']}x{row['width']}: "
-            f"{common.format_value(row.get('time_ms'))} ms, "
-            f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+            f"{bench.format_value(row.get('time_ms'))} ms, "
+            f"{bench.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
             flush=True,
         )
         rows.append(row)
-        common.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
-        common.write_csv(rows, columns, csv_path)
+        bench.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
+        bench.write_csv(rows, columns, csv_path)
 
     interrupted = False
     built, measured = {}, set()
@@ -435,10 +310,10 @@ def main(argv=None):
     except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
         interrupted = True
         print(f'\n[benchmark] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
-    common.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
+    bench.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
     print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
-    print(common.format_table(rows, columns))
-    common.write_csv(rows, columns, csv_path)
+    print(bench.format_table(rows, columns))
+    bench.write_csv(rows, columns, csv_path)
     plotted = not args.no_plot and plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
     print(f'\nwrote {csv_path}' + (f' and {png_path}' if plotted else ''))
     if interrupted:

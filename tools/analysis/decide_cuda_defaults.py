@@ -38,8 +38,7 @@ import os.path as osp
 import re
 import xml.etree.ElementTree as ElementTree
 
-import _bench_common as common
-
+from visattn_mm.analysis import benchmarking
 from visattn_mm.env_report import KERNEL_DIGESTS_KEY
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import cuda_defaults
@@ -249,16 +248,15 @@ def write_rows(rows, path=TABLE_FILE):
 
 def predicted_peak_gib(model, impl, batch):
     """The step-cost tracer's peak for a bf16 forward + backward at :data:`SIZE` (CUDA emulated)."""
-    from step_cost_report import build_backbone
-
+    from visattn_mm.analysis.benchmark_backbones import build_backbone
     from visattn_mm.analysis.step_cost import trace_step
     from visattn_mm.ops.impl import attention_impl
 
     backbone = build_backbone(model)
     backbone.train()  # not chained: mmdet's ResNet.train returns None
-    with attention_impl('auto' if impl == common.NO_IMPL else impl):
+    with attention_impl('auto' if impl == benchmarking.NO_IMPL else impl):
         cost = trace_step(backbone, (batch, 3, *SIZE), dtype='bf16')
-    return cost.peak_bytes / common.GIB
+    return cost.peak_bytes / benchmarking.GIB
 
 
 def gpu_table(sessions, predict=True):
@@ -298,7 +296,7 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     if args.kernel_digests:
-        pairs = [item.partition('=') for item in common.parse_list(args.kernel_digests, str, '--kernel-digests')]
+        pairs = [item.partition('=') for item in benchmarking.parse_list(args.kernel_digests, str, '--kernel-digests')]
         bad = [op for op, _, digest in pairs if op not in OP_NAMES or not digest]
         if bad:
             parser.error(f'--kernel-digests: {bad} not OP=DIGEST with OP of {", ".join(OP_NAMES)}')

@@ -21,7 +21,7 @@ import argparse
 
 from mmengine.config import DictAction
 
-from zoo_measure import build_model, count_flops, count_parameters
+from visattn_mm.analysis.flops import build_model, count_flops, count_parameters
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 

@@ -14,6 +14,9 @@ of one of these tasks outside the matrix is reported and skipped. 1x and 3x + MS
 configs that build the same model are measured once. ``--device cuda`` runs
 the counted forward passes on a GPU (same counts, much faster).
 
+The counting is ``visattn_mm.analysis.flops``, the papers' numbers and the planned matrix
+``visattn_mm.analysis.paper_numbers``, the page's text ``visattn_mm.analysis.model_zoo_page``.
+
 A run of every task without ``--configs`` or ``--skip-flops`` writes ``--out``
 afresh. A partial run updates an existing page instead: it replaces the rows it
 measured (keeping their FLOPs cells under ``--skip-flops``) and keeps every
@@ -45,11 +48,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from zoo_measure import Measurement, measure, model_key
-from zoo_paper import CONFIG_DIR, TASK_SCHEDULES, flops_input, planned_configs
-from zoo_render import read_page, render
+from visattn_mm.analysis.flops import Measurement, measure, model_key
+from visattn_mm.analysis.model_zoo_page import read_page, render
+from visattn_mm.analysis.paper_numbers import TASK_SCHEDULES, flops_input, planned_configs
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = ROOT / 'configs'
 
 
 def main(argv=None) -> None:
@@ -127,7 +131,7 @@ def main(argv=None) -> None:
         print(f'{stem}: {found.params / 1e6:.2f}M params{flops} ({found.seconds:.0f} s)', flush=True)
     command = 'python tools/analysis/model_zoo.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(args.tasks, measurements, command.strip(), previous_page))
+    out.write_text(render(args.tasks, measurements, command.strip(), previous_page, config_dir=CONFIG_DIR))
     if previous_page is None:
         print(f'wrote {out}' + ('' if complete else ' (a partial page: only what this run measured)'))
     else:

@@ -45,12 +45,11 @@ import collections
 import os.path as osp
 import re
 
-import _bench_common as common
-import benchmark
-import step_cost_report
 import torch
 
 import visattn_mm
+from visattn_mm.analysis import benchmarking as bench
+from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO, build_backbone, case_function
 from visattn_mm.analysis.step_cost import OP_CLASSES, trace_step
 from visattn_mm.models import FAMILIES
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
@@ -245,7 +244,7 @@ def profile_steps(fn, device, steps):
     with profile(activities=activities) as profiler:
         for _ in range(steps):
             fn()
-        common.synchronize(device)
+        bench.synchronize(device)
     events = profiler.events()
     return kernel_samples(events) if device.type == 'cuda' else cpu_op_samples(events)
 
@@ -258,8 +257,8 @@ def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
     linear attention counts as matrix products (none).
 
     Args:
-        name (str): The model, a key of ``benchmark.MODEL_ZOO``.
-        impl (str): Its attention path (``common.NO_IMPL`` for the baselines).
+        name (str): The model, a key of ``visattn_mm.analysis.benchmark_backbones.MODEL_ZOO``.
+        impl (str): Its attention path (``bench.NO_IMPL`` for the baselines).
         batch (int): Images per step.
         size (tuple[int, int]): Their height and width.
         dtype (str): 'fp32', or 'bf16' / 'fp16' autocast.
@@ -268,12 +267,12 @@ def step_floor(name, impl, batch, size, dtype, bandwidth_tbs, peak_tflops):
     """
 
     def traced(path):
-        model = step_cost_report.build_backbone(name).train()
+        model = build_backbone(name).train()
         with attention_impl(path):
             return trace_step(model, (batch, 3, *size), dtype=dtype, mode='fwd+bwd', device_type='cuda')
 
-    cost = traced('auto' if impl == common.NO_IMPL else impl)
-    attention = (cost if impl in (common.NO_IMPL, 'fast') else traced('fast')).by_class().get('attention')
+    cost = traced('auto' if impl == bench.NO_IMPL else impl)
+    attention = (cost if impl in (bench.NO_IMPL, 'fast') else traced('fast')).by_class().get('attention')
     attention_flops = attention.flops if attention else 0
     return (cost.total().bytes_moved / (bandwidth_tbs * 1e12) + attention_flops / (peak_tflops * 1e12)) * 1e3
 
@@ -282,12 +281,12 @@ def case_fields(name, batch, device, args):
     """The fields that name a case in the CSV (model, path, device, dtype, batch, size).
 
     Args:
-        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        name (str): The model's name (``visattn_mm.analysis.benchmark_backbones.MODEL_ZOO``).
         batch (int): Images per step.
         device (torch.device): Where it runs.
         args (argparse.Namespace): The run's options (:func:`parse_args`).
     """
-    impl = args.impl if benchmark.MODEL_ZOO[name][1] else common.NO_IMPL
+    impl = args.impl if MODEL_ZOO[name][1] else bench.NO_IMPL
     return dict(
         model=name,
         impl=impl,
@@ -303,7 +302,7 @@ def floor_case(name, batch, device, args):
     """The ``all`` row of a case with its floor alone (``--floor-only``: nothing runs).
 
     Args:
-        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        name (str): The model's name (``visattn_mm.analysis.benchmark_backbones.MODEL_ZOO``).
         batch (int): Images per step.
         device (torch.device): The device named in the row.
         args (argparse.Namespace): The run's options (:func:`parse_args`).
@@ -317,11 +316,11 @@ def profile_case(name, model, batch, device, meter, args, own):
     """Measures and profiles one model at one batch.
 
     Args:
-        name (str): The model's name (``benchmark.MODEL_ZOO``).
+        name (str): The model's name (``visattn_mm.analysis.benchmark_backbones.MODEL_ZOO``).
         model (nn.Module): The model, on ``device``.
         batch (int): Images per step.
         device (torch.device): Where it runs.
-        meter: The peak-memory meter (``_bench_common.memory_meter``).
+        meter: The peak-memory meter (``visattn_mm.analysis.benchmarking.memory_meter``).
         args (argparse.Namespace): The run's options (:func:`parse_args`).
         own (dict[str, str]): :func:`own_kernels`.
 
@@ -331,12 +330,12 @@ def profile_case(name, model, batch, device, meter, args, own):
     case = case_fields(name, batch, device, args)
     impl = case['impl']
     images = torch.randn(batch, 3, *args.size, device=device)
-    fn = benchmark.case_function(model, images, 'fwd+bwd', device, args.dtype)
+    fn = case_function(model, images, 'fwd+bwd', device, args.dtype)
     timing = dict(case)
-    common.measure_case(timing, fn, impl, device, meter, args)
+    bench.measure_case(timing, fn, impl, device, meter, args)
     if timing['status'] != 'ok':
         return [dict(timing, kernel_class=ALL)]
-    chosen = attention_impl('auto' if impl == common.NO_IMPL else impl)
+    chosen = attention_impl('auto' if impl == bench.NO_IMPL else impl)
     with chosen:
         classes = summarize(profile_steps(fn, device, args.profiled_steps), own, args.profiled_steps)
     kernel_ms = sum(c['time_ms_per_step'] for c in classes.values())
@@ -365,7 +364,7 @@ def profile_case(name, model, batch, device, meter, args, own):
 
 
 def _readable(value):
-    """A figure for the tables: whole numbers from 100 up (``common.format_value`` writes 3 significant
+    """A figure for the tables: whole numbers from 100 up (``bench.format_value`` writes 3 significant
     digits, 1.23e+03 for 1234)."""
     return round(value) if isinstance(value, float) and abs(value) >= 100 else value
 
@@ -406,7 +405,7 @@ def case_table(rows):
         'floor_ms',
         'wall_vs_floor',
     ]
-    return common.format_table(lines, columns + [f'{k}_ms' for k in kinds] + ['status'])
+    return bench.format_table(lines, columns + [f'{k}_ms' for k in kinds] + ['status'])
 
 
 def own_table(rows):
@@ -421,17 +420,17 @@ def own_table(rows):
             op, kernel = row['kernel_class'].split(':', 1)
             lines.append({key: _readable(value) for key, value in dict(row, op=op, kernel=kernel).items()})
     columns = ('model', 'batch', 'op', 'kernel', 'launches_per_step', 'time_ms_per_step', 'share')
-    return common.format_table(lines, columns) if lines else '(none of our kernels ran)'
+    return bench.format_table(lines, columns) if lines else '(none of our kernels ran)'
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
-        '--models', default=','.join(DEFAULT_MODELS), help=f'comma-separated, from: {", ".join(benchmark.MODEL_ZOO)}'
+        '--models', default=','.join(DEFAULT_MODELS), help=f'comma-separated, from: {", ".join(MODEL_ZOO)}'
     )
     parser.add_argument('--batches', default='8,2', help='comma-separated batch sizes (ints >= 1), run in this order')
     parser.add_argument('--size', default='800x1333', help='HEIGHTxWIDTH of the images')
-    parser.add_argument('--dtype', default='bf16', choices=common.DTYPES, help='fp32, or bf16 / fp16 autocast')
+    parser.add_argument('--dtype', default='bf16', choices=bench.DTYPES, help='fp32, or bf16 / fp16 autocast')
     parser.add_argument(
         '--impl', default='auto', choices=ATTENTION_IMPLS, help="our backbones' attention path (default: %(default)s)"
     )
@@ -466,13 +465,11 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/profile_step')
     args = parser.parse_args(argv)
-    args.models = common.check_choices(
-        common.parse_list(args.models, option='--models'), benchmark.MODEL_ZOO, '--models'
-    )
-    args.batches = common.parse_list(args.batches, int, '--batches')
+    args.models = bench.check_choices(bench.parse_list(args.models, option='--models'), MODEL_ZOO, '--models')
+    args.batches = bench.parse_list(args.batches, int, '--batches')
     if min(args.batches) < 1:
         raise SystemExit(f'--batches: batch sizes must be >= 1, got {args.batches}')
-    args.size = common.parse_size(args.size, '--size')
+    args.size = bench.parse_size(args.size, '--size')
     if args.warmup < 0 or args.steps < 1 or args.profiled_steps < 1:
         raise SystemExit('--warmup must be >= 0, --steps and --profiled-steps >= 1')
     if args.floor_only and args.no_floor:
@@ -481,13 +478,13 @@ def parse_args(argv=None):
         args.device = 'cpu'  # nothing runs: no device needed
     if args.bandwidth_tbs <= 0 or args.peak_tflops <= 0:
         raise SystemExit('--bandwidth-tbs and --peak-tflops must be > 0')
-    args.repeats = args.steps  # the names common.measure_case reads
+    args.repeats = args.steps  # the names bench.measure_case reads
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device, meter, machine = common.start_run(args)
+    device, meter, machine = bench.start_run(args)
     own = own_kernels()
     csv_path = osp.join(args.out_dir, 'profile_step.csv')
     rows, built = [], {}
@@ -499,10 +496,10 @@ def main(argv=None):
                     found = [floor_case(name, batch, device, args)]
                 else:
                     if name not in built:
-                        built[name] = step_cost_report.build_backbone(name).to(device)
+                        built[name] = build_backbone(name).to(device)
                     found = profile_case(name, built[name], batch, device, meter, args, own)
                 total = found[0]
-                figures = {key: common.format_value(_readable(value)) for key, value in total.items()}
+                figures = {key: bench.format_value(_readable(value)) for key, value in total.items()}
                 measured = (
                     ''
                     if args.floor_only
@@ -511,7 +508,7 @@ def main(argv=None):
                 )
                 print(f'{name:>9} b{batch}: {measured}floor {figures.get("floor_ms")} ms {total["status"]}', flush=True)
                 rows += found
-                common.write_csv(rows, CSV_COLUMNS, csv_path)
+                bench.write_csv(rows, CSV_COLUMNS, csv_path)
     except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
         interrupted = True
         print('\n[profile_step] interrupted: reporting the cases measured until then', flush=True)
@@ -530,7 +527,7 @@ def main(argv=None):
         )
     )
     print('\n' + report)
-    common.write_csv(rows, CSV_COLUMNS, csv_path)
+    bench.write_csv(rows, CSV_COLUMNS, csv_path)
     with open(osp.join(args.out_dir, 'profile_step.md'), 'w') as out:
         out.write(report + '\n')
     print(f'\nwrote {csv_path} and profile_step.md')

@@ -28,8 +28,7 @@ import tarfile
 import tempfile
 import types
 
-import _bench_common as common
-
+# Nothing of the package is imported at the top: worker() runs this file under the package of an older commit.
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 MEASURED_AT = 'e939d0f'
 # Peak MiB measured on the H100 (torch 2.11, 2026-11-23), fwd+bwd, batch 8, 800x1333, bf16 autocast.
@@ -39,6 +38,13 @@ BASELINES = ('swin-t', 'r50')
 # of MEASURED_AT, which predates the family table.
 OURS = {'vil-s': ('ViL', 's'), 'vil-ls-s': ('ViLLS', 's'), 'pale-t': ('PaleTransformer', 't'), 'vvt-s': ('VVT', 's')}
 INPUT_SHAPE = (8, 3, 800, 1333)
+MIB = 2**20
+# Run by trace_ours_at in a subprocess whose path starts with the old package: this file, loaded by its path.
+WORKER_CODE = (
+    'import importlib.util, sys; '
+    "spec = importlib.util.spec_from_file_location('step_cost_calibration', sys.argv[1]); "
+    'module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); module.worker(sys.argv[2:])'
+)
 
 
 def trace_peak_mib(model):
@@ -46,14 +52,15 @@ def trace_peak_mib(model):
     from visattn_mm.analysis.step_cost import trace_step
 
     model.train()
-    return trace_step(model, INPUT_SHAPE, dtype='bf16', mode='fwd+bwd', device_type='cuda').peak_bytes / common.MIB
+    return trace_step(model, INPUT_SHAPE, dtype='bf16', mode='fwd+bwd', device_type='cuda').peak_bytes / MIB
 
 
 def trace_baselines():
-    """``{name: traced peak MiB}`` of the baselines, built as ``step_cost_report.py`` builds them."""
-    import step_cost_report
+    """``{name: traced peak MiB}`` of the baselines, built as ``step_cost_report.py`` builds them
+    (``visattn_mm.analysis.benchmark_backbones.build_backbone``)."""
+    from visattn_mm.analysis.benchmark_backbones import build_backbone
 
-    return {name: trace_peak_mib(step_cost_report.build_backbone(name)) for name in BASELINES}
+    return {name: trace_peak_mib(build_backbone(name)) for name in BASELINES}
 
 
 def _load_tracer_into(package):
@@ -119,13 +126,12 @@ def trace_ours_at(commit, models):
             return f'git cannot give the package at {commit}: {made.stderr.strip() or made.stdout.strip()}'
         with tarfile.open(archive) as tar:
             tar.extractall(tree, filter='data')
-        env_path = osp.pathsep.join([tree, osp.dirname(osp.abspath(__file__))])
         run = subprocess.run(
-            [sys.executable, '-c', 'import sys, step_cost_calibration as c; c.worker(sys.argv[1:])', *models],
+            [sys.executable, '-c', WORKER_CODE, osp.abspath(__file__), *models],
             capture_output=True,
             text=True,
             cwd=tree,
-            env={**__import__('os').environ, 'PYTHONPATH': env_path},
+            env={**__import__('os').environ, 'PYTHONPATH': tree},
         )
         if run.returncode != 0:
             raise RuntimeError(f'tracing the backbones at {commit} failed:\n{run.stderr[-3000:]}')
@@ -157,7 +163,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', default=','.join(OURS), help=f'our backbones, from {", ".join(OURS)}')
     args = parser.parse_args(argv)
-    models = common.check_choices(common.parse_list(args.models, option='--models'), OURS, '--models')
+    from visattn_mm.analysis import benchmarking as bench
+
+    models = bench.check_choices(bench.parse_list(args.models, option='--models'), OURS, '--models')
     rows = calibration_rows(models)
     shown = [
         dict(
@@ -167,7 +175,7 @@ def main(argv=None):
         )
         for row in rows
     ]
-    print(common.format_table(shown, ('model', 'code', 'measured_mib', 'traced_mib', 'error', 'note')))
+    print(bench.format_table(shown, ('model', 'code', 'measured_mib', 'traced_mib', 'error', 'note')))
     return rows
 
 

@@ -37,15 +37,18 @@ import argparse
 import os.path as osp
 import time
 
-import _bench_common as common
-import benchmark
 import torch
 
+from visattn_mm.analysis import benchmarking as bench
 from visattn_mm.analysis import step_time_rates
+from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO, build_backbone
+from visattn_mm.analysis.flops import build_model
 from visattn_mm.analysis.step_cost import AUTOCAST_DTYPES, MODES, trace_step
 from visattn_mm.models import FAMILIES
 from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+CONFIG_DIR = osp.join(ROOT, 'configs')  # where --configs names are looked up
 BASELINES = ('swin-t', 'r50')
 # mmdet's and mmseg's own Swin-T version of each kind of our configs, from the installed packages:
 # the baseline of every --configs row of that kind.
@@ -90,13 +93,6 @@ CLASS_COLUMNS = ('model', 'impl', 'op_class', 'count', 'launched', 'gflops', 're
 OP_COLUMNS = ('model', 'impl', 'op', 'op_class', 'count', 'launched', 'gflops', 'read_gb', 'written_gb', 'saved_gb')
 
 
-def build_backbone(name):
-    """One of ``benchmark.MODEL_ZOO``'s backbones; 'swin-t' as in the H100 measurements (timm's)."""
-    if name == 'swin-t':
-        return benchmark._timm_swin_t()
-    return benchmark.MODEL_ZOO[name][0]()
-
-
 def config_kind(config):
     """``'maskrcnn'``, ``'retinanet'`` or ``'upernet'`` for one of our configs (by name), else None."""
     kind = osp.basename(config).split('_', 1)[0]
@@ -118,9 +114,6 @@ def build_config_model(config):
     Returns:
         tuple: ``(model, forward(model, images) -> outputs, parts)``, ``parts`` naming what runs.
     """
-    from zoo_measure import build_model
-    from zoo_paper import CONFIG_DIR
-
     path = config if config.endswith('.py') else osp.join(CONFIG_DIR, f'{config}.py')
     if not osp.exists(path):
         raise SystemExit(f'--configs: {path} does not exist')
@@ -163,7 +156,7 @@ def trace_rows(name, model, forward, parts, impls, args, batch, size, baseline=N
     blocks = count_blocks(model)
     for impl in impls:
         begin = time.perf_counter()
-        with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
+        with attention_impl(impl if impl != bench.NO_IMPL else 'auto'):
             cost = trace_step(
                 model,
                 (batch, 3, *size),
@@ -184,7 +177,7 @@ def trace_rows(name, model, forward, parts, impls, args, batch, size, baseline=N
                 width=size[1],
                 dtype=args.dtype,
                 mode=args.mode,
-                peak_gib=summary['peak_bytes'] / common.GIB,
+                peak_gib=summary['peak_bytes'] / bench.GIB,
                 launched=summary['launched'],
                 blocks=blocks,
                 launched_per_block=summary['launched'] / blocks if blocks else None,
@@ -236,10 +229,10 @@ def estimate_step_ms(cost, dtype, gpu, name):
 def add_ratios(rows):
     """Ratios to the baselines' rows of the same run (same batch, size, dtype, mode)."""
     keys = ('batch', 'height', 'width', 'dtype', 'mode')
-    common.add_ratio_columns(
+    bench.add_ratio_columns(
         rows, 'swin-t', keys, ('peak_gib', 'launched', 'launched_per_block', 'layout_gb', 'moved_gb')
     )
-    common.add_ratio_columns(rows, 'r50', keys, ('peak_gib',))
+    bench.add_ratio_columns(rows, 'r50', keys, ('peak_gib',))
     reference = {(row['model'], *(row[k] for k in keys)): row for row in rows}
     for row in rows:
         base = reference.get((row.get('baseline'), *(row[k] for k in keys)))
@@ -250,7 +243,7 @@ def add_ratios(rows):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ours = [name for name in benchmark.MODEL_ZOO if name not in BASELINES]
+    ours = [name for name in MODEL_ZOO if name not in BASELINES]
     parser.add_argument(
         '--models',
         default=','.join(family.compared_model for family in FAMILIES),
@@ -292,13 +285,13 @@ def parse_args(argv=None):
     if args.models in ('all', 'none'):
         args.models = ours if args.models == 'all' else []
     else:
-        args.models = common.check_choices(common.parse_list(args.models, option='--models'), ours, '--models')
+        args.models = bench.check_choices(bench.parse_list(args.models, option='--models'), ours, '--models')
     args.configs = [c.strip() for c in args.configs.split(',') if c.strip()]
-    args.config_settings = common.check_choices(
-        common.parse_list(args.config_settings, option='--config-settings'), ('args', 'training'), '--config-settings'
+    args.config_settings = bench.check_choices(
+        bench.parse_list(args.config_settings, option='--config-settings'), ('args', 'training'), '--config-settings'
     )
-    args.impls = common.check_choices(common.parse_list(args.impls, option='--impls'), ATTENTION_IMPLS, '--impls')
-    args.size = common.parse_size(args.size, '--size')
+    args.impls = bench.check_choices(bench.parse_list(args.impls, option='--impls'), ATTENTION_IMPLS, '--impls')
+    args.size = bench.parse_size(args.size, '--size')
     if args.batch < 1:
         raise SystemExit('--batch must be >= 1')
     return args
@@ -310,7 +303,7 @@ def main(argv=None):
     rows, class_rows, op_rows = [], [], []
     here = [(args.batch, args.size)]
     jobs = [
-        (name, lambda n=name: (build_backbone(n), None, 'backbone'), [common.NO_IMPL], here, None) for name in BASELINES
+        (name, lambda n=name: (build_backbone(n), None, 'backbone'), [bench.NO_IMPL], here, None) for name in BASELINES
     ]
     jobs += [
         (name, lambda n=name: (build_backbone(n), None, 'backbone'), args.impls, here, None) for name in args.models
@@ -327,7 +320,7 @@ def main(argv=None):
             baselines.setdefault(baseline, (path, set()))[1].update(settings)
         config_jobs.append((config, lambda c=config: build_config_model(c), args.impls, settings or here, baseline))
     jobs += [
-        (name, lambda p=path: build_config_model(p), [common.NO_IMPL], sorted(settings), None)
+        (name, lambda p=path: build_config_model(p), [bench.NO_IMPL], sorted(settings), None)
         for name, (path, settings) in baselines.items()
     ]
     jobs += config_jobs
@@ -356,13 +349,13 @@ def main(argv=None):
         )
     else:
         shown.remove('est_ms')
-    print(common.format_table(rows, shown))
+    print(bench.format_table(rows, shown))
     for file_name, table, columns in (
         ('step_cost.csv', rows, COLUMNS),
         ('step_cost_classes.csv', class_rows, CLASS_COLUMNS),
         ('step_cost_ops.csv', op_rows, OP_COLUMNS),
     ):
-        common.write_csv(table, columns, osp.join(args.out_dir, file_name))
+        bench.write_csv(table, columns, osp.join(args.out_dir, file_name))
     print(f'\nwrote {args.out_dir}/step_cost.csv, step_cost_classes.csv, step_cost_ops.csv')
     return rows
 

@@ -27,9 +27,9 @@ import re
 import subprocess
 import time
 
-import _bench_common as common
 import numpy as np
 
+from visattn_mm.analysis import benchmarking as bench
 from visattn_mm.analysis import step_time
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -101,9 +101,9 @@ def traced_case(row):
 
 def trace_terms(rows, cache_dir):
     """Adds ``terms`` (:func:`step_time.step_terms`) to each row, tracing each distinct case once."""
-    import step_cost_report
     import torch
 
+    from visattn_mm.analysis.benchmark_backbones import build_backbone
     from visattn_mm.analysis.step_cost import trace_step
     from visattn_mm.ops.impl import attention_impl
 
@@ -119,9 +119,9 @@ def trace_terms(rows, cache_dir):
             continue
         begin = time.perf_counter()
         torch.manual_seed(0)
-        model = models.get(model_name) or models.setdefault(model_name, step_cost_report.build_backbone(model_name))
+        model = models.get(model_name) or models.setdefault(model_name, build_backbone(model_name))
         model.train()
-        with attention_impl(impl if impl != common.NO_IMPL else 'auto'):
+        with attention_impl(impl if impl != bench.NO_IMPL else 'auto'):
             cost = trace_step(model, (batch, 3, height, width), dtype=dtype, mode=mode, device_type='cuda')
         terms[case] = step_time.step_terms(cost, dtype)
         with open(path + '.part', 'w') as out:
@@ -200,7 +200,7 @@ def cost_table(costs):
         dict(term=term, **{kind: step_time.effective_rate(term, costs[kind].get(term, 0.0)) for kind in kinds})
         for term in terms
     ]
-    return common.format_table(rows, ('term', *kinds))
+    return bench.format_table(rows, ('term', *kinds))
 
 
 def compact_table(rows):
@@ -218,7 +218,7 @@ def compact_table(rows):
         estimate = '-' if row['est_ms'] is None else f"{row['est_ms']:.0f}"
         error = '' if row['error'] is None else f" ({row['error']:+.0%})"
         line[f"{row['dtype']} b{row['batch']}"] = f"{estimate} / {row['measured_ms']:.0f}{error}"
-    return common.format_table(list(lines.values()), ('gpu', 'call', 'model', 'impl', *columns))
+    return bench.format_table(list(lines.values()), ('gpu', 'call', 'model', 'impl', *columns))
 
 
 def error_summary(rows):
@@ -237,7 +237,7 @@ def error_summary(rows):
 
 
 def parse_args(argv=None):
-    import benchmark
+    from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO
 
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
@@ -253,11 +253,11 @@ def parse_args(argv=None):
     parser.add_argument('--write', action='store_true', help=f'write the fitted costs to {osp.relpath(RATES_MODULE)}')
     parser.add_argument('--all-rows', action='store_true', help='print the fitted rows too (in-sample error)')
     args = parser.parse_args(argv)
-    args.held_out = common.parse_list(args.held_out, option='--held-out')
-    args.modes = common.check_choices(common.parse_list(args.modes, option='--modes'), common.MODES, '--modes')
-    known = tuple(benchmark.MODEL_ZOO)
-    chosen = known if args.models == 'all' else common.parse_list(args.models, option='--models')
-    args.models = tuple(common.check_choices(chosen, known, '--models'))
+    args.held_out = bench.parse_list(args.held_out, option='--held-out')
+    args.modes = bench.check_choices(bench.parse_list(args.modes, option='--modes'), bench.MODES, '--modes')
+    known = tuple(MODEL_ZOO)
+    chosen = known if args.models == 'all' else bench.parse_list(args.models, option='--models')
+    args.models = tuple(bench.check_choices(chosen, known, '--models'))
     return args
 
 
@@ -275,7 +275,7 @@ def main(argv=None):
         if row['held_out'] or args.all_rows
     ]
     print('\nEstimated step time (an estimate from CPU-traced counts) against the measured time, held-out rows:\n')
-    print(common.format_table(shown, TABLE_COLUMNS))
+    print(bench.format_table(shown, TABLE_COLUMNS))
     print('\nThe same, one line per model and path (estimate / measured ms (error)):\n')
     print(compact_table(rows))
     print('\n' + error_summary(rows))

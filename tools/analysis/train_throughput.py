@@ -20,7 +20,7 @@ change.
 * Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during training minus
   what was allocated before the first iteration (the model's weights): gradients,
   optimiser states and activations; on CPU the growth of the resident set (see
-  ``_bench_common``).
+  ``visattn_mm.analysis.benchmarking``).
 
 Ratios divide by the baseline's row of the same dtype. Writes
 ``<out-dir>/train_throughput.csv`` and prints a markdown table.
@@ -40,12 +40,12 @@ import os.path as osp
 import statistics
 import time
 
-import _bench_common as common
 import torch
 from mmengine.hooks import Hook
 
 from visattn_mm import cli
 from visattn_mm import toy_data as toy
+from visattn_mm.analysis import benchmarking as bench
 
 SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 #: The baseline of each library's configs (``default_scope``), and the toy layout its configs train on.
@@ -87,11 +87,11 @@ class StepTimer(Hook):
         self.meter.start()
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
-        common.synchronize(self.device)
+        bench.synchronize(self.device)
         self._begin = time.perf_counter()
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        common.synchronize(self.device)
+        bench.synchronize(self.device)
         self.seconds.append(time.perf_counter() - self._begin)
 
     def after_train(self, runner):
@@ -174,7 +174,7 @@ def run_case(name, dtype, data_root, args, device, meter):
             iters=len(timed),
             step_ms=step * 1e3,
             images_per_s=args.batch / step,
-            peak_mem_mib=timer.peak_bytes / common.MIB,
+            peak_mem_mib=timer.peak_bytes / bench.MIB,
             status='ok',
         )
     except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
@@ -185,8 +185,8 @@ def run_case(name, dtype, data_root, args, device, meter):
         if device.type == 'cuda':
             torch.cuda.empty_cache()
     print(
-        f"{label} {dtype} b{args.batch}: {common.format_value(row.get('images_per_s'))} img/s, "
-        f"{common.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
+        f"{label} {dtype} b{args.batch}: {bench.format_value(row.get('images_per_s'))} img/s, "
+        f"{bench.format_value(row.get('peak_mem_mib'))} MiB {row['status']}",
         flush=True,
     )
     return row
@@ -213,8 +213,8 @@ def parse_args(argv=None):
     parser.add_argument('--workers', type=int, default=2, help='data loader workers')
     parser.add_argument('--out-dir', default='work_dirs/train_throughput')
     args = parser.parse_args(argv)
-    args.image_size = common.parse_size(args.image_size, '--image-size')
-    args.dtypes = common.check_choices(common.parse_list(args.dtypes), common.DTYPES, '--dtypes')
+    args.image_size = bench.parse_size(args.image_size, '--image-size')
+    args.dtypes = bench.check_choices(bench.parse_list(args.dtypes), bench.DTYPES, '--dtypes')
     if args.batch < 1 or args.iters < 1 or args.warmup < 0 or args.workers < 0:
         raise SystemExit('--batch and --iters must be >= 1, --warmup and --workers >= 0')
     if set(args.dtypes) & set(AMP_DTYPES) and not torch.cuda.is_available():
@@ -228,8 +228,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')  # the Runner's choice
-    meter = common.memory_meter(device)
-    machine = common.machine_description(device)
+    meter = bench.memory_meter(device)
+    machine = bench.machine_description(device)
     print(machine, flush=True)
     cli.import_plugin()
     scope = library_of(args.configs + ([args.baseline] if args.baseline else []))
@@ -251,16 +251,16 @@ def main(argv=None):
     except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
         interrupted = True
         print(f'\n[train_throughput] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
-    common.add_ratio_columns(
+    bench.add_ratio_columns(
         rows, 'baseline', ('dtype', 'batch', 'height', 'width'), ('images_per_s', 'peak_mem_mib'), name_key='role'
     )
     print(
         f'\n{machine}; {device.type}; baseline {config_label(args.baseline)}; median of '
         f'{args.iters} iterations after {args.warmup} warm-up\n'
     )
-    print(common.format_table(rows, COLUMNS))
+    print(bench.format_table(rows, COLUMNS))
     csv_path = osp.join(args.out_dir, 'train_throughput.csv')
-    common.write_csv(rows, COLUMNS, csv_path)
+    bench.write_csv(rows, COLUMNS, csv_path)
     print(f'\nwrote {csv_path}')
     if interrupted:
         raise SystemExit('[train_throughput] interrupted before all cases were measured')

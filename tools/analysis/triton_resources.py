@@ -36,16 +36,16 @@ import subprocess
 import sys
 import tempfile
 
-import _bench_common as common
 import torch
 
-from visattn_mm.models import BACKBONES, FAMILIES
+from visattn_mm.analysis import benchmarking as bench
+from visattn_mm.analysis.benchmark_backbones import COMPARED_MODELS as MODELS
+from visattn_mm.analysis.benchmark_backbones import TRITON_DTYPES as DTYPES
+from visattn_mm.analysis.benchmark_backbones import training_step
+from visattn_mm.models import BACKBONES
 from visattn_mm.ops import kernel_digests
 from visattn_mm.ops.specs import OP_NAMES
 
-# Each family's size set beside Swin-T: (class name, arch) by the tools' name.
-MODELS = {family.compared_model: (family.cls.__name__, family.compared_size) for family in FAMILIES}
-DTYPES = ('fp32', 'bf16')
 DEFAULT_SIZE = '256x256'
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGESTS_FILE = os.path.join(ROOT, 'visattn_mm', 'ops', 'kernel_digests.py')
@@ -255,13 +255,6 @@ def digests_source(digests, triton_version, capability):
     return doc + '\n' + '\n'.join(code) + '\n'
 
 
-def training_step(model, image, dtype):
-    """Forward (under autocast for 'bf16') and backward of the sum of the output maps' means."""
-    with common.autocast(image.device, dtype):
-        outputs = model(image)
-    sum(out.float().mean() for out in outputs).backward()
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', default=','.join(MODELS), help=f'comma-separated, of {", ".join(MODELS)}')
@@ -281,10 +274,10 @@ def parse_args(argv=None):
         "'write' writes it (at the default models, dtypes, size and capability only)",
     )
     args = parser.parse_args(argv)
-    args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
-    args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
-    args.size = common.parse_size(args.size, '--size')
-    defaults = (list(MODELS), list(DTYPES), common.parse_size(DEFAULT_SIZE, '--size'), parser.get_default('capability'))
+    args.models = bench.check_choices(bench.parse_list(args.models, str, '--models'), MODELS, '--models')
+    args.dtypes = bench.check_choices(bench.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
+    args.size = bench.parse_size(args.size, '--size')
+    defaults = (list(MODELS), list(DTYPES), bench.parse_size(DEFAULT_SIZE, '--size'), parser.get_default('capability'))
     if args.digests and (list(args.models), list(args.dtypes), args.size, args.capability) != defaults:
         parser.error(
             '--digests covers every kernel at the defaults: leave --models, --dtypes, --size, --capability out'
@@ -306,7 +299,7 @@ def main(argv=None):
         f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '
         f'sm_{args.capability} (registers per thread; spills in bytes per thread):\n'
     )
-    print(common.format_table(rows, COLUMNS + ('ptx',) if args.ptx else COLUMNS))
+    print(bench.format_table(rows, COLUMNS + ('ptx',) if args.ptx else COLUMNS))
     if args.digests:
         check_or_write_digests(op_digests(rows), args.digests, args.capability)
     return rows

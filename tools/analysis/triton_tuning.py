@@ -39,9 +39,12 @@ import os.path as osp
 import statistics
 import time
 
-import _bench_common as common
 import torch
-from triton_resources import DTYPES, MODELS, training_step
+
+from visattn_mm.analysis import benchmarking as bench
+from visattn_mm.analysis.benchmark_backbones import COMPARED_MODELS as MODELS
+from visattn_mm.analysis.benchmark_backbones import TRITON_DTYPES as DTYPES
+from visattn_mm.analysis.benchmark_backbones import training_step
 
 COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'best_settings', 'best_ms', 'speedup')
 CSV_COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'status')
@@ -111,7 +114,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         for step in range(repeats + 1):
             launches.clear()
             training_step(model, image, dtype)
-            common.synchronize(image.device)
+            bench.synchronize(image.device)
             if step:  # the first step compiles
                 totals = collections.Counter()
                 for key, elapsed in launches:
@@ -199,12 +202,12 @@ def parse_args(argv=None):
     parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
     parser.add_argument('--out-dir', default='work_dirs/triton_tuning', help='where the CSV goes')
     args = parser.parse_args(argv)
-    args.models = common.check_choices(common.parse_list(args.models, str, '--models'), MODELS, '--models')
-    args.dtypes = common.check_choices(common.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
-    args.size = common.parse_size(args.size, '--size')
-    args.warps = common.parse_list(args.warps, int, '--warps')
-    args.stages = common.parse_list(args.stages, int, '--stages')
-    args.bias_grad_copies = common.parse_list(args.bias_grad_copies, int, '--bias-grad-copies')
+    args.models = bench.check_choices(bench.parse_list(args.models, str, '--models'), MODELS, '--models')
+    args.dtypes = bench.check_choices(bench.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
+    args.size = bench.parse_size(args.size, '--size')
+    args.warps = bench.parse_list(args.warps, int, '--warps')
+    args.stages = bench.parse_list(args.stages, int, '--stages')
+    args.bias_grad_copies = bench.parse_list(args.bias_grad_copies, int, '--bias-grad-copies')
     if args.batch < 1 or args.repeats < 1 or min(args.bias_grad_copies) < 1:
         raise SystemExit('--batch, --repeats and --bias-grad-copies must be at least 1')
     return args
@@ -212,18 +215,18 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = common.resolve_device(args.device)
+    device = bench.resolve_device(args.device)
     if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):
         raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
-    print(common.machine_description(device), flush=True)
+    print(bench.machine_description(device), flush=True)
     rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
-    common.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
+    bench.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
     table = best_rows(rows)
     print(
         f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
         f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n'
     )
-    print(common.format_table(table, COLUMNS))
+    print(bench.format_table(table, COLUMNS))
     return table
 
 

@@ -1,1 +1,2 @@
-"""Analyses of the models that tools and tests share (they import no tool)."""
+"""Analyses of the models, and the code the analysis tools share: the tools and the tests import it; it imports
+no tool and reads nothing of the checkout (a tool passes its paths in)."""

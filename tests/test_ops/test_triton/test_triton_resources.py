@@ -12,14 +12,16 @@ import importlib.util
 
 import pytest
 import torch
-import triton_resources
-import triton_tuning
 
 from helpers import build_tiny
+from tool_runs import _load_tool
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
 from visattn_mm.models import ViL
 from visattn_mm.ops import kernel_digests
 from visattn_mm.ops.specs import OP_NAMES
+
+triton_resources = _load_tool('analysis/triton_resources')
+triton_tuning = _load_tool('analysis/triton_tuning')
 
 # Spill stores (bytes per thread) the launch settings keep each kernel within, by input dtype. bf16 trains on
 # tensor cores with few spills: the sliding-chunk query-side backward at head dim 64 spills about 150 bytes
@@ -131,7 +133,7 @@ def test_launch_settings_keep_register_spills_small(rows, dtype):
     assert not spilling
 
 
-@pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=lambda m: m.__name__)
+@pytest.mark.parametrize('tool', [triton_resources, triton_tuning], ids=('triton_resources', 'triton_tuning'))
 @pytest.mark.parametrize(
     'argv,message',
     [

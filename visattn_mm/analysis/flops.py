@@ -1,7 +1,7 @@
 """Build a config's model and count its parameters and FLOPs (multiply-adds).
 
-What is counted is written in ``tools/analysis/model_zoo.py``'s docstring and in the page
-it generates.
+What is counted is written in ``tools/analysis/model_zoo.py``'s docstring and in the page it generates
+(``docs/model_zoo.md``); ``tools/analysis/get_flops.py`` counts one config at a size you name.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ def build_model(config_path: str | Path, device: str = 'cpu', cfg_options: dict 
     returns (model, task scope)."""
     from mmengine.registry import MODELS, init_default_scope
 
-    from visattn_mm import cli as common
+    from visattn_mm import cli
 
-    common.import_plugin()
-    cfg = common.load_config(str(config_path), cfg_options, 'none')
-    scope = common.register_scope_modules(cfg)
+    cli.import_plugin()
+    cfg = cli.load_config(str(config_path), cfg_options, 'none')
+    scope = cli.register_scope_modules(cfg)
     init_default_scope(scope)
     return MODELS.build(cfg.model).to(device).eval(), scope
 

@@ -1,4 +1,5 @@
-"""The model zoo's planned config matrix and the papers' numbers it is checked against.
+"""The model zoo's planned config matrix and the papers' numbers it is checked against
+(``tools/analysis/model_zoo.py`` writes ``docs/model_zoo.md`` from them).
 
 Every number in :data:`PAPER` is the paper's (the row's ``source``), never ours;
 :func:`is_flagged` marks a measurement more than :data:`TOLERANCE` away from it.
@@ -7,9 +8,6 @@ Every number in :data:`PAPER` is the paper's (the row's ``source``), never ours;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
 
 # Backbone names as they appear in config file names, with their sizes.
 BACKBONE_SIZES = {

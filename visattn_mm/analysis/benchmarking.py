@@ -1,4 +1,5 @@
-"""Measurement plumbing shared by ``benchmark.py`` and ``attention_benchmark.py``.
+"""Measurement plumbing of the benchmark tools (``tools/analysis/benchmark.py``, ``attention_benchmark.py``,
+``train_throughput.py``, ``profile_step.py``, ...): timing, peak memory, option parsing, tables, CSV and plots.
 
 Time: the median of ``repeats`` calls after ``warmup`` calls, with
 ``torch.cuda.synchronize`` around each call on CUDA.
@@ -82,7 +83,7 @@ def check_choices(values, allowed, option):
 
 
 def check_run_options(args):
-    """Parses and checks the options both tools share (dtypes, impls, modes, repeats).
+    """Parses and checks the options the benchmark tools share (dtypes, impls, modes, repeats).
 
     Raises:
         SystemExit: naming the option that cannot work.
