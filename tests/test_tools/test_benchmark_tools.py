@@ -442,7 +442,7 @@ def test_compile_option_names_the_compiled_rows_and_compiles_swin_blocks():
     assert args.grids[0].models == ['swin-t+compile', 'vil-t+compile']
     assert benchmark.build_model('vil-t+compile').block_compiler is not None
     assert benchmark.build_model('vil-t').block_compiler is None
-    swin = benchmark.compile_baseline_blocks(benchmark._timm_swin_t(), 'swin-t')
+    swin = benchmark.compile_baseline_blocks(benchmark_backbones._timm_swin_t(), 'swin-t')
     wrapped = [m for m in swin.modules() if isinstance(m, benchmark.CompiledBlock)]
     assert len(wrapped) == 12 and len(wrapped[0].compiler.runners) == 12
     with pytest.raises(SystemExit, match='r50 has no compiled variant'):
