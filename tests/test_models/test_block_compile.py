@@ -181,3 +181,17 @@ def test_without_a_cpp_compiler_it_says_so_once_and_runs_eager(monkeypatch):
 def test_bad_compile_blocks_is_refused_with_the_choices(value):
     with pytest.raises(ValueError, match='compile_blocks.*(torch.compile keyword arguments|False, True or a dict)'):
         build_tiny(VVT, compile_blocks=value)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('cls', (ViL, ViLLS, VVT, PaleTransformer), ids=lambda c: c.__name__)
+def test_inductor_blocks_on_the_triton_path_match_eager_on_cuda(cls):
+    """On a GPU, Inductor compiles each block around our Triton ops (custom ops it calls as they are):
+    the eager model's outputs and gradients on the same path, fp32, within reordered-sum round-off."""
+    from triton_harness import skip_unless_compiled
+
+    skip_unless_compiled()
+    eager, compiled = twin(cls, True, attn_impl='triton')
+    torch._dynamo.reset()
+    image = torch.randn(2, 3, 96, 128, device='cuda')
+    assert_same_numbers(eager.cuda().train(), compiled.cuda().train(), image, rtol=1e-3, atol=1e-4)
