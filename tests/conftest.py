@@ -24,6 +24,7 @@ SLOWEST_FILES = (
     'test_ops/test_triton/test_triton_resources.py',
     'test_ops/test_triton/test_triton_long_short.py',
     'test_engine/test_training_reliability.py',
+    'test_models/test_block_compile.py',
     'test_tools/test_tools_cli.py',
 )
 TESTS = Path(__file__).parent

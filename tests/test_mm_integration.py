@@ -106,7 +106,10 @@ def _tool(*args, timeout=900):
 
 def test_maskrcnn_vil_s_config_trains_and_evaluates(tmp_path, toy_coco):
     """One iteration of configs/maskrcnn_vil_s_1x.py (paper schedule, optimiser, clipping) and a
-    COCO evaluation (bbox + segm) of the result, through tools/train.py and tools/test.py."""
+    COCO evaluation (bbox + segm) of the result, through tools/train.py and tools/test.py. The training
+    compiles the backbone's blocks (``compile_blocks``, dynamo alone: Inductor compiles ViL-S's blocks
+    for minutes on the CPU) inside mmdet's model and runner, the heads eager; the evaluation is eager
+    and loads what the compiled blocks trained."""
     cfg = _config_on_toy_data(
         'maskrcnn_vil_s_1x.py',
         toy_coco,
@@ -116,7 +119,15 @@ def test_maskrcnn_vil_s_config_trains_and_evaluates(tmp_path, toy_coco):
         model=dict(backbone=dict(init_cfg=None)),  # no ImageNet weights here
         default_hooks=dict(checkpoint=dict(by_epoch=False, interval=1)),
     )
-    _tool('tools/train.py', cfg, '--work-dir', tmp_path / 'work')
+    train_out = _tool(
+        'tools/train.py',
+        cfg,
+        '--work-dir',
+        tmp_path / 'work',
+        '--cfg-options',
+        'model.backbone.compile_blocks.backend=eager',
+    )
+    assert 'ViL: torch.compile built 12 block graph(s) for input size' in train_out, train_out[-2000:]
     checkpoint = tmp_path / 'work' / 'iter_1.pth'
     assert torch.load(checkpoint, map_location='cpu', weights_only=False)['meta']['iter'] == 1
     test_out = _tool('tools/test.py', cfg, checkpoint, '--work-dir', tmp_path / 'work')

@@ -432,3 +432,18 @@ def test_vvt_bf16_variants_build_vvt_with_bf16_products():
     flags = [{m.bf16_products for m in model.modules() if isinstance(m, VicinityAttention)} for model in (plain, bf16)]
     assert flags == [{False}, {True}]
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in bf16.parameters())
+
+
+def test_compile_option_names_the_compiled_rows_and_compiles_swin_blocks():
+    """``--compile``: models and baseline named ``+compile``; ours built with ``compile_blocks``, each of
+    Swin-T's 12 blocks behind its own compiled runner; r50 refused with the fix."""
+    args = benchmark.parse_args(['--compile', '--models', 'vil-t', '--sizes', '64x64'])
+    assert args.baseline == 'swin-t+compile'
+    assert args.grids[0].models == ['swin-t+compile', 'vil-t+compile']
+    assert benchmark.build_model('vil-t+compile').block_compiler is not None
+    assert benchmark.build_model('vil-t').block_compiler is None
+    swin = benchmark.compile_baseline_blocks(benchmark_backbones._timm_swin_t(), 'swin-t')
+    wrapped = [m for m in swin.modules() if isinstance(m, benchmark.CompiledBlock)]
+    assert len(wrapped) == 12 and len(wrapped[0].compiler.runners) == 12
+    with pytest.raises(SystemExit, match='r50 has no compiled variant'):
+        benchmark.parse_args(['--compile', '--models', 'r50'])

@@ -29,6 +29,15 @@ Example (short CPU run)::
     .venv/bin/python tools/analysis/benchmark.py --models vil-t,swin-t,r50 \
         --sizes 512x512 --dtypes fp32 --repeats 3 --out-dir work_dirs/benchmark
 
+Compiled blocks (``--compile``): each of our backbones built with ``compile_blocks=True`` and each
+block of Swin-T (mmdet's, or timm's) run through the same per-block compiled runner
+(:mod:`visattn_mm.models.block_compile`); the rows are named ``<model>+compile`` and their ratios refer
+to the compiled Swin-T. The warm-up calls compile (give at least 2: the first size compiles, and the
+backward compiles at its first call); compile times are logged, not timed here::
+
+    .venv/bin/python tools/analysis/benchmark.py --compile --models vil-t,swin-t --sizes 224x224 \
+        --dtypes fp32 --impls fast --modes fwd+bwd --warmup 2 --repeats 3
+
 Two grids, the second only where time is left (``--grid`` values: ``KEY=VALUE`` words, KEY one
 of :data:`GRID_KEYS`)::
 
@@ -41,8 +50,10 @@ from __future__ import annotations
 import argparse
 import copy
 import os.path as osp
+import re
 
 import torch
+import torch.nn as nn
 
 from visattn_mm.analysis import benchmarking as bench
 from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO, case_function
@@ -69,6 +80,55 @@ COLUMNS = (
     'status',
 )
 
+#: The suffix of compiled models' names (``--compile``).
+COMPILED = '+compile'
+
+
+class CompiledBlock(nn.Module):
+    """A baseline's block run through its compiled runner (a wrapper: the benchmark reads no state_dict)."""
+
+    def __init__(self, block, compiler):
+        super().__init__()
+        self.block = block
+        self.compiler = compiler
+
+    def forward(self, *inputs):
+        return self.compiler.run(self.block, *inputs)
+
+
+def compile_baseline_blocks(model, name):
+    """Give every block of a baseline (the items of its ``blocks`` lists: mmdet's and timm's Swin) a compiled
+    runner, as ``compile_blocks=True`` does for ours; returns ``model``.
+
+    Raises:
+        SystemExit: If ``model`` has no ``blocks`` list (ResNet-50: not compiled here).
+    """
+    from visattn_mm.models.block_compile import BlockCompiler
+
+    compiler = BlockCompiler(name, {})
+    blocks = [
+        (path.rpartition('.')[0], int(path.rpartition('.')[2]), module)
+        for path, module in model.named_modules()
+        if re.fullmatch(r'(.+\.)?blocks\.\d+', path)
+    ]
+    if not blocks:
+        raise SystemExit(f'--compile: {name} has no blocks lists to compile; leave it out of --models')
+    for parent, index, block in blocks:
+        compiler.add(block, f'{parent.replace(".", "_")}_{index}')
+        model.get_submodule(parent)[index] = CompiledBlock(block, compiler)
+    # the compile-time line our backbones log after each forward pass that compiled
+    model.register_forward_hook(lambda module, args, output: compiler.report(args[0].shape[2:]))
+    return model
+
+
+def build_model(name):
+    """The model ``name`` of the zoo, with compiled blocks when it ends in :data:`COMPILED`."""
+    base = name.removesuffix(COMPILED)
+    builder, uses_ops = MODEL_ZOO[base]
+    if name == base:
+        return builder()
+    return builder(compile_blocks=True) if uses_ops else compile_baseline_blocks(builder(), base)
+
 
 def run_model(name, grid, device, meter, log, built, measured):
     """All cases of one model in one grid that no earlier grid measured; returns their rows.
@@ -83,9 +143,9 @@ def run_model(name, grid, device, meter, log, built, measured):
         built (dict): Models built so far, by name (a model is built once per run).
         measured (set): The cases measured so far (skipped here, added to).
     """
-    builder, uses_ops = MODEL_ZOO[name]
+    uses_ops = MODEL_ZOO[name.removesuffix(COMPILED)][1]
     if name not in built:
-        built[name] = builder().to(device)
+        built[name] = build_model(name).to(device)
     model = built[name]
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
     impls = grid.impls if uses_ops else [bench.NO_IMPL]
@@ -146,6 +206,10 @@ def check_grid(grid):
         if grid.models == 'all'
         else bench.check_choices(bench.parse_list(grid.models), MODEL_ZOO, '--models')
     )
+    if grid.compile:
+        if 'r50' in grid.models:
+            raise SystemExit('--compile: r50 has no compiled variant here; leave it out of --models')
+        grid.models = [name + COMPILED for name in grid.models]
     if grid.baseline not in grid.models:
         grid.models.insert(0, grid.baseline)
     grid.sizes = [bench.parse_size(s, '--sizes') for s in bench.parse_list(grid.sizes)]
@@ -198,6 +262,12 @@ def parse_args(argv=None):
     parser.add_argument(
         '--repeats', type=int, default=3, help='timed calls, an int >= 1; the median is reported (default: %(default)s)'
     )
+    parser.add_argument(
+        '--compile',
+        action='store_true',
+        help='compile each block of every model (ours: compile_blocks=True; Swin-T: its blocks the same way); '
+        'rows named MODEL+compile, ratios to swin-t+compile; r50 is not compiled',
+    )
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
@@ -205,6 +275,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.baseline not in MODEL_ZOO:
         raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
+    if args.compile:
+        args.baseline += COMPILED
     args.grids = [grid_from(text, args) for text in args.grid or ['']]
     return args
 

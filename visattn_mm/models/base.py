@@ -9,8 +9,8 @@
   ``init_cfg`` / ``pretrained``;
 * the body from a backbone's stage builder (:meth:`DenseBackbone.build_stages`): the
   stages, the output norms, the random init and the frozen stages;
-* the stage loop (patch embedding, blocks with optional gradient checkpointing,
-  stage output) and the output maps, for mmdet/mmseg and timm alike;
+* the stage loop (patch embedding, blocks with optional gradient checkpointing and
+  compilation, stage output) and the output maps, for mmdet/mmseg and timm alike;
 * the checkpoint protocol (:class:`~visattn_mm.checkpoint.protocol.CheckpointProtocol`):
   a backbone declares its ``checkpoint_filter`` function and how its tables resize;
   the load pre-hook registered here applies that on every load path.
@@ -29,13 +29,13 @@ import warnings
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule, PretrainedInit, initialize
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
 from ..ops.process_state import STATE
+from .block_compile import BlockCompiler, call_block, check_compile_option
 from .layers import (
     check_arch,
     check_int,
@@ -179,6 +179,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         norm_eval,
         with_cp,
         strides=None,
+        compile_blocks=False,
     ):
         """Validate and store the standard surface; return the stochastic depth of every block.
 
@@ -193,6 +194,9 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             with_cp (bool): Gradient checkpointing per block.
             strides (Sequence[int], optional): Output stride per stage. Default: the
                 pyramid's 4, 8, 16, 32.
+            compile_blocks (bool | dict): ``torch.compile`` each block on its own (True: torch.compile's
+                defaults; a dict: its keyword arguments), see :mod:`~visattn_mm.models.block_compile`.
+                Default: False (eager).
 
         Returns:
             list[list[float]]: Drop-path rate of every block, stage by stage, of the whole arch.
@@ -205,6 +209,8 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
+        options = check_compile_option(compile_blocks, type(self).__name__)
+        self.block_compiler = None if options is None else BlockCompiler(type(self).__name__, options)
         self.embed_dims = tuple(embed_dims[: self.num_stages])
         strides = strides or [4 * 2**i for i in range(num_stages)]
         self.strides = tuple(strides[: self.num_stages])
@@ -232,6 +238,10 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
                 self.add_module(f'norm{i}', output_norm(self.embed_dims[i]))
         self.apply(init)
         self._freeze_stages()
+        if self.block_compiler is not None:
+            for i, stage in enumerate(self.stages):
+                for j, block in enumerate(stage.blocks):
+                    self.block_compiler.add(block, f'stage{i}_block{j}')
 
     def stage_modules(self, i):
         """The modules of stage ``i`` (0-based): the stage, then its output norm if it has one."""
@@ -246,10 +256,11 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         """Raise a ValueError for an NCHW batch this backbone cannot run (default: any runs)."""
 
     def run_block(self, block, tokens, hw, *args):
-        """``block(tokens, hw, *args)``, recomputed in backward under ``with_cp`` while training."""
-        if self.with_cp and tokens.requires_grad:
-            return cp.checkpoint(block, tokens, hw, *args, use_reentrant=False)
-        return block(tokens, hw, *args)
+        """``block(tokens, hw, *args)``, recomputed in backward under ``with_cp`` while training, compiled
+        under ``compile_blocks``."""
+        if self.block_compiler is not None:
+            return self.block_compiler.run(block, tokens, hw, *args, with_cp=self.with_cp)
+        return call_block(block, tokens, hw, *args, with_cp=self.with_cp)
 
     def finish_stage(self, i, tokens):
         """Stage ``i``'s tokens (after its stage norm, if any) as the next stage reads them (default: as
@@ -270,11 +281,14 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             raise ValueError(f'{type(self).__name__} expects an NCHW image batch, got shape {tuple(x.shape)}')
         warn_once_on_cpu_fp16_autocast(x)
         self.check_input(x)
+        image_size = x.shape[2:]
         for i, stage in enumerate(self.stages):
             tokens, hw = stage(x, self.run_block)
             tokens = self.finish_stage(i, tokens)
             yield i, tokens, hw
             x = tokens_to_map(tokens, hw)
+        if self.block_compiler is not None:
+            self.block_compiler.report(image_size)
 
     def output_map(self, i, tokens, hw):
         """Stage ``i``'s output: ``tokens`` through its output norm (if any) as an NCHW map."""

@@ -222,6 +222,11 @@ class PaleTransformer(DenseBackbone):
             more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
             with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
+            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
+            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
+            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
+            Default: False.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -249,6 +254,7 @@ class PaleTransformer(DenseBackbone):
         frozen_stages=-1,
         norm_eval=False,
         with_cp=False,
+        compile_blocks=False,
         attn_impl='auto',
         pretrained=None,
         init_cfg=None,
@@ -266,7 +272,15 @@ class PaleTransformer(DenseBackbone):
                     f'attend within row groups, half within column groups)'
                 )
         drop_paths = self.init_stages(
-            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp
+            in_channels,
+            depths,
+            dims,
+            out_indices,
+            frozen_stages,
+            drop_path_rate,
+            norm_eval,
+            with_cp,
+            compile_blocks=compile_blocks,
         )
         self.pale_sizes = tuple(pale_sizes[: self.num_stages])
 

@@ -292,6 +292,11 @@ class ViL(DenseBackbone):
         norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
             only LayerNorms, so this only affects BatchNorms added by subclasses).
         with_cp (bool): Gradient checkpointing per block, saving memory.
+        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
+            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
+            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
+            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
+            Default: False.
         attn_impl (str): The sliding-chunk and long-short attentions' path: 'auto', 'fast', 'math' or
             'triton' (what each runs: :mod:`visattn_mm.ops.impl`); full attention has one. Default: 'auto'.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
@@ -327,6 +332,7 @@ class ViL(DenseBackbone):
         frozen_stages=-1,
         norm_eval=False,
         with_cp=False,
+        compile_blocks=False,
         attn_impl='auto',
         pretrained=None,
         init_cfg=None,
@@ -362,7 +368,16 @@ class ViL(DenseBackbone):
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[: i + 1]) for i in range(num_stages)]
         drop_paths = self.init_stages(
-            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp, strides=strides
+            in_channels,
+            depths,
+            dims,
+            out_indices,
+            frozen_stages,
+            drop_path_rate,
+            norm_eval,
+            with_cp,
+            strides=strides,
+            compile_blocks=compile_blocks,
         )
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size

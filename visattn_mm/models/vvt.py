@@ -294,6 +294,11 @@ class VVT(DenseBackbone):
             has only LayerNorms, so this only affects BatchNorms added by
             subclasses). Default: False.
         with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
+            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
+            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
+            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
+            Default: False.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         bf16_products (bool): Run the torch path's matrix products on bf16 operands
@@ -323,6 +328,7 @@ class VVT(DenseBackbone):
         frozen_stages=-1,
         norm_eval=False,
         with_cp=False,
+        compile_blocks=False,
         attn_impl='auto',
         bf16_products=False,
         pretrained=None,
@@ -345,7 +351,15 @@ class VVT(DenseBackbone):
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
         drop_paths = self.init_stages(
-            in_channels, depths, dims, out_indices, frozen_stages, drop_path_rate, norm_eval, with_cp
+            in_channels,
+            depths,
+            dims,
+            out_indices,
+            frozen_stages,
+            drop_path_rate,
+            norm_eval,
+            with_cp,
+            compile_blocks=compile_blocks,
         )
 
         def make_stage(i, in_dim):
