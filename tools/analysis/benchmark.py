@@ -301,23 +301,18 @@ def main(argv=None):
         bench.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
         bench.write_csv(rows, columns, csv_path)
 
-    interrupted = False
     built, measured = {}, set()
-    try:
+    with bench.UntilInterrupted('benchmark', lambda: f'the {len(rows)} rows') as run:
         for grid in args.grids:
             for name in grid.models:
                 run_model(name, grid, device, meter, log, built, measured)
-    except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
-        interrupted = True
-        print(f'\n[benchmark] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
     bench.add_ratio_columns(rows, args.baseline, MATCH_KEYS, ('time_ms', 'peak_mem_mib'))
     print(f'\n{machine}; {device.type}; median of {args.repeats} after {args.warmup} warm-up\n')
     print(bench.format_table(rows, columns))
     bench.write_csv(rows, columns, csv_path)
     plotted = not args.no_plot and plot_rows(rows, png_path, f'backbone benchmark ({device.type}): {machine}')
     print(f'\nwrote {csv_path}' + (f' and {png_path}' if plotted else ''))
-    if interrupted:
-        raise SystemExit('[benchmark] interrupted before all cases were measured')
+    run.exit_if_interrupted()
     return rows
 
 

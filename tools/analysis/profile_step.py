@@ -488,8 +488,7 @@ def main(argv=None):
     own = own_kernels()
     csv_path = osp.join(args.out_dir, 'profile_step.csv')
     rows, built = [], {}
-    interrupted = False
-    try:
+    with bench.UntilInterrupted('profile_step', lambda: 'the cases') as run:
         for batch in args.batches:
             for name in args.models:
                 if args.floor_only:
@@ -509,9 +508,6 @@ def main(argv=None):
                 print(f'{name:>9} b{batch}: {measured}floor {figures.get("floor_ms")} ms {total["status"]}', flush=True)
                 rows += found
                 bench.write_csv(rows, CSV_COLUMNS, csv_path)
-    except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
-        interrupted = True
-        print('\n[profile_step] interrupted: reporting the cases measured until then', flush=True)
     floor = (
         'no floor'
         if args.no_floor
@@ -531,8 +527,7 @@ def main(argv=None):
     with open(osp.join(args.out_dir, 'profile_step.md'), 'w') as out:
         out.write(report + '\n')
     print(f'\nwrote {csv_path} and profile_step.md')
-    if interrupted:
-        raise SystemExit('[profile_step] interrupted before all cases were measured')
+    run.exit_if_interrupted()
     return rows
 
 

@@ -243,14 +243,10 @@ def main(argv=None):
         image_size=(height, width),
     )
     rows = []
-    interrupted = False
-    try:
+    with bench.UntilInterrupted('train_throughput', lambda: f'the {len(rows)} rows') as run:
         for dtype in args.dtypes:
             for name in [args.baseline, *(c for c in args.configs if c != args.baseline)]:
                 rows.append(run_case(name, dtype, data_root, args, device, meter))
-    except KeyboardInterrupt:  # a time limit (timeout -s INT) keeps what was measured
-        interrupted = True
-        print(f'\n[train_throughput] interrupted: reporting the {len(rows)} rows measured until then', flush=True)
     bench.add_ratio_columns(
         rows, 'baseline', ('dtype', 'batch', 'height', 'width'), ('images_per_s', 'peak_mem_mib'), name_key='role'
     )
@@ -262,8 +258,7 @@ def main(argv=None):
     csv_path = osp.join(args.out_dir, 'train_throughput.csv')
     bench.write_csv(rows, COLUMNS, csv_path)
     print(f'\nwrote {csv_path}')
-    if interrupted:
-        raise SystemExit('[train_throughput] interrupted before all cases were measured')
+    run.exit_if_interrupted()
     return rows
 
 

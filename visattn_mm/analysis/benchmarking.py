@@ -114,6 +114,37 @@ def start_run(args):
 NO_IMPL = '-'  # the impl column of cases that do not run our attention ops
 
 
+class UntilInterrupted:
+    """A ``with`` block of measurements that an interrupt (Ctrl-C, or a time limit: ``timeout -s INT``) ends
+    early without losing what was measured: the interrupt ends the block with one line, the tool reports
+    what it has, then :meth:`exit_if_interrupted` exits with an error.
+
+    Args:
+        tool (str): The tool's name, in the messages.
+        measured (Callable[[], str]): What was measured so far, e.g. ``lambda: f'the {len(rows)} rows'``.
+    """
+
+    def __init__(self, tool, measured):
+        self.tool = tool
+        self.measured = measured
+        self.interrupted = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is None or not issubclass(kind, KeyboardInterrupt):
+            return False
+        self.interrupted = True
+        print(f'\n[{self.tool}] interrupted: reporting {self.measured()} measured until then', flush=True)
+        return True
+
+    def exit_if_interrupted(self):
+        """Exit with an error if the block was interrupted (after the report)."""
+        if self.interrupted:
+            raise SystemExit(f'[{self.tool}] interrupted before all cases were measured')
+
+
 def measure_case(row, fn, impl, device, meter, args):
     """Times ``fn`` under attention implementation ``impl`` and records it in ``row``.
 
