@@ -83,7 +83,7 @@ KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test
 BACKBONE_TESTS="tests/test_cuda.py::test_backbone_matches_float64_reference
     tests/test_cuda.py::test_training_step_never_waits_for_the_gpu"
 TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_tools/test_benchmark_tools.py}"
-COMPILE_TESTS=tests/test_ops/test_compile.py
+COMPILE_TESTS="tests/test_ops/test_compile.py tests/test_models/test_block_compile.py"
 # Where the H100 and the H200 met an illegal address (2026-11-26: 16-bit kernels launched with 8 warps at head
 # dim 64, now 4): the sliding-chunk kernels at a tiny backbone's third stage, and the backbone test that showed it.
 SANITIZE_TESTS="${SANITIZE_TESTS:-tests/test_ops/test_triton/test_triton_sliding_chunk.py::test_cuda_kernels_match_float64_math_on_a_backbone_stage
@@ -361,7 +361,7 @@ stage_throughput() {
 }
 
 stage_compile() {
-    # shellcheck disable=SC2046  # the options split into words
+    # shellcheck disable=SC2046,SC2086  # the options and COMPILE_TESTS (a list of files) split into words
     limited env $(worker_threads) "$PY" -m pytest -p no:cacheprovider $(parallel) -m cuda -q -rfE \
         --junitxml="$OUT/compile.xml" $COMPILE_TESTS
 }
