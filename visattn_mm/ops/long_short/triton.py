@@ -43,8 +43,8 @@ import triton.language as tl
 
 from ..common import chunk_grid
 from ..indexing import segment_pad
-from . import host
-from . import kernel_parts as kp
+from ..triton import host
+from ..triton import kernel_parts as kp
 
 __all__ = ['triton_long_short_attention']
 

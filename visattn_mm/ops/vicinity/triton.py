@@ -58,8 +58,8 @@ import triton
 import triton.language as tl
 
 from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
-from . import host
-from . import kernel_parts as kp
+from ..triton import host
+from ..triton import kernel_parts as kp
 
 __all__ = ['triton_vicinity_attention']
 

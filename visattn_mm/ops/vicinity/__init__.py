@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .impl import attention_path
-from .indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
+from ..impl import attention_path
+from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 
 def signed_clamp(t, min_mag=CLAMP_MIN, max_mag=CLAMP_MAX):
@@ -136,7 +136,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     if n != height * width:
         raise ValueError(f'vicinity_attention: {n} tokens do not form a {height}x{width} map')
     if attention_path('vicinity', q, impl=impl) == 'triton':
-        from .triton.vicinity import triton_vicinity_attention
+        from .triton import triton_vicinity_attention
 
         return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
     operands = matmul_dtype(q.dtype, bf16_products)

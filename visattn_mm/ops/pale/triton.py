@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from ..indexing import half_heads, interlace_stride, pale_size_pair
-from . import host
-from . import kernel_parts as kp
+from ..triton import host
+from ..triton import kernel_parts as kp
 
 __all__ = ['triton_pale_attention']
 

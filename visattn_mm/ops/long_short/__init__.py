@@ -33,10 +33,10 @@ share rows (w=7: 361 offsets on 253 rows). The formula and the table size are in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import chunked_fused_attention
-from .common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
-from .impl import attention_path
-from .indexing import segment_pad
+from ..chunk_gather import chunked_fused_attention
+from ..common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
+from ..impl import attention_path
+from ..indexing import segment_pad
 
 
 @device_cache
@@ -228,7 +228,7 @@ def _fused_long_short_attention(
 
 
 def _triton_long_short_attention(*args, **options):
-    from .triton.long_short import triton_long_short_attention  # Triton is optional: imported when used
+    from .triton import triton_long_short_attention  # Triton is optional: imported when used
 
     return triton_long_short_attention(*args, **options)
 

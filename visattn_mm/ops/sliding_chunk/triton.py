@@ -40,8 +40,8 @@ import triton.language as tl
 
 from ..common import chunk_grid
 from ..indexing import check_modes, neighbour_blocks
-from . import host
-from . import kernel_parts as kp
+from ..triton import host
+from ..triton import kernel_parts as kp
 
 __all__ = ['triton_sliding_chunk_attention']
 

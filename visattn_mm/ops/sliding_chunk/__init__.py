@@ -25,10 +25,10 @@ chunk plus neighbour ``k`` (the 8 non-centre entries of ``NEIGHBOUR_OFFSETS`` in
 import torch
 import torch.nn.functional as F
 
-from .chunk_gather import chunked_fused_attention
-from .common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
-from .impl import attention_path
-from .indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
+from ..chunk_gather import chunked_fused_attention
+from ..common import chunk_grid, device_cache, from_chunks, run_window_backend, softmax_fp32, to_chunks
+from ..impl import attention_path
+from ..indexing import NEIGHBOUR_OFFSETS, check_modes, neighbour_blocks
 
 
 def wrap_once(index, size):
@@ -300,7 +300,7 @@ def _fused_sliding_chunk_attention(
 
 
 def _triton_sliding_chunk_attention(*args, **options):
-    from .triton.sliding_chunk import triton_sliding_chunk_attention  # Triton is optional: imported when used
+    from .triton import triton_sliding_chunk_attention  # Triton is optional: imported when used
 
     return triton_sliding_chunk_attention(*args, **options)
 

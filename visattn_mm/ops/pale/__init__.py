@@ -41,9 +41,9 @@ regrouping and transposing took about 30 copies and a boolean mask.
 import torch
 import torch.nn.functional as F
 
-from .common import builds_for_every_size, dense_attention, device_cache, fused_attention
-from .impl import attention_path
-from .indexing import half_heads, interlace_stride, pale_size_pair
+from ..common import builds_for_every_size, dense_attention, device_cache, fused_attention
+from ..impl import attention_path
+from ..indexing import half_heads, interlace_stride, pale_size_pair
 
 
 @device_cache
@@ -163,7 +163,7 @@ def pale_attention(q, k, v, height, width, pale_size, dropout_p=0.0, impl='auto'
     """
     path = attention_path('pale', q, impl=impl, dropout_p=dropout_p)
     if path == 'triton':
-        from .triton.pale import triton_pale_attention
+        from .triton import triton_pale_attention
 
         return triton_pale_attention(q, k, v, height, width, pale_size, dropout_p=dropout_p)
     half = half_heads(q)
