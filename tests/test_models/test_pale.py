@@ -14,7 +14,7 @@ from helpers import build_config_model_on_meta
 from paths import ROOT
 from visattn_mm.models import Classifier, PaleTransformer
 from visattn_mm.models.pale import PaleAttention
-from visattn_mm.ops.reference import pale_attention_dense
+from visattn_mm.ops.pale.reference import pale_attention_dense
 
 
 def classifier_macs(arch, size=224):

@@ -14,8 +14,8 @@ from helpers import assert_same_gradients
 from visattn_mm.models import Classifier, ViL, ViLLS, set_random_shift
 from visattn_mm.models.vil_attention import FullAttention, SlidingChunkAttention
 from visattn_mm.ops.common import dense_attention
-from visattn_mm.ops.reference import sliding_chunk_attention_dense
 from visattn_mm.ops.rel_pos import cached_full_attention_rpb_index, full_attention_rpb_index, resize_rpb_grid
+from visattn_mm.ops.sliding_chunk.reference import sliding_chunk_attention_dense
 
 
 @pytest.mark.parametrize('arch,expected_m', [('tiny', 6.72), ('small', 24.66), ('medium', 39.78), ('base', 55.80)])

@@ -14,8 +14,8 @@ from paths import ROOT
 from visattn_mm.checkpoint import load_pretrained
 from visattn_mm.models import Classifier, VVT
 from visattn_mm.models.vvt import VicinityAttention
-from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import signed_clamp
+from visattn_mm.ops.vicinity.reference import vicinity_attention_dense
 
 VVT_T = dict(depths=(2, 2, 2, 2), dims=(96, 160, 320, 512), heads=(1, 2, 5, 8), mlp=(8, 8, 4, 4))
 

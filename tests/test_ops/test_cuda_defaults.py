@@ -117,7 +117,7 @@ def test_auto_on_cuda_follows_the_table(triton_bf16_sliding_chunk):
 def test_an_op_call_on_emulated_cuda_takes_the_tables_path(triton_bf16_sliding_chunk, monkeypatch):
     """sliding_chunk_attention with 'auto', its tensors standing for CUDA ones: the Triton kernels are
     called for a bf16 query of head dim 32, the fused torch path for fp32."""
-    import visattn_mm.ops.triton.sliding_chunk as triton_sliding_chunk
+    import visattn_mm.ops.sliding_chunk.triton as triton_sliding_chunk
     from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 
     calls = []

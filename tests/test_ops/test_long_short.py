@@ -10,7 +10,7 @@ from visattn_mm.models.vil_attention import LongShortAttention
 from visattn_mm.ops.common import dense_attention
 from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import dynamic_projection, long_short_attention, window_key_mask
-from visattn_mm.ops.reference import long_short_attention_dense
+from visattn_mm.ops.long_short.reference import long_short_attention_dense
 from visattn_mm.ops.rel_pos import long_short_rpb_index, long_short_rpb_table_size
 
 HEADS, DIM, RANK = 2, 4, 3

@@ -10,7 +10,6 @@ import torch
 
 from paths import ROOT
 from visattn_mm.models import BACKBONES
-from visattn_mm.ops import reference
 from visattn_mm.ops.impl import can_run_triton
 from visattn_mm.ops.specs import OP_NAMES, OP_SPECS, OPS, op_spec
 
@@ -75,8 +74,9 @@ def test_each_op_has_its_parts(spec):
     custom op, a backbone that runs the op and a deciding model of the benchmark's."""
     function = getattr(importlib.import_module(f'visattn_mm.ops.{spec.name}'), f'{spec.name}_attention')
     assert callable(function)
+    reference = importlib.import_module(f'visattn_mm.ops.{spec.name}.reference')
     assert callable(getattr(reference, f'{spec.name}_attention_dense'))
-    triton_source = Path(ROOT, 'visattn_mm', 'ops', 'triton', f'{spec.name}.py').read_text()
+    triton_source = Path(ROOT, 'visattn_mm', 'ops', spec.name, 'triton.py').read_text()
     assert f"'triton_{spec.name}_attention'" in triton_source
     assert Path(ROOT, 'tests', 'test_ops', 'test_triton', f'test_triton_{spec.name}.py').exists()
     assert [name for name, cls in BACKBONES.items() if spec in cls.attention_ops]

@@ -6,7 +6,7 @@ import torch
 from helpers import OpRecorder
 from visattn_mm.ops.indexing import interlace_stride
 from visattn_mm.ops.pale import RowPermutation, interlaced_column_attention, interlaced_row_attention, pale_attention
-from visattn_mm.ops.reference import pale_attention_dense
+from visattn_mm.ops.pale.reference import pale_attention_dense
 
 
 def qkv(height, width, heads=4, dim=3, batch=2, seed=0, dtype=torch.float64):

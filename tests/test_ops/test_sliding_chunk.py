@@ -7,9 +7,9 @@ import torch
 
 from visattn_mm.ops.chunk_gather import ChunkGather
 from visattn_mm.ops.impl import attention_impl
-from visattn_mm.ops.reference import sliding_chunk_attention_dense
 from visattn_mm.ops.rel_pos import full_attention_rpb_index, sliding_chunk_rpb_index
 from visattn_mm.ops.sliding_chunk import key_mask, sliding_chunk_attention
+from visattn_mm.ops.sliding_chunk.reference import sliding_chunk_attention_dense
 
 HEADS, DIM = 2, 4
 

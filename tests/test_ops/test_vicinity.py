@@ -6,8 +6,8 @@ import torch
 from helpers import OpRecorder
 from visattn_mm.ops import attention_impl
 from visattn_mm.ops.indexing import vicinity_positions, vicinity_weights
-from visattn_mm.ops.reference import vicinity_attention_dense
 from visattn_mm.ops.vicinity import SignedClamp, preserve_features, signed_clamp, vicinity_attention
+from visattn_mm.ops.vicinity.reference import vicinity_attention_dense
 
 SIZES = [(1, 1), (1, 6), (5, 1), (3, 5), (7, 4), (6, 6)]
 

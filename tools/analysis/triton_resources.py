@@ -164,7 +164,7 @@ def kernel_resources(name, dtype, size, capability=90):
         seen.add(key)
         resources = compiled_kernel_resources(kernel, settings, args, constexprs, capability)
         head_dim, tile = host.launch_tiles(constexprs)
-        op = kernel.fn.__module__.rsplit('.', 1)[-1]  # visattn_mm.ops.triton.<op>
+        op = kernel.fn.__module__.split('.')[-2]  # visattn_mm.ops.<op>.triton
         rows.append(
             dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, op=op, head_dim=head_dim, tile=tile, **resources)
         )

@@ -27,7 +27,7 @@ from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.rel_pos import long_short_rpb_index, long_short_rpb_table_size
 
-MODULE = 'visattn_mm.ops.triton.long_short'
+MODULE = 'visattn_mm.ops.long_short.triton'
 KERNELS = ('_long_short_forward', '_long_short_backward_queries', '_long_short_backward_keys')
 SLIDING_CHUNK_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2

@@ -28,7 +28,7 @@ from triton_harness import (
 from visattn_mm.models import PaleTransformer
 from visattn_mm.ops.pale import pale_attention
 
-MODULE = 'visattn_mm.ops.triton.pale'
+MODULE = 'visattn_mm.ops.pale.triton'
 KERNELS = ('_pale_forward', '_pale_backward_queries', '_pale_backward_keys')
 BATCH = 2
 interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter

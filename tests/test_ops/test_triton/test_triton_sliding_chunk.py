@@ -39,10 +39,10 @@ from visattn_mm.ops.rel_pos import sliding_chunk_rpb_index
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
 from visattn_mm.ops.specs import OP_NAMES
 
-MODULE = 'visattn_mm.ops.triton.sliding_chunk'
-LONG_SHORT_MODULE = 'visattn_mm.ops.triton.long_short'
-PALE_MODULE = 'visattn_mm.ops.triton.pale'
-VICINITY_MODULE = 'visattn_mm.ops.triton.vicinity'
+MODULE = 'visattn_mm.ops.sliding_chunk.triton'
+LONG_SHORT_MODULE = 'visattn_mm.ops.long_short.triton'
+PALE_MODULE = 'visattn_mm.ops.pale.triton'
+VICINITY_MODULE = 'visattn_mm.ops.vicinity.triton'
 KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
 interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter

@@ -32,7 +32,7 @@ from triton_harness import (
 from visattn_mm.models import VVT
 from visattn_mm.ops.vicinity import vicinity_attention
 
-MODULE = 'visattn_mm.ops.triton.vicinity'
+MODULE = 'visattn_mm.ops.vicinity.triton'
 KERNELS = ('_vicinity_sums', '_vicinity_forward', '_vicinity_backward_queries', '_vicinity_backward_keys')
 # The math path's signed clamps, in the order it applies them.
 CLAMPS = ('kv', 'z', 'numerator', 'output')

@@ -1,7 +1,7 @@
 """Transformer-LS long-short attention as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.long_short.long_short_attention` (see
-there and :func:`visattn_mm.ops.reference.long_short_attention_dense`), computed
+there and :func:`visattn_mm.ops.long_short.reference.long_short_attention_dense`), computed
 without gathering patches or storing logits. One program handles one ``w x w``
 segment of one (batch, head) pair; segment slot ``s`` is the token
 ``(s // w, s % w)`` of the segment, so the zero padding of the map is never
@@ -35,7 +35,11 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional  # noqa: I001 (visattn_mm.ops.triton first)
+
+# First, before `import triton`: importing the shared package visattn_mm.ops.triton names the fix where
+# triton does not import.
+from ..triton import host, kernel_parts as kp
 
 import torch
 import triton
@@ -43,8 +47,6 @@ import triton.language as tl
 
 from ..common import chunk_grid
 from ..indexing import segment_pad
-from ..triton import host
-from ..triton import kernel_parts as kp
 
 __all__ = ['triton_long_short_attention']
 

@@ -14,7 +14,7 @@ parallel implementation splits the heads in two halves:
 Any map size: the grouping axis is zero-padded at the end to ``stride * s`` with
 ``stride = ceil(side / s)``, padded keys are masked and padded queries cropped.
 Equivalently, rows ``i`` and ``j`` share a row group iff ``i = j (mod ceil(H / s_r))``
-(:func:`visattn_mm.ops.reference.pale_attention_dense` is written from that rule).
+(:func:`visattn_mm.ops.pale.reference.pale_attention_dense` is written from that rule).
 Maps smaller than the pale size (``side < s``) use the effective pale size
 ``min(s, side)``: stride 1, one group holding the whole axis -- exactly what padding
 to ``s`` with masked keys would compute, without the padded work. Every group holds

@@ -1,7 +1,7 @@
 """Pale-shaped attention as Triton kernels (``impl='triton'``), forward and backward.
 
 The same function as :func:`visattn_mm.ops.pale.pale_attention` (see there and
-:func:`visattn_mm.ops.reference.pale_attention_dense`), computed without
+:func:`visattn_mm.ops.pale.reference.pale_attention_dense`), computed without
 gathering, padding or permuting the groups and without storing logits. The
 kernels read each group's tokens straight from the ``(B, heads, H*W, d)``
 tensors: slot ``t`` of group ``g`` is line ``g + (t // L) * stride`` of the
@@ -27,15 +27,17 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple  # noqa: I001 (visattn_mm.ops.triton first)
+
+# First, before `import triton`: importing the shared package visattn_mm.ops.triton names the fix where
+# triton does not import.
+from ..triton import host, kernel_parts as kp
 
 import torch
 import triton
 import triton.language as tl
 
 from ..indexing import half_heads, interlace_stride, pale_size_pair
-from ..triton import host
-from ..triton import kernel_parts as kp
 
 __all__ = ['triton_pale_attention']
 

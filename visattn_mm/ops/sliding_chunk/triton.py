@@ -32,7 +32,11 @@ One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``)
 windows over 11 are refused: tiles of 256 slots do not fit the shared memory of a GPU.
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional  # noqa: I001 (visattn_mm.ops.triton first)
+
+# First, before `import triton`: importing the shared package visattn_mm.ops.triton names the fix where
+# triton does not import.
+from ..triton import host, kernel_parts as kp
 
 import torch
 import triton
@@ -40,8 +44,6 @@ import triton.language as tl
 
 from ..common import chunk_grid
 from ..indexing import check_modes, neighbour_blocks
-from ..triton import host
-from ..triton import kernel_parts as kp
 
 __all__ = ['triton_sliding_chunk_attention']
 

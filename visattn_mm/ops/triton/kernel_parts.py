@@ -1,13 +1,13 @@
 """The ``@triton.jit`` building blocks the softmax attention kernels share.
 
-:mod:`visattn_mm.ops.triton.sliding_chunk` and :mod:`visattn_mm.ops.triton.long_short`
+:mod:`visattn_mm.ops.sliding_chunk.triton` and :mod:`visattn_mm.ops.long_short.triton`
 share a layout: one program handles one ``w x w`` chunk (ViL) or segment
 (Transformer-LS) of one (batch, head) pair, slot ``s`` of its query tile being
 the token ``(s // w, s % w)`` of the chunk, and every query also sees a few keys
 shared by all of them (global tokens, projected keys). This module holds the
 device functions for that layout -- tiles of rows, the online-softmax step, the
 FlashAttention-2 backward of one tile of logits, the shared keys -- which
-:mod:`visattn_mm.ops.triton.pale` and :mod:`visattn_mm.ops.triton.vicinity` use in
+:mod:`visattn_mm.ops.pale.triton` and :mod:`visattn_mm.ops.vicinity.triton` use in
 part. Their host side is :mod:`visattn_mm.ops.triton.host`.
 
 Accumulation is in fp32 (fp64 for fp64 inputs); matmul inputs are the tensors'

@@ -41,7 +41,7 @@ KV and the key features' sum come from one product (``k'^T [v | 1]``), the numer
 the normaliser from another (``q' [KV | sum k']``): each feature tensor is read once.
 
 ``impl='triton'`` runs the same function, in at least fp32, as Triton kernels
-on CUDA tensors (:mod:`visattn_mm.ops.triton.vicinity`): no
+on CUDA tensors (:mod:`visattn_mm.ops.vicinity.triton`): no
 ``(B, heads, N, 4d)`` tensor at all, and the sums over the tokens spread over
 the whole GPU; on other devices it computes like 'auto'.
 """

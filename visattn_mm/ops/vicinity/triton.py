@@ -51,15 +51,17 @@ gradients are stored in the inputs' dtype. The interpreter: see
 :mod:`visattn_mm.ops.triton`.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple  # noqa: I001 (visattn_mm.ops.triton first)
+
+# First, before `import triton`: importing the shared package visattn_mm.ops.triton names the fix where
+# triton does not import.
+from ..triton import host, kernel_parts as kp
 
 import torch
 import triton
 import triton.language as tl
 
 from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
-from ..triton import host
-from ..triton import kernel_parts as kp
 
 __all__ = ['triton_vicinity_attention']
 
