@@ -194,7 +194,7 @@ def opcheck_op(module):
     """``torch.library.opcheck`` of the op of ``module`` with and without its optional inputs, and
     the fake functions' strides of its forward and backward ops: the distinct check results, and
     the kernels launched."""
-    op = getattr(importlib.import_module(f'visattn_mm.ops.triton.{module}'), f'_{module}_op')
+    op = getattr(importlib.import_module(f'visattn_mm.ops.{module}.triton'), f'_{module}_op')
     backward_op = getattr(torch.ops.visattn_mm, f'triton_{module}_attention_backward')
     before = launch_snapshot()
     checks = set()

@@ -187,7 +187,7 @@ def test_own_kernels_are_the_jit_functions_of_each_op_module():
     triton = pytest.importorskip('triton')
     expected = {}
     for op in OP_NAMES:
-        module = importlib.import_module(f'visattn_mm.ops.triton.{op}')
+        module = importlib.import_module(f'visattn_mm.ops.{op}.triton')
         for name, value in vars(module).items():
             if isinstance(value, triton.runtime.JITFunction) and value.__module__ == module.__name__:
                 expected[name] = op

@@ -56,7 +56,7 @@ from visattn_mm.ops.impl import ATTENTION_IMPLS, attention_impl
 from visattn_mm.ops.specs import OP_NAMES
 
 DEFAULT_MODELS = ('swin-t',) + tuple(family.compared_model for family in FAMILIES)
-TRITON_FOLDER = osp.join(osp.dirname(visattn_mm.__file__), 'ops', 'triton')
+OPS_FOLDER = osp.join(osp.dirname(visattn_mm.__file__), 'ops')
 # The classes of kernels that are not ours, in the order the tables show them.
 KERNEL_CLASSES = (
     'sdpa',
@@ -121,24 +121,24 @@ CSV_COLUMNS = (
 )
 
 
-def own_kernels(folder=TRITON_FOLDER):
+def own_kernels(folder=OPS_FOLDER):
     """Our Triton kernels and custom ops by name, each with the op it belongs to.
 
-    Read from the source of each op's module in ``folder`` (``ops/triton/<op>.py`` for the ops of
+    Read from the source of each op's Triton module in ``folder`` (``ops/<op>/triton.py`` for the ops of
     ``visattn_mm.ops.specs.OP_NAMES``), not imported, so that no Triton is needed: every ``@triton.jit`` function (the
     kernels, and their helpers, which are inlined and never show in a profile) and the custom ops
     ``host.define_op`` registers (``visattn_mm::<name>`` and ``visattn_mm::<name>_backward``, the
     names the CPU profiler shows).
 
     Args:
-        folder (str): The folder of the op modules. Default: the package's ``ops/triton``.
+        folder (str): The folder of the op packages. Default: the package's ``ops``.
 
     Returns:
         dict[str, str]: ``{kernel or op name: op}``, e.g. ``{'_pale_forward': 'pale'}``.
     """
     names = {}
     for op in OP_NAMES:
-        with open(osp.join(folder, f'{op}.py')) as source:
+        with open(osp.join(folder, op, 'triton.py')) as source:
             tree = ast.parse(source.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
