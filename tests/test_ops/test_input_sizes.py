@@ -29,8 +29,9 @@ from visattn_mm.models import PaleTransformer, ViL
 from visattn_mm.ops.indexing import segment_pad
 from visattn_mm.ops.long_short import long_short_attention
 from visattn_mm.ops.pale import pale_attention
-from visattn_mm.ops.pale.reference import pale_attention_dense, sliding_chunk_visibility
+from visattn_mm.ops.pale.reference import pale_attention_dense
 from visattn_mm.ops.sliding_chunk import sliding_chunk_attention
+from visattn_mm.ops.sliding_chunk.reference import sliding_chunk_visibility
 
 # Odd, prime, non-square, smaller than a chunk / pale / stride, not divisible by 32.
 SIZES = [(1, 1), (3, 2), (5, 7), (13, 31), (33, 65), (17, 6)]

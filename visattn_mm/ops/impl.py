@@ -16,7 +16,7 @@ function, and Triton kernels:
   ``FUSED_DEVICES`` and :func:`chosen_path`).
 * ``'triton'``: Triton kernels that store neither gathered neighbours nor
   logits, for every op of :mod:`visattn_mm.ops.specs` on CUDA tensors
-  (``visattn_mm.ops.triton.<op>``); other devices take the path 'auto' picks.
+  (``visattn_mm.ops.<op>.triton``); other devices take the path 'auto' picks.
   What the kernels cannot run (attention dropout, and each op's
   :class:`~visattn_mm.ops.specs.TritonLimits`) :func:`can_run_triton` refuses, naming the
   reason: an error where 'triton' was asked for, a warning (once per reason) where 'auto'
@@ -149,8 +149,9 @@ def triton_interpreted():
     device check (:func:`visattn_mm.ops.triton.host.check_device`) read.
 
     Read per call, so that tests can flip it. Triton itself reads the variable when it defines each
-    ``@triton.jit`` function, i.e. when :mod:`visattn_mm.ops.triton` is imported: it must be set before
-    that import, and changing it afterwards changes where the ops send tensors, not what the kernels are.
+    ``@triton.jit`` function, i.e. when an op's Triton module (``visattn_mm.ops.<op>.triton``) is imported: it
+    must be set before that import, and changing it afterwards changes where the ops send tensors, not what the
+    kernels are.
     """
     return os.environ.get('TRITON_INTERPRET', '').lower() in ('1', 'true', 'on', 'yes')
 

@@ -1,8 +1,8 @@
 """Index arithmetic and constants that the torch paths, the Triton kernels and the float64 references share.
 
 Below every attention op (it imports only :mod:`visattn_mm.ops.common`), so that
-:mod:`visattn_mm.ops.reference` and the Triton modules (:mod:`visattn_mm.ops.triton`)
-take these from here and never from a torch op module:
+the references and the Triton modules of the ops (``visattn_mm.ops.<op>.reference``,
+``visattn_mm.ops.<op>.triton``) take these from here and never from another op's package:
 
 * ViL sliding chunks: the neighbour chunks, masking and shift modes
   (see :mod:`visattn_mm.ops.sliding_chunk`).

@@ -1,7 +1,7 @@
 """Relative-position-bias (RPB) tables shared by the backbones: every index formula, and resizing.
 
 The ``*_rpb_row`` functions map query-minus-key offsets to rows of a table (the float64
-references of :mod:`visattn_mm.ops.reference` index with them); the ``*_rpb_index``
+references ``visattn_mm.ops.<op>.reference`` index with them); the ``*_rpb_index``
 functions return a LongTensor of row indices into a ``(num_entries, heads)`` table, so
 that ``table[index]`` gives the bias of each (query, key) pair of a chunk (segment, map),
 in the key order the attention ops (and their Triton kernels) read the bias in.

@@ -64,7 +64,7 @@ class OpSpec:
     """One attention op.
 
     Args:
-        name (str): The op's name: its module in ``visattn_mm.ops`` and in ``visattn_mm.ops.triton``, its
+        name (str): The op's name: its package ``visattn_mm.ops.<name>`` (with ``triton.py`` and ``reference.py``), its
             function ``<name>_attention``, its rows of the CUDA defaults table.
         softmax (bool): Whether it is a softmax attention ('fast' and 'math' are then two paths; an op
             without softmax, vicinity attention, has one torch path).

@@ -1,14 +1,14 @@
-"""Triton kernels of the attention ops (``impl='triton'``), forward and backward.
+"""What the Triton kernels of the attention ops (``impl='triton'``) share.
 
 * :mod:`.kernel_parts`: the ``@triton.jit`` building blocks the kernels share
   (tiles of rows, the online-softmax step, the FlashAttention-2 backward of a tile,
   the keys every query sees).
 * :mod:`.host`: the host side the ops share: registration as custom ops, launches,
   launch settings and tile sizes, dtypes, and the checks of what the kernels support.
-* :mod:`.sliding_chunk`, :mod:`.long_short`, :mod:`.pale`, :mod:`.vicinity`: one op
-  each, its kernels and its wrapper, called by the torch op of the same name in
-  :mod:`visattn_mm.ops` when its path is 'triton'
-  (:func:`~visattn_mm.ops.impl.chosen_path`).
+
+Each op's kernels and wrapper live in its own package, ``visattn_mm.ops.<op>.triton``
+(imported by the op's function when its path is 'triton',
+:func:`~visattn_mm.ops.impl.chosen_path`); each imports this package before ``triton``.
 
 The index arithmetic the kernels share with the torch paths and the references comes
 from :mod:`visattn_mm.ops.indexing`; nothing here imports a torch op module.
