@@ -184,17 +184,6 @@ def test_attention_layer_clamps_after_out_proj_and_gate():
         torch.testing.assert_close(attn(x, (2, 3)), (1e-4 * (1 + gate))[:, None].expand(1, 6, 8))
 
 
-def test_bf16_autocast_at_detection_size_is_finite():
-    """VVT-T, 800x1216, CPU bf16 autocast: forward only (backward here takes ~11 s more on 2 cores;
-    bf16/fp16 backward are covered at a smaller size below)."""
-    torch.manual_seed(0)
-    model = VVT(arch='tiny').eval()
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        outs = model(torch.randn(1, 3, 800, 1216))
-    assert [tuple(o.shape) for o in outs] == [(1, 96, 200, 304), (1, 160, 100, 152), (1, 320, 50, 76), (1, 512, 25, 38)]
-    assert all(torch.isfinite(o).all() for o in outs)
-
-
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_half_precision_autocast_backward_is_finite(dtype):
     torch.manual_seed(0)
