@@ -161,8 +161,12 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         compile_blocks=False,
         pretrained=None,
         init_cfg=None,
+        **unknown,
     ):
         name = type(self).__name__
+        if unknown:
+            # Python would name DenseBackbone.__init__, where the user wrote the backbone's name.
+            raise TypeError(f'{name}.__init__() got an unexpected keyword argument {next(iter(unknown))!r}')
         if pretrained is not None:
             if init_cfg is not None:
                 raise ValueError(f'{name}: set init_cfg or pretrained, not both')
