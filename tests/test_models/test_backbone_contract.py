@@ -189,6 +189,15 @@ def test_input_that_is_not_an_image_batch_is_a_clear_error(family, kind):
         model(torch.randn(3, 32, 32))
 
 
+@pytest.mark.parametrize('family,kind', BACKBONES)
+def test_a_mistyped_argument_names_the_backbone(family, kind):
+    """The standard arguments reach DenseBackbone.__init__ through ``**kwargs``; a typo among them still
+    names the class the user built, as Python would for an argument of its own."""
+    name = family.cls.__name__
+    with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'out_indice'$"):
+        build(family, kind, out_indice=(0,))
+
+
 # ---- out_indices: which outputs, which stages and norms are built, every built parameter trains ----
 
 

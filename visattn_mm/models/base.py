@@ -4,9 +4,11 @@
 
 * presets: ``arch_zoo`` (names and aliases) with a custom-dict escape hatch and
   per-stage defaults (:meth:`DenseBackbone.resolve_arch`);
-* the mmdet surface, validated and stored once (:meth:`DenseBackbone.init_stages`):
-  ``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp``, ``drop_path_rate``,
-  ``init_cfg`` / ``pretrained``;
+* the mmdet surface, documented, validated and stored once: ``out_indices``,
+  ``frozen_stages``, ``norm_eval``, ``with_cp``, ``compile_blocks``, ``init_cfg`` /
+  ``pretrained`` (``DenseBackbone.__init__``, which each backbone's ``__init__`` passes
+  them on to), checked against the arch with ``in_channels`` and ``drop_path_rate``
+  (:meth:`DenseBackbone.init_stages`);
 * the body from a backbone's stage builder (:meth:`DenseBackbone.build_stages`): the
   stages, the output norms, the random init and the frozen stages;
 * the stage loop (patch embedding, blocks with optional gradient checkpointing and
@@ -104,13 +106,29 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
 
     A subclass sets ``arch_zoo``, its facts (``attention_ops``, ``crop_pct``) and
     (optionally) ``arch_defaults``, ``numbered_layout``, ``checkpoint_filter``,
-    ``derived_tensors`` and ``resize_checkpoint_tensor``; in ``__init__`` it resolves its
-    arch (:meth:`resolve_arch`), validates its own arguments, calls :meth:`init_stages`
-    with the standard surface and ends with :meth:`build_stages`, giving it a function that
+    ``derived_tensors`` and ``resize_checkpoint_tensor``. Its ``__init__`` takes its own
+    arguments and passes the standard ones below on (``**kwargs``) to this ``__init__``;
+    it resolves its arch (:meth:`resolve_arch`), validates its own arguments, calls
+    :meth:`init_stages` and ends with :meth:`build_stages`, giving it a function that
     builds one :class:`Stage`. It may override :meth:`check_input`, :meth:`run_block` and
     :meth:`finish_stage`.
 
     Args:
+        out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as NCHW
+            maps, each after its output norm (``norm{i}``, or the stage's own norm). Stages
+            after the last index are not built (they would receive no gradient).
+            Default: (0, 1, 2, 3).
+        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch embedding;
+            ``i >= 1`` freezes stages 1..i (patch embedding, blocks and their norms).
+            Default: -1.
+        norm_eval (bool): Keep BatchNorm layers in eval mode while training (running
+            statistics frozen). Default: False.
+        with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
+        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
+            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
+            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
+            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
+            Default: False.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict | list[dict], optional): ``dict(type='Pretrained', checkpoint=PATH,
             allow_partial=False)`` loads through :func:`load_pretrained` (official
@@ -133,8 +151,22 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
     #: ``norm`` -> format strings; empty if the backbone never had that layout.
     numbered_layout = {}
 
-    def __init__(self, pretrained=None, init_cfg=None):
+    def __init__(
+        self,
+        *,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_eval=False,
+        with_cp=False,
+        compile_blocks=False,
+        pretrained=None,
+        init_cfg=None,
+        **unknown,
+    ):
         name = type(self).__name__
+        if unknown:
+            # Python would name DenseBackbone.__init__, where the user wrote the backbone's name.
+            raise TypeError(f'{name}.__init__() got an unexpected keyword argument {next(iter(unknown))!r}')
         if pretrained is not None:
             if init_cfg is not None:
                 raise ValueError(f'{name}: set init_cfg or pretrained, not both')
@@ -145,6 +177,13 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
         self._register_load_state_dict_pre_hook(self._adapt_loaded_state_dict)
+        # out_indices and frozen_stages are checked against the arch's stages in init_stages.
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        options = check_compile_option(compile_blocks, name)
+        self.block_compiler = None if options is None else BlockCompiler(name, options)
 
     @classmethod
     def resolve_arch(cls, arch):
@@ -168,49 +207,27 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             check_mlp_ratio(ratio, f'mlp_ratios[{i}]', name, spec['embed_dims'][i])
         return spec
 
-    def init_stages(
-        self,
-        in_channels,
-        depths,
-        embed_dims,
-        out_indices,
-        frozen_stages,
-        drop_path_rate,
-        norm_eval,
-        with_cp,
-        strides=None,
-        compile_blocks=False,
-    ):
-        """Validate and store the standard surface; return the stochastic depth of every block.
+    def init_stages(self, in_channels, depths, embed_dims, drop_path_rate, strides=None):
+        """Check the standard arguments against the arch and store the stage facts; return the
+        stochastic depth of every block.
 
         Args:
             in_channels (int): Input image channels.
             depths (Sequence[int]): Blocks per stage, of the whole arch.
             embed_dims (Sequence[int]): Channels per stage.
-            out_indices (Sequence[int]): Stages (0-based) returned as maps.
-            frozen_stages (int): -1 nothing; 0 the first patch embedding; ``i`` stages 1..i.
             drop_path_rate (float): Stochastic depth of the last block (linear from 0).
-            norm_eval (bool): Keep BatchNorms in eval mode while training.
-            with_cp (bool): Gradient checkpointing per block.
             strides (Sequence[int], optional): Output stride per stage. Default: the
                 pyramid's 4, 8, 16, 32.
-            compile_blocks (bool | dict): ``torch.compile`` each block on its own (True: torch.compile's
-                defaults; a dict: its keyword arguments), see :mod:`~visattn_mm.models.block_compile`.
-                Default: False (eager).
 
         Returns:
             list[list[float]]: Drop-path rate of every block, stage by stage, of the whole arch.
         """
+        name = type(self).__name__
         num_stages = len(depths)
-        check_int(in_channels, 'in_channels', type(self).__name__)
-        self.out_indices = check_stage_args(type(self).__name__, num_stages, out_indices, frozen_stages, drop_path_rate)
+        check_int(in_channels, 'in_channels', name)
+        self.out_indices = check_stage_args(name, num_stages, self.out_indices, self.frozen_stages, drop_path_rate)
         # Stages after the last output would receive no gradient: they are not built.
         self.num_stages = max(self.out_indices) + 1
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
-        options = check_compile_option(compile_blocks, type(self).__name__)
-        self.block_compiler = None if options is None else BlockCompiler(type(self).__name__, options)
         self.embed_dims = tuple(embed_dims[: self.num_stages])
         strides = strides or [4 * 2**i for i in range(num_stages)]
         self.strides = tuple(strides[: self.num_stages])

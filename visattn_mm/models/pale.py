@@ -211,28 +211,18 @@ class PaleTransformer(DenseBackbone):
         attn_drop_rate (float): Dropout on the attention probabilities. Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
             blocks to this value. Default: 0.1.
-        out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
-            NCHW maps, each after its LayerNorm ``norm{i}`` (built only for these
-            stages). Stages after the last index are not built. Default: (0, 1, 2, 3).
-        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
-            merging; ``i >= 1`` freezes stages 1..i (patch merging, blocks and their
-            output norms if built). Default: -1.
-        norm_eval (bool): Keep the BatchNorms of the q/k/v projections in eval mode
-            while training (running statistics frozen). Training-mode BatchNorm needs
-            more than one value per channel, i.e. ``B * H/32 * W/32 > 1`` in stage 4;
-            with ``norm_eval=True`` (or in eval mode) any size works. Default: False.
-        with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
-        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
-            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
-            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
-            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
-            Default: False.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        pretrained (str, optional): Deprecated, use ``init_cfg``.
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
-            classification checkpoints of :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg
-            checkpoints of this backbone) load as they are.
+        **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the stages in
+            ``out_indices``, each after its LayerNorm ``norm{i}`` (built only for these stages).
+            ``norm_eval`` keeps the BatchNorms of the q/k/v projections in eval mode:
+            training-mode BatchNorm needs more than one value per channel, i.e.
+            ``B * H/32 * W/32 > 1`` in stage 4; with ``norm_eval=True`` (or in eval mode) any
+            size works. ``init_cfg`` loads classification checkpoints of
+            :class:`~visattn_mm.models.Classifier` (and mmdet/mmseg checkpoints of this
+            backbone) as they are.
     """
 
     arch_zoo = ARCH_ZOO
@@ -250,16 +240,10 @@ class PaleTransformer(DenseBackbone):
         drop_rate=0.0,
         attn_drop_rate=0.0,
         drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        norm_eval=False,
-        with_cp=False,
-        compile_blocks=False,
         attn_impl='auto',
-        pretrained=None,
-        init_cfg=None,
+        **kwargs,
     ):
-        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        super().__init__(**kwargs)
         check_attn_impl(attn_impl, 'PaleTransformer', self.attention_ops)
         spec = self.resolve_arch(arch)
         depths, dims, heads = spec['depths'], spec['embed_dims'], spec['num_heads']
@@ -271,17 +255,7 @@ class PaleTransformer(DenseBackbone):
                     f'PaleTransformer: num_heads[{i}]={h!r} must be even (half of the heads '
                     f'attend within row groups, half within column groups)'
                 )
-        drop_paths = self.init_stages(
-            in_channels,
-            depths,
-            dims,
-            out_indices,
-            frozen_stages,
-            drop_path_rate,
-            norm_eval,
-            with_cp,
-            compile_blocks=compile_blocks,
-        )
+        drop_paths = self.init_stages(in_channels, depths, dims, drop_path_rate)
         self.pale_sizes = tuple(pale_sizes[: self.num_stages])
 
         def make_stage(i, in_dim):

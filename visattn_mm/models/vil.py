@@ -284,23 +284,13 @@ class ViL(DenseBackbone):
         attn_drop_rate (float): Dropout on attention probabilities.
         drop_path_rate (float): Stochastic depth, linear from 0 over all blocks.
             Default: 0.1.
-        out_indices (Sequence[int]): Stages (0-3) whose local tokens are returned as
-            NCHW maps, each after its own LayerNorm ``norm{i}``. Stages after the last
-            index are not built (they would receive no gradient). Default: (0, 1, 2, 3).
-        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
-            embedding; ``i >= 1`` freezes stages 1..i (and their output norms).
-        norm_eval (bool): Keep BatchNorm layers in eval mode while training (ViL has
-            only LayerNorms, so this only affects BatchNorms added by subclasses).
-        with_cp (bool): Gradient checkpointing per block, saving memory.
-        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
-            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
-            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
-            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
-            Default: False.
         attn_impl (str): The sliding-chunk and long-short attentions' path: 'auto', 'fast', 'math' or
             'triton' (what each runs: :mod:`visattn_mm.ops.impl`); full attention has one. Default: 'auto'.
-        pretrained (str, optional): Deprecated, use ``init_cfg``.
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``.
+        **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the local tokens of
+            the stages in ``out_indices``, each after its own LayerNorm ``norm{i}``; ViL has
+            only LayerNorms, so ``norm_eval`` only affects BatchNorms added by subclasses.
     """
 
     arch_zoo = ARCH_ZOO
@@ -328,17 +318,11 @@ class ViL(DenseBackbone):
         drop_rate=0.0,
         attn_drop_rate=0.0,
         drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        norm_eval=False,
-        with_cp=False,
-        compile_blocks=False,
         attn_impl='auto',
-        pretrained=None,
-        init_cfg=None,
+        **kwargs,
     ):
         name = type(self).__name__
-        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        super().__init__(**kwargs)
         check_attn_impl(attn_impl, name, self.attention_ops)
         spec = self.resolve_arch(arch)
         depths, dims, heads, patch_sizes = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['patch_sizes']
@@ -367,18 +351,7 @@ class ViL(DenseBackbone):
         except ValueError as err:
             raise ValueError(f'{name}: {err}') from None
         strides = [math.prod(patch_sizes[: i + 1]) for i in range(num_stages)]
-        drop_paths = self.init_stages(
-            in_channels,
-            depths,
-            dims,
-            out_indices,
-            frozen_stages,
-            drop_path_rate,
-            norm_eval,
-            with_cp,
-            strides=strides,
-            compile_blocks=compile_blocks,
-        )
+        drop_paths = self.init_stages(in_channels, depths, dims, drop_path_rate, strides)
         self.num_global_tokens = tuple(num_global_tokens)
         img_h, img_w = (pretrain_img_size,) * 2 if isinstance(pretrain_img_size, int) else pretrain_img_size
 

@@ -79,21 +79,55 @@ def _merge_heads(glob, local, shape):
     return tokens.reshape(shape)
 
 
-class RelativePositionBias(nn.Module):
-    """Base of the three attentions: their bias tables, under the official key names.
+class ViLAttentionBase(nn.Module):
+    """Base of the three attentions: what they share, under the official key names.
 
+    The query/key/value projections (``qkv``, or ``query`` and ``kv`` where
+    :attr:`split_query`), the output projection ``proj`` and its dropout are built here;
+    a subclass adds its own layers and then its bias tables (:meth:`_init_bias_tables`).
     ``local_relative_position_bias_table`` (rows x heads) is read through the
     non-persistent ``relative_position_index`` buffer (derived from the window or map
     size, never loaded). With global tokens, ``g2l_relative_position_bias[0]`` biases
     global->local logits, ``[1]`` local->global, and ``g2g_relative_position_bias``
     global->global.
+
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        num_global (int): Global tokens at the front of the sequence. Default: 1.
+        qkv_bias (bool): Bias in the query/key/value projections. Default: True.
+        use_rpb (bool): Relative positional bias: the subclass's local table and, where it
+            has them, the global-token biases. Default: True.
+        attn_drop (float): Dropout on attention probabilities. Default: 0.
+        proj_drop (float): Dropout after ``proj``. Default: 0.
     """
 
-    def _init_bias_tables(self, use_rpb, index, table_rows, num_heads, num_global=0):
-        """Create the tables (trunc-normal, std 0.02) when ``use_rpb``; ``index`` indexes the local one."""
+    #: Separate ``query`` and ``kv`` projections instead of one ``qkv`` (the official
+    #: sliding-chunk layers' keys).
+    split_query = False
+
+    def __init__(self, dim, num_heads, num_global=1, qkv_bias=True, use_rpb=True, attn_drop=0.0, proj_drop=0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.num_global = num_global
         self.use_rpb = use_rpb
-        if not use_rpb:
+        self.attn_drop = attn_drop
+        if self.split_query:
+            self.query = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _init_bias_tables(self, index, table_rows, global_biases=True):
+        """Create the tables (trunc-normal, std 0.02) when ``use_rpb``; ``index`` indexes the local one;
+        ``global_biases``: also the global-token biases, if there are global tokens."""
+        if not self.use_rpb:
             return
+        num_heads, num_global = self.num_heads, self.num_global if global_biases else 0
         self.local_relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
         trunc_normal_(self.local_relative_position_bias_table, std=0.02)
         self.register_buffer('relative_position_index', index, persistent=False)
@@ -104,7 +138,7 @@ class RelativePositionBias(nn.Module):
             trunc_normal_(self.g2g_relative_position_bias, std=0.02)
 
 
-class SlidingChunkAttention(RelativePositionBias):
+class SlidingChunkAttention(ViLAttentionBase):
     """ViL attention: sliding-chunk local attention plus global tokens.
 
     Local tokens attend to the keys of their own and neighbouring ``w x w``
@@ -115,54 +149,32 @@ class SlidingChunkAttention(RelativePositionBias):
     Args:
         dim (int): Channels.
         num_heads (int): Attention heads.
-        window (int): Chunk size ``w``.
-        num_global (int): Global tokens at the front of the sequence.
-        qkv_bias (bool): Bias in ``query``/``kv``.
-        use_rpb (bool): Relative positional bias (table of ``(4w-1)^2`` rows per head,
-            plus global-token biases).
-        masking_mode (int): 0, -1 or 1; see :mod:`visattn_mm.ops.sliding_chunk`.
+        window (int): Chunk size ``w``. Default: 7.
+        masking_mode (int): 0, -1 or 1; see :mod:`visattn_mm.ops.sliding_chunk`. Default: 0.
         shift_mode (int): Neighbour set used when random shift is off: 0 (all 8),
-            -1 (own chunk only) or a fixed 1..8.
+            -1 (own chunk only) or a fixed 1..8. Default: 0.
         random_shift (bool): While training, draw the neighbour (1..8) at random at
-            every forward pass. Toggled by :class:`RandomShiftHook`.
-        attn_drop (float): Dropout on attention probabilities.
-        proj_drop (float): Dropout after ``proj``.
+            every forward pass. Toggled by :class:`RandomShiftHook`. Default: False.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        **kwargs: ``num_global``, ``qkv_bias``, ``use_rpb`` (a table of ``(4w-1)^2`` rows per
+            head, plus global-token biases), ``attn_drop``, ``proj_drop``: see
+            :class:`ViLAttentionBase`.
     """
 
+    split_query = True
+
     def __init__(
-        self,
-        dim,
-        num_heads,
-        window=7,
-        num_global=1,
-        qkv_bias=True,
-        use_rpb=True,
-        masking_mode=0,
-        shift_mode=0,
-        random_shift=False,
-        attn_drop=0.0,
-        proj_drop=0.0,
-        attn_impl='auto',
+        self, dim, num_heads, window=7, masking_mode=0, shift_mode=0, random_shift=False, attn_impl='auto', **kwargs
     ):
-        super().__init__()
         check_modes(masking_mode, shift_mode, random_shift)
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
+        super().__init__(dim, num_heads, **kwargs)
         self.window = window
-        self.num_global = num_global
         self.masking_mode = masking_mode
         self.shift_mode = shift_mode
         self.random_shift = random_shift
-        self.attn_drop = attn_drop
         self.attn_impl = attn_impl
-        self.query = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-        self._init_bias_tables(use_rpb, sliding_chunk_rpb_index(window), (4 * window - 1) ** 2, num_heads, num_global)
+        self._init_bias_tables(sliding_chunk_rpb_index(window), (4 * window - 1) ** 2)
 
     def resolve_shift_mode(self):
         """The neighbour set for this forward pass (drawn here when random shift is on).
@@ -213,7 +225,7 @@ class SlidingChunkAttention(RelativePositionBias):
         return self.proj_drop(self.proj(_merge_heads(glob, out, (b, n, c))))
 
 
-class FullAttention(RelativePositionBias):
+class FullAttention(ViLAttentionBase):
     """Full attention with a Swin-style RPB table sized for one map.
 
     This is the official classification models' attention in stages 3-4. The
@@ -226,29 +238,15 @@ class FullAttention(RelativePositionBias):
         dim (int): Channels.
         num_heads (int): Attention heads.
         rpb_size (tuple[int, int]): Map size ``(H, W)`` the RPB table is built for.
-        num_global (int): Global tokens at the front of the sequence.
-        qkv_bias (bool): Bias in ``qkv``.
-        use_rpb (bool): Use the RPB table and global-token biases.
-        attn_drop (float): Dropout on attention probabilities.
-        proj_drop (float): Dropout after ``proj``.
+        **kwargs: ``num_global``, ``qkv_bias``, ``use_rpb`` (the RPB table and global-token
+            biases), ``attn_drop``, ``proj_drop``: see :class:`ViLAttentionBase`.
     """
 
-    def __init__(
-        self, dim, num_heads, rpb_size, num_global=1, qkv_bias=True, use_rpb=True, attn_drop=0.0, proj_drop=0.0
-    ):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.num_global = num_global
+    def __init__(self, dim, num_heads, rpb_size, **kwargs):
+        super().__init__(dim, num_heads, **kwargs)
         self.rpb_size = tuple(rpb_size)
-        self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
         rh, rw = self.rpb_size
-        self._init_bias_tables(
-            use_rpb, full_attention_rpb_index(rh, rw), (2 * rh - 1) * (2 * rw - 1), num_heads, num_global
-        )
+        self._init_bias_tables(full_attention_rpb_index(rh, rw), (2 * rh - 1) * (2 * rw - 1))
 
     def _local_bias(self, hw):
         """``(heads, h*w, h*w)`` local bias of an ``hw`` map: the table as built for
@@ -285,7 +283,7 @@ class FullAttention(RelativePositionBias):
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
-class LongShortAttention(RelativePositionBias):
+class LongShortAttention(ViLAttentionBase):
     """Transformer-LS long-short attention (ViL-LS stages 1-2), as the official code computes it.
 
     1. ``q, k, v`` from the fused ``qkv``; ``q`` scaled by ``head_dim ** -0.5``.
@@ -308,46 +306,25 @@ class LongShortAttention(RelativePositionBias):
     Args:
         dim (int): Channels.
         num_heads (int): Attention heads.
-        window (int): Segment size ``w`` (7 at 224, 8 at 384).
-        dp_rank (int): Rank ``r`` of the dynamic projection.
-        num_global (int): Global tokens at the front of the sequence.
-        qkv_bias (bool): Bias in ``qkv``.
-        use_rpb (bool): Window relative positional bias (a table of
-            ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing).
-        attn_drop (float): Dropout on the local queries' attention probabilities.
-        proj_drop (float): Dropout after ``proj``.
+        window (int): Segment size ``w`` (7 at 224, 8 at 384). Default: 7.
+        dp_rank (int): Rank ``r`` of the dynamic projection. Default: 8.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
+        **kwargs: ``num_global``, ``qkv_bias``, ``use_rpb`` (the window RPB: a table of
+            ``2(w+p-1)(2p+w+1)+1`` rows per head, indexed with the official aliasing),
+            ``attn_drop`` (on the local queries' attention probabilities), ``proj_drop``: see
+            :class:`ViLAttentionBase`.
     """
 
-    def __init__(
-        self,
-        dim,
-        num_heads,
-        window=7,
-        dp_rank=8,
-        num_global=1,
-        qkv_bias=True,
-        use_rpb=True,
-        attn_drop=0.0,
-        proj_drop=0.0,
-        attn_impl='auto',
-    ):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
+    def __init__(self, dim, num_heads, window=7, dp_rank=8, attn_impl='auto', **kwargs):
+        super().__init__(dim, num_heads, **kwargs)
         self.window = window
-        self.num_global = num_global
-        self.attn_drop = attn_drop
         self.attn_impl = attn_impl
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
         self.to_dynamic_projection = nn.Linear(dim, dp_rank * num_heads)
         self.dual_ln_dp = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
         self.dual_ln_full = nn.LayerNorm(dim, eps=DUAL_LN_EPS)
         # Global tokens have no biases here: the official long-short layer has none.
-        self._init_bias_tables(use_rpb, long_short_rpb_index(window), long_short_rpb_table_size(window), num_heads)
+        self._init_bias_tables(long_short_rpb_index(window), long_short_rpb_table_size(window), global_biases=False)
 
     def _project(self, weights, kv):
         """``K_bar`` and ``V_bar``: ``P k`` and ``P v`` per head, then ``dual_ln_dp`` over all channels.

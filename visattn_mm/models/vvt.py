@@ -219,25 +219,22 @@ class ConvMlp(nn.Module):
 
 
 class VVTBlock(nn.Module):
-    """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6."""
+    """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x)); LayerNorm eps 1e-6.
 
-    def __init__(
-        self,
-        dim,
-        num_heads,
-        mlp_ratio,
-        fr_ratio=2,
-        se_ratio=1,
-        drop=0.0,
-        drop_path=0.0,
-        attn_impl='auto',
-        bf16_products=False,
-    ):
+    Args:
+        dim (int): Channels.
+        num_heads (int): Attention heads.
+        mlp_ratio (float): MLP hidden width / dim.
+        drop (float): Dropout after the attention and in the MLP. Default: 0.
+        drop_path (float): Stochastic depth of this block. Default: 0.
+        **attention: The rest of :class:`VicinityAttention`'s arguments (``fr_ratio``,
+            ``se_ratio``, ``attn_impl``, ``bf16_products``).
+    """
+
+    def __init__(self, dim, num_heads, mlp_ratio, drop=0.0, drop_path=0.0, **attention):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.attn = VicinityAttention(
-            dim, num_heads, fr_ratio, se_ratio, proj_drop=drop, attn_impl=attn_impl, bf16_products=bf16_products
-        )
+        self.attn = VicinityAttention(dim, num_heads, proj_drop=drop, **attention)
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -283,30 +280,17 @@ class VVT(DenseBackbone):
         drop_rate (float): Dropout after the attention output and in the MLP. Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly from 0 over all
             blocks to this value. Default: 0.1.
-        out_indices (Sequence[int]): Stages (0-based) whose outputs are returned as
-            NCHW maps, each after that stage's LayerNorm ``stages.{i}.norm``. Stages after
-            the last index are not built (they would receive no gradient).
-            Default: (0, 1, 2, 3).
-        frozen_stages (int): -1 freezes nothing; 0 freezes the first patch
-            embedding; ``i >= 1`` freezes stages 1..i (patch embedding, blocks and
-            stage norm).  Default: -1.
-        norm_eval (bool): Keep BatchNorm layers in eval mode while training (VVT
-            has only LayerNorms, so this only affects BatchNorms added by
-            subclasses). Default: False.
-        with_cp (bool): Gradient checkpointing per block, saving memory. Default: False.
-        compile_blocks (bool | dict): ``torch.compile`` each block on its own: True with torch.compile's
-            defaults (Inductor), or a dict of its keyword arguments (``mode``, ``backend``, ``dynamic``,
-            ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
-            warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
-            Default: False.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         bf16_products (bool): Run the torch path's matrix products on bf16 operands
             when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
             opt-in. False: fp32 products. Default: False.
-        pretrained (str, optional): Deprecated, use ``init_cfg``.
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``;
-            official VVT checkpoints (``model`` container or bare) load as they are.
+        **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the stages in
+            ``out_indices``, each after that stage's LayerNorm ``stages.{i}.norm``; VVT has
+            only LayerNorms, so ``norm_eval`` only affects BatchNorms added by subclasses.
+            ``init_cfg`` loads official VVT checkpoints (``model`` container or bare) as they are.
     """
 
     arch_zoo = ARCH_ZOO
@@ -324,17 +308,11 @@ class VVT(DenseBackbone):
         se_ratio=1,
         drop_rate=0.0,
         drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        norm_eval=False,
-        with_cp=False,
-        compile_blocks=False,
         attn_impl='auto',
         bf16_products=False,
-        pretrained=None,
-        init_cfg=None,
+        **kwargs,
     ):
-        super().__init__(pretrained=pretrained, init_cfg=init_cfg)
+        super().__init__(**kwargs)
         check_attn_impl(attn_impl, 'VVT', self.attention_ops)
         if not isinstance(bf16_products, bool):
             raise ValueError(f'VVT: bf16_products={bf16_products!r} must be True or False')
@@ -350,32 +328,14 @@ class VVT(DenseBackbone):
                 )
             if d % se_ratio:
                 raise ValueError(f'VVT: embed_dims[{i}]={d} is not divisible by se_ratio={se_ratio}')
-        drop_paths = self.init_stages(
-            in_channels,
-            depths,
-            dims,
-            out_indices,
-            frozen_stages,
-            drop_path_rate,
-            norm_eval,
-            with_cp,
-            compile_blocks=compile_blocks,
-        )
+        drop_paths = self.init_stages(in_channels, depths, dims, drop_path_rate)
+
+        attention = dict(fr_ratio=fr_ratio, se_ratio=se_ratio, attn_impl=attn_impl, bf16_products=bf16_products)
 
         def make_stage(i, in_dim):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [
-                VVTBlock(
-                    dims[i],
-                    heads[i],
-                    mlp_ratios[i],
-                    fr_ratio,
-                    se_ratio,
-                    drop_rate,
-                    drop_path,
-                    attn_impl,
-                    bf16_products,
-                )
+                VVTBlock(dims[i], heads[i], mlp_ratios[i], drop_rate, drop_path, **attention)
                 for drop_path in drop_paths[i]
             ]
             embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
