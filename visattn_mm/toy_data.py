@@ -206,6 +206,24 @@ def _write_manifest(out_dir: Path, manifest: dict) -> None:
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
+def _generate(out_dir: Path, manifest: dict, force: bool, write_split, splits: Sequence[tuple[str, int]]) -> Path:
+    """Write a toy dataset into ``out_dir`` unless it holds one of the same ``manifest`` (or ``force``).
+
+    ``write_split(rng, split, num_images)`` writes each ``(split, num_images)`` of ``splits``, each split
+    from its own random stream of ``manifest['seed']`` (the val set does not change with num_train);
+    the manifest is removed first and written last.
+    """
+    if not force and _is_up_to_date(out_dir, manifest):
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    streams = np.random.SeedSequence(manifest['seed']).spawn(len(splits))
+    for stream, (split, num_images) in zip(streams, splits):
+        write_split(np.random.default_rng(stream), split, num_images)
+    _write_manifest(out_dir, manifest)
+    return out_dir
+
+
 # --------------------------------------------------------------------------
 # COCO instance segmentation
 # --------------------------------------------------------------------------
@@ -275,16 +293,11 @@ def make_coco_instances(
     out_dir = Path(out_dir)
     height, width = image_size
     manifest = _manifest('coco', seed=seed, num_train=num_train, num_val=num_val, image_size=[height, width])
-    if not force and _is_up_to_date(out_dir, manifest):
-        return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    # Independent streams per split: the val set does not change with num_train.
-    train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    _coco_split(train_rng, out_dir, 'train', num_train, height, width)
-    _coco_split(val_rng, out_dir, 'val', num_val, height, width)
-    _write_manifest(out_dir, manifest)
-    return out_dir
+
+    def write_split(rng, split, num_images):
+        _coco_split(rng, out_dir, split, num_images, height, width)
+
+    return _generate(out_dir, manifest, force, write_split, [('train', num_train), ('val', num_val)])
 
 
 # --------------------------------------------------------------------------
@@ -352,16 +365,12 @@ def make_ade20k_layout(
     manifest = _manifest(
         'ade20k', seed=seed, num_train=num_train, num_val=num_val, image_size=[height, width], num_classes=num_classes
     )
-    if not force and _is_up_to_date(out_dir, manifest):
-        return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     classes = ADE_CLASSES[:num_classes]
-    train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    _ade_split(train_rng, out_dir, 'training', num_train, height, width, classes)
-    _ade_split(val_rng, out_dir, 'validation', num_val, height, width, classes)
-    _write_manifest(out_dir, manifest)
-    return out_dir
+
+    def write_split(rng, split, num_images):
+        _ade_split(rng, out_dir, split, num_images, height, width, classes)
+
+    return _generate(out_dir, manifest, force, write_split, [('training', num_train), ('validation', num_val)])
 
 
 # --------------------------------------------------------------------------
