@@ -17,7 +17,7 @@ import torch
 from mmengine.config import Config
 
 import visattn_mm  # noqa: F401  (registration)
-from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_finite_grads, build_tiny
+from helpers import BACKBONES, VIL_TINY_ARCH, VVT_TINY_ARCH, assert_dense_outputs, assert_finite_grads, build_tiny
 from tool_runs import DET_CONFIG, TOOLS, _free_port, _load_tool, _log_text, _run, _tool
 from visattn_mm import toy_data as toy
 from visattn_mm.compat import mmengine_checkpoint_globals
@@ -50,7 +50,8 @@ def tiny_preset_backbones():
 @pytest.mark.parametrize('cls', (ViL, ViLLS, VVT, PaleTransformer), ids=lambda c: c.__name__)
 def test_autocast_forward_backward_at_detection_size(tiny_preset_backbones, cls, dtype):
     """One forward+backward under autocast at 800x1216 (on a CPU: smaller, see AMP_SIZES):
-    the linear layers ran in the autocast dtype, outputs and every gradient are finite."""
+    the linear layers ran in the autocast dtype, the outputs have their stride's shape, outputs and every
+    gradient are finite."""
     model = tiny_preset_backbones[cls].to(AMP_DEVICE)
     model.zero_grad(set_to_none=True)
     linear_dtypes = set()
@@ -68,7 +69,7 @@ def test_autocast_forward_backward_at_detection_size(tiny_preset_backbones, cls,
         for handle in handles:
             handle.remove()
     assert linear_dtypes == {dtype}  # autocast really ran in low precision
-    assert all(torch.isfinite(out).all() for out in outs)
+    assert_dense_outputs(outs, 1, AMP_SIZES[dtype], model.embed_dims, model.strides)
     loss.backward()
     assert_finite_grads(model)
 
