@@ -57,23 +57,24 @@ class Family:
         return dict(arch=size, **self.classification, **self.classification_by_size.get(size, {}))
 
 
+_VIL = Family(
+    cls=ViL,
+    title='ViL',
+    name='vil',
+    timm_prefix='vil',
+    sizes=('tiny', 'small', 'medium', 'base'),
+    compared_size='small',
+    classification=dict(attn_types=VIL_CLASSIFICATION_ATTN),
+)
 FAMILIES = (  # by keyword: several fields hold the same text ('vil' is the tools' name and the timm prefix)
-    Family(
-        cls=ViL,
-        title='ViL',
-        name='vil',
-        timm_prefix='vil',
-        sizes=('tiny', 'small', 'medium', 'base'),
-        compared_size='small',
-        classification=dict(attn_types=VIL_CLASSIFICATION_ATTN),
-    ),
-    Family(
+    _VIL,
+    # ViL-LS is ViL's architecture with long-short attention: its sizes and peer are ViL's.
+    dataclasses.replace(
+        _VIL,
         cls=ViLLS,
         title='ViL-LS',
         name='vil-ls',
         timm_prefix='vil_ls',
-        sizes=('tiny', 'small', 'medium', 'base'),
-        compared_size='small',
         classification=dict(attn_types=VIL_LS_CLASSIFICATION_ATTN),
     ),
     Family(
