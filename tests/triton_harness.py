@@ -271,6 +271,34 @@ def compare_paths(leaves, op):
     )
 
 
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """Inside, ``torch.use_deterministic_algorithms`` is on (warn only: the CUDA tests set no cuBLAS workspace),
+    so the window ops' kernels sum the local-bias gradient without atomics (``ops.triton.host.bias_grad_parts``)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def compare_deterministic(case_inputs, names):
+    """:func:`compare_paths` of the cases ``names`` (in float64) under :func:`deterministic_algorithms`
+    (interpreter subprocess)."""
+    with deterministic_algorithms():
+        return {name: compare_paths(*case_inputs(name, torch.float64)) for name in names}
+
+
+def assert_cuda_deterministic(errors_on, dtype, launches, *args):
+    """:func:`assert_cuda_within_tolerance` under :func:`deterministic_algorithms`, and a second run's
+    errors equal to the first's to the bit: the gradients did not change between runs (atomics would
+    let their last bits vary)."""
+    with deterministic_algorithms():
+        assert_cuda_within_tolerance(errors_on, dtype, launches, *args)
+        first, second = (errors_on('cuda', dtype, *args)[0] for _ in range(2))
+    assert first == second
+
+
 def assert_kernels_matched(result, launches):
     """A :func:`compare_paths` or :func:`compare_backbone` result: the math path launched no kernel, the
     Triton path ``launches`` (``{kernel name: count}``), and every tensor agreed."""

@@ -114,6 +114,25 @@ def test_auto_on_cuda_follows_the_table(triton_bf16_sliding_chunk):
     assert chosen_path('cpu', True, op='sliding_chunk', dtype=torch.bfloat16, head_dim=32) == 'math'
 
 
+def test_auto_under_deterministic_algorithms_keeps_unmeasured_kernels_off(triton_bf16_sliding_chunk, monkeypatch):
+    """Under torch.use_deterministic_algorithms the kernels sum a training bias's gradient in a kernel of
+    their own, which no GPU row measured: 'auto' then runs 'fast' where a bias trains and says why once;
+    a frozen bias, or 'triton' asked for, keeps the kernels."""
+    monkeypatch.setattr(impl_module.STATE, 'warnings_given', set())
+    monkeypatch.setattr(torch, 'are_deterministic_algorithms_enabled', lambda: True)
+
+    def path(bias_needs_grad, impl='auto'):
+        return chosen_path('cuda', bias_needs_grad, impl, op='sliding_chunk', dtype=torch.bfloat16, head_dim=32)
+
+    with pytest.warns(UserWarning, match=r"runs sliding_chunk attention with torch ops \('fast'\).*deterministic"):
+        assert path(True) == 'fast'
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # once
+        assert path(True) == 'fast'
+    assert path(False) == 'triton'
+    assert path(True, impl='triton') == 'triton'
+
+
 def test_an_op_call_on_emulated_cuda_takes_the_tables_path(triton_bf16_sliding_chunk, monkeypatch):
     """sliding_chunk_attention with 'auto', its tensors standing for CUDA ones: the Triton kernels are
     called for a bf16 query of head dim 32, the fused torch path for fp32."""

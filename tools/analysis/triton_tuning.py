@@ -10,7 +10,8 @@ with the candidate's settings instead, between two CUDA events. The kernels that
 add to a bias gradient with atomics (ViL's and ViL-LS' query-side backward) are
 also timed, with the package's settings, for each count of ``--bias-grad-copies``
 (``visattn_mm.ops.triton.host.BIAS_GRAD_COPIES``, copies of the gradient the
-atomics are spread over). Per kernel and head-dim tile, it reports the median over
+atomics are spread over; 0: no atomics, the bias-gradient kernel's time counted
+with the query-side kernel's). Per kernel and head-dim tile, it reports the median over
 ``--repeats`` steps of the summed time of its launches: the package's settings and
 time, the fastest candidate and its time. It times, it does not check results: a
 faster candidate must pass the CUDA tests before it becomes the package's (8 warps
@@ -82,11 +83,14 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
     copies = host.BIAS_GRAD_COPIES if bias_grad_copies is None else bias_grad_copies
 
     def timed_launch(kernel, grid, settings, *args, **constexprs):
-        takes_copies = 'bias_copies' in kernel.arg_names
+        # The kernel that sums a bias gradient without atomics (0 copies) does the atomics' share of the
+        # query-side kernel's work: its time counts as that kernel's.
+        takes_copies = 'bias_copies' in kernel.arg_names or 'grad_parts' in kernel.arg_names
         if bias_grad_copies is not None and not takes_copies:
             kernel[grid](*args, **settings, **constexprs)
             return
-        key = (kernel.fn.__name__, *host.launch_tiles(constexprs))
+        name = kernel.fn.__name__.replace('_bias_grad', '_backward_queries')
+        key = (name, *host.launch_tiles(constexprs))
         chosen = settings if candidate is None or key in failed else candidate
         try:
             if cuda:
@@ -195,8 +199,8 @@ def parse_args(argv=None):
     parser.add_argument('--stages', default='1,2,3', help='candidate pipeline stages (default 1,2,3)')
     parser.add_argument(
         '--bias-grad-copies',
-        default='1,8,32,128',
-        help='candidate copies of a bias gradient for the atomics (default 1,8,32,128)',
+        default='0,1,8,32,128',
+        help='candidate copies of a bias gradient for the atomics, 0 for none (default 0,1,8,32,128)',
     )
     parser.add_argument('--repeats', type=int, default=3, help='timed steps per candidate (default 3)')
     parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
@@ -208,8 +212,8 @@ def parse_args(argv=None):
     args.warps = bench.parse_list(args.warps, int, '--warps')
     args.stages = bench.parse_list(args.stages, int, '--stages')
     args.bias_grad_copies = bench.parse_list(args.bias_grad_copies, int, '--bias-grad-copies')
-    if args.batch < 1 or args.repeats < 1 or min(args.bias_grad_copies) < 1:
-        raise SystemExit('--batch, --repeats and --bias-grad-copies must be at least 1')
+    if args.batch < 1 or args.repeats < 1 or min(args.bias_grad_copies) < 0:
+        raise SystemExit('--batch and --repeats must be at least 1, --bias-grad-copies at least 0')
     return args
 
 

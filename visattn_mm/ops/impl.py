@@ -211,7 +211,19 @@ def chosen_path(device_type, bias_needs_grad=False, impl='auto', op=None, dtype=
         return choice
     if device_type == 'cuda':
         row = cuda_default(op, dtype, head_dim)
-        return 'triton' if row is not None and row.path == 'triton' else 'fast'
+        if row is None or row.path != 'triton':
+            return 'fast'
+        if bias_needs_grad and torch.are_deterministic_algorithms_enabled():
+            # The kernels then sum the bias gradient in a kernel of their own (ops.triton.host.bias_grad_parts),
+            # which no GPU row has measured: 'auto' takes only what a GPU has passed and timed.
+            STATE.warn_once(
+                ('deterministic_bias_grad', op),
+                f"attn_impl 'auto' runs {op} attention with torch ops ('fast'), not Triton kernels, while "
+                'torch.use_deterministic_algorithms is on and a bias trains: their deterministic bias gradient has '
+                "not been measured on a GPU yet (attn_impl='triton' runs it)",
+            )
+            return 'fast'
+        return 'triton'
     fused = device_type in FUSED_DEVICES and not (device_type == 'cpu' and bias_needs_grad)
     return 'fast' if fused else 'math'
 

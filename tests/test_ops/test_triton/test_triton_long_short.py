@@ -7,17 +7,22 @@ gradients of every input (queries, local / projected / global keys and values,
 window RPB) with the math path, and counts the launches of each kernel.
 """
 
+import contextlib
+
 import pytest
 import torch
 
 from triton_harness import (
     CUDA_DTYPE_IDS,
     CUDA_DTYPES,
+    assert_cuda_deterministic,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
     compare_backbone,
+    compare_deterministic,
     compiling_launches,
+    deterministic_algorithms,
     interpreted_fixture,
     low_precision_errors,
     main,
@@ -29,6 +34,10 @@ from visattn_mm.ops.rel_pos import long_short_rpb_index, long_short_rpb_table_si
 
 MODULE = 'visattn_mm.ops.long_short.triton'
 KERNELS = ('_long_short_forward', '_long_short_backward_queries', '_long_short_backward_keys')
+BIAS_GRAD_KERNEL = '_long_short_bias_grad'
+# The cases run again under deterministic algorithms: a patch of 2 tiles with its bias a leaf, of 4 tiles
+# gathered from a table.
+DETERMINISTIC_CASES = ('odd-non-square', 'window-4-segment-fills-the-tile')
 SLIDING_CHUNK_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 BATCH, HEADS = 2, 2
 interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
@@ -106,6 +115,13 @@ def test_interpreted_kernels_match_math(name, interpreted):
     assert_kernels_matched(interpreted[name], dict.fromkeys(KERNELS, 1))
 
 
+@pytest.mark.parametrize('name', DETERMINISTIC_CASES)
+def test_deterministic_algorithms_sum_the_bias_gradient_without_atomics(name, interpreted):
+    """Under torch.use_deterministic_algorithms the window-RPB gradient comes from the kernel without atomics
+    (the same bits on every run), equal to the math path's; the other gradients are unchanged."""
+    assert_kernels_matched(interpreted['deterministic'][name], dict.fromkeys(KERNELS + (BIAS_GRAD_KERNEL,), 1))
+
+
 def test_backbone_attn_impl_triton_runs_the_kernels(interpreted):
     """ViLLS(attn_impl='triton'): the long-short attention of stages 1-2 and the sliding-chunk attention
     of stages 3-4 run their kernels (forward and backward once per stage), and outputs and parameter
@@ -124,13 +140,15 @@ def test_malformed_shared_keys_and_bias_are_refused():
 
 
 def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
-    """The launches the wrapper makes (bf16 with every input at w = 7; fp32 with a w = 8 window alone)
-    compile to sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
+    """The launches the wrapper makes (bf16 with every input at w = 7, also under deterministic algorithms;
+    fp32 with a w = 8 window alone) compile to sm_90 machine code, through Triton's bundled compiler and
+    ptxas: no GPU needed."""
     ls = pytest.importorskip(MODULE)
     compiled = compiling_launches(monkeypatch, tmp_path)
-    for dtype, window, rank, num_global, with_bias in (
-        (torch.bfloat16, 7, 8, 1, True),
-        (torch.float32, 8, 0, 0, False),
+    for dtype, window, rank, num_global, with_bias, deterministic in (
+        (torch.bfloat16, 7, 8, 1, True, False),
+        (torch.bfloat16, 7, 8, 1, True, True),
+        (torch.float32, 8, 0, 0, False, False),
     ):
         height, width, dim, span = 15, 22, 32, window + 2 * segment_pad(window)
 
@@ -151,8 +169,9 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
             global_v=tokens(num_global),
             local_bias=local_bias,
         )
-        out.sum().backward()
-    assert [name for name, _ in compiled] == list(KERNELS) * 2
+        with deterministic_algorithms() if deterministic else contextlib.nullcontext():
+            out.sum().backward()
+    assert [name for name, _ in compiled] == [*KERNELS, *KERNELS, BIAS_GRAD_KERNEL, *KERNELS]
     assert all(size > 0 for _, size in compiled)
 
 
@@ -208,6 +227,19 @@ def test_cuda_kernels_match_float64_math(shape, dtype):
     assert_cuda_within_tolerance(long_short_errors, dtype, 3, *shape)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
+def test_cuda_deterministic_bias_gradient(dtype):
+    """Under deterministic algorithms: 4 kernels, within tolerance of float64 math, the same bits twice."""
+    assert_cuda_deterministic(long_short_errors, dtype, 4, *GPU_SHAPES[0])
+
+
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
-    main(case_inputs, CASES, backbone=lambda: compare_backbone(ViLLS), fp16=compare_fp16)
+    main(
+        case_inputs,
+        CASES,
+        backbone=lambda: compare_backbone(ViLLS),
+        fp16=compare_fp16,
+        deterministic=lambda: compare_deterministic(case_inputs, DETERMINISTIC_CASES),
+    )

@@ -6,6 +6,7 @@ output and the gradients of every input with the math path, and counts the
 launches of each kernel to prove which path ran.
 """
 
+import contextlib
 import sys
 
 import pytest
@@ -16,13 +17,16 @@ from triton_harness import (
     CUDA_DTYPES,
     HOST,
     PACKAGE,
+    assert_cuda_deterministic,
     assert_cuda_within_tolerance,
     assert_fp16_within_tolerance,
     assert_kernels_matched,
     assert_no_error,
     compare_backbone,
+    compare_deterministic,
     compare_paths,
     compiling_launches,
+    deterministic_algorithms,
     interpreted_fixture,
     low_precision_errors,
     main,
@@ -44,6 +48,10 @@ LONG_SHORT_MODULE = 'visattn_mm.ops.long_short.triton'
 PALE_MODULE = 'visattn_mm.ops.pale.triton'
 VICINITY_MODULE = 'visattn_mm.ops.vicinity.triton'
 KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
+BIAS_GRAD_KERNEL = '_sliding_chunk_bias_grad'
+# The cases run again under deterministic algorithms: each masking mode, 9 and 2 neighbour blocks, a bias
+# gathered from a table.
+DETERMINISTIC_CASES = ('odd-non-square', 'exact-window-tile-sized-chunk', 'cyclic-shift-5')
 BATCH, HEADS = 2, 2
 interpreted = interpreted_fixture()  # the comparisons below, run in the interpreter
 
@@ -136,7 +144,7 @@ def compare_bias_grad_copies():
     import visattn_mm.ops.triton.host as host
 
     results, default, choose = {}, host.BIAS_GRAD_COPIES, host.bias_grad_copies
-    for copies in (1, 1000):
+    for copies in (0, 1, 1000):
         used = []
         host.BIAS_GRAD_COPIES = copies
         host.bias_grad_copies = lambda programs: used.append(choose(programs)) or used[-1]
@@ -149,12 +157,21 @@ def compare_bias_grad_copies():
 
 def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
     """The programs spread their atomic adds to the local-bias gradient over copies (at most one per
-    program) that are summed afterwards: one copy and one per program give the math path's gradients."""
+    program) that are summed afterwards: one copy and one per program give the math path's gradients, and
+    so do 0 copies, where a kernel of its own sums the gradient without atomics."""
     results = interpreted['bias-grad-copies']
     assert_no_error(results)
-    assert [results[c]['used'] for c in ('1', '1000')] == [[1], [24]]
-    for copies in ('1', '1000'):
-        assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'}, dict.fromkeys(KERNELS, 1))
+    assert [results[c]['used'] for c in ('0', '1', '1000')] == [[0], [1], [24]]
+    for copies in ('0', '1', '1000'):
+        launches = dict.fromkeys(KERNELS + ((BIAS_GRAD_KERNEL,) if copies == '0' else ()), 1)
+        assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'}, launches)
+
+
+@pytest.mark.parametrize('name', DETERMINISTIC_CASES)
+def test_deterministic_algorithms_sum_the_bias_gradient_without_atomics(name, interpreted):
+    """Under torch.use_deterministic_algorithms the local-bias gradient comes from the kernel without atomics
+    (the same bits on every run), equal to the math path's; the other gradients are unchanged."""
+    assert_kernels_matched(interpreted['deterministic'][name], dict.fromkeys(KERNELS + (BIAS_GRAD_KERNEL,), 1))
 
 
 def test_block_offsets_match_neighbour_order():
@@ -312,11 +329,16 @@ def test_missing_triton_names_the_fix(monkeypatch, module):
 
 
 def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
-    """The launches the wrapper makes (bf16 with every feature; fp32 cyclic with a shift) compile to
-    sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
+    """The launches the wrapper makes (bf16 with every feature, also under deterministic algorithms; fp32
+    cyclic with a shift) compile to sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU
+    needed."""
     ts = pytest.importorskip(MODULE)
     compiled = compiling_launches(monkeypatch, tmp_path)
-    for dtype, masking_mode, shift_mode in ((torch.bfloat16, 1, 0), (torch.float32, -1, 3)):
+    for dtype, masking_mode, shift_mode, deterministic in (
+        (torch.bfloat16, 1, 0, False),
+        (torch.bfloat16, 1, 0, True),
+        (torch.float32, -1, 3, False),
+    ):
         height, width, window, dim = 15, 22, 7, 32
         q, k, v = (torch.randn(1, 3, height * width, dim, dtype=dtype, requires_grad=True) for _ in range(3))
         global_k, global_v = (torch.randn(1, 3, 1, dim, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -336,8 +358,9 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
             masking_mode=masking_mode,
             shift_mode=shift_mode,
         )
-        out.sum().backward()
-    assert [name for name, _ in compiled] == list(KERNELS) * 2
+        with deterministic_algorithms() if deterministic else contextlib.nullcontext():
+            out.sum().backward()
+    assert [name for name, _ in compiled] == [*KERNELS, *KERNELS, BIAS_GRAD_KERNEL, *KERNELS]
     assert all(size > 0 for _, size in compiled)
 
 
@@ -424,6 +447,14 @@ def test_cuda_kernels_match_float64_math_on_a_backbone_stage(masking_mode, shift
     assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, shift_mode, BACKBONE_STAGE_SHAPE)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
+@pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (1, 0), (-1, 7)])
+def test_cuda_deterministic_bias_gradient(masking_mode, shift_mode, dtype):
+    """Under deterministic algorithms: 4 kernels, within tolerance of float64 math, the same bits twice."""
+    assert_cuda_deterministic(sliding_chunk_errors, dtype, 4, masking_mode, shift_mode, GPU_SHAPE)
+
+
 if __name__ == '__main__':
     # The interpreter subprocess of the ``interpreted`` fixture: one JSON line on stdout.
     main(
@@ -431,5 +462,6 @@ if __name__ == '__main__':
         CASES,
         backbone=lambda: compare_backbone(ViL),
         fp16=compare_fp16,
+        deterministic=lambda: compare_deterministic(case_inputs, DETERMINISTIC_CASES),
         **{'bias-grad-copies': compare_bias_grad_copies, 'stray-load': stray_load},
     )

@@ -24,7 +24,8 @@ Numerics and dtypes: see :mod:`visattn_mm.ops.triton.kernel_parts`; the interpre
 see :mod:`visattn_mm.ops.triton`. The gradient of the window RPB is summed with
 atomics over all segments and the batch (spread over copies, see
 :func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`), so its last bits may
-vary from run to run.
+vary from run to run; under ``torch.use_deterministic_algorithms`` a third backward
+kernel sums it without atomics (:func:`~visattn_mm.ops.triton.host.bias_grad_parts`).
 
 Cost: the patch tiles hold ``ceil((w + 2p)^2 / B)`` tiles of ``B = next_pow2(w*w)``
 keys (3 x 64 for ``w = 7``: 88% used); the key-centric kernel computes 9 tiles of
@@ -304,6 +305,31 @@ def _long_short_backward_keys(q, k, v, local_bias, grad_out, lse, delta, grad_k,
     )
 
 
+@triton.jit
+def _long_short_bias_grad(inputs, grad_out, lse, delta, grad_parts, geometry, chunks, pairs, tile: tl.constexpr):
+    """The window-RPB gradient without atomics: one patch tile of one head, summed over every
+    ``parts``-th of the ``pairs`` (batch, segment) pairs
+    (:func:`~visattn_mm.ops.triton.kernel_parts.store_bias_grad_part`); grid ``(patch tiles, heads, parts)``,
+    after the query-side kernel (which writes ``delta``)."""
+    # No `_` before the loop: Triton would take it for a variable the loop carries.
+    q, k, v, local_bias = inputs[0], inputs[1], inputs[2], inputs[7]
+    heads, height, width, cols, head_dim = geometry
+    start, head = tl.program_id(0) * tile.BLOCK, tl.program_id(1)
+    grad_sum = tl.zeros([tile.BLOCK, tile.BLOCK], lse.dtype.element_ty)
+    for index in range(tl.program_id(2), pairs, tl.num_programs(2)):
+        batch, row, col, query_rows = kp.bias_grad_chunk(index, chunks, q, grad_out, lse, delta, geometry, head, tile)
+        _, key_valid, _, values, scores = _patch_tile(
+            query_rows[0], start, k, v, local_bias, batch, head, row, col, geometry, tile
+        )
+        _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
+        grad_sum += tl.where(query_rows[4][:, None] & key_valid[None, :], grad_scores, 0.0)
+    slots = tl.arange(0, tile.BLOCK)
+    patch_slots = start + slots
+    chunk, patch = tile.WINDOW * tile.WINDOW, (tile.WINDOW + 2 * tile.PAD) * (tile.WINDOW + 2 * tile.PAD)
+    in_patch = (slots[:, None] < chunk) & (patch_slots[None, :] < patch)
+    kp.store_bias_grad_part(grad_parts, heads, head, slots, patch_slots, grad_sum, in_patch, chunk, patch)
+
+
 def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
     """The kernels' :class:`~visattn_mm.ops.triton.host.LaunchPlan`."""
     batch, heads, _, head_dim = q.shape
@@ -325,6 +351,7 @@ def _launch_setup(q, k_bar, global_k, local_bias, height, width, window):
         host.constant_bundle(tile),
         host.constant_bundle(shared),
         host.launch_settings(q.dtype),
+        key_tiles=triton.cdiv((window + 2 * tile.PAD) ** 2, tile.BLOCK),
     )
 
 
@@ -392,7 +419,9 @@ def _backward(
     )
 
 
-_KERNELS = host.WindowSoftmaxKernels(_long_short_forward, _long_short_backward_queries, _long_short_backward_keys)
+_KERNELS = host.WindowSoftmaxKernels(
+    _long_short_forward, _long_short_backward_queries, _long_short_backward_keys, _long_short_bias_grad
+)
 _long_short_op = host.define_op('triton_long_short_attention', _forward, _backward, _Inputs)
 
 

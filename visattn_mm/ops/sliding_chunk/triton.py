@@ -23,7 +23,9 @@ see :mod:`visattn_mm.ops.triton`. The gradient of the local bias is summed with
 atomics over all chunks and the batch, so its last bits may vary from run to run;
 the programs spread their adds over copies of it
 (:func:`~visattn_mm.ops.triton.kernel_parts.add_bias_grad`), since atomics on one
-address serialise.
+address serialise. Under ``torch.use_deterministic_algorithms`` (mmengine's
+``randomness.deterministic``) a third backward kernel sums it instead, without
+atomics, in the same order on every run (:func:`~visattn_mm.ops.triton.host.bias_grad_parts`).
 
 Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 ``impl='fast'`` or ``'math'`` for attention dropout).
@@ -322,6 +324,33 @@ def _sliding_chunk_backward_keys(
     )
 
 
+@triton.jit
+def _sliding_chunk_bias_grad(inputs, grad_out, lse, delta, grad_parts, geometry, chunks, pairs, tile: tl.constexpr):
+    """The local-bias gradient without atomics: one neighbour step of one head, summed over every
+    ``parts``-th of the ``pairs`` (batch, query chunk) pairs
+    (:func:`~visattn_mm.ops.triton.kernel_parts.store_bias_grad_part`); grid ``(NUM_BLOCKS, heads, parts)``,
+    after the query-side kernel (which writes ``delta``)."""
+    # No `_` before the loop: Triton would take it for a variable the loop carries.
+    q, k, v, local_bias = inputs[0], inputs[1], inputs[2], inputs[5]
+    heads, height, width, cols, head_dim = geometry[0], geometry[1], geometry[2], geometry[4], geometry[5]
+    step, head = tl.program_id(0), tl.program_id(1)
+    block = _neighbour_block(step, tile)
+    slots = tl.arange(0, tile.BLOCK)
+    grad_sum = tl.zeros([tile.BLOCK, tile.BLOCK], lse.dtype.element_ty)
+    for index in range(tl.program_id(2), pairs, tl.num_programs(2)):
+        batch, row, col, query_rows = kp.bias_grad_chunk(
+            index, chunks, q, grad_out, lse, delta, (heads, height, width, cols, head_dim), head, tile
+        )
+        _, visible, _, values, scores = _neighbour_tile(
+            query_rows[0], step, k, v, local_bias, batch, head, row, col, geometry, tile
+        )
+        _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
+        grad_sum += tl.where(query_rows[4][:, None] & visible, grad_scores, 0.0)
+    chunk = tile.WINDOW * tile.WINDOW
+    in_chunk = (slots[:, None] < chunk) & (slots[None, :] < chunk)
+    kp.store_bias_grad_part(grad_parts, heads, head, slots, block * chunk + slots, grad_sum, in_chunk, chunk, 9 * chunk)
+
+
 def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, masking_mode, shift_mode):
     """The kernels' :class:`~visattn_mm.ops.triton.host.LaunchPlan`."""
     batch, heads, _, head_dim = q.shape
@@ -345,6 +374,7 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
         host.constant_bundle(tile),
         host.constant_bundle(shared),
         host.launch_settings(q.dtype),
+        key_tiles=len(blocks),
     )
 
 
@@ -433,7 +463,7 @@ def _backward(
 
 
 _KERNELS = host.WindowSoftmaxKernels(
-    _sliding_chunk_forward, _sliding_chunk_backward_queries, _sliding_chunk_backward_keys
+    _sliding_chunk_forward, _sliding_chunk_backward_queries, _sliding_chunk_backward_keys, _sliding_chunk_bias_grad
 )
 _sliding_chunk_op = host.define_op('triton_sliding_chunk_attention', _forward, _backward, _Inputs)
 

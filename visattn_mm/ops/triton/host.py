@@ -244,6 +244,8 @@ class LaunchPlan(NamedTuple):
         shared (tuple): Those of the shared (global, projected) keys, which the forward and the
             query-side backward kernel take as ``shared``.
         settings (dict): ``num_warps`` and ``num_stages`` (:func:`launch_settings`).
+        key_tiles (int): The tiles of local keys each query chunk loops over (its neighbour chunks, its
+            patch's tiles): the bias-gradient kernel's first grid axis.
     """
 
     grid: tuple
@@ -251,6 +253,7 @@ class LaunchPlan(NamedTuple):
     tile: tuple
     shared: tuple
     settings: dict
+    key_tiles: int
 
     @property
     def programs(self):
@@ -268,12 +271,15 @@ class WindowSoftmaxKernels(NamedTuple):
       rows, the local bias gradient, the shared keys' partial gradients as one tuple, geometry, the
       bias gradient's copies;
     * ``backward_keys``: ``q, k, v`` rows, the local bias table, ``grad_out`` rows, ``lse``, ``delta``,
-      ``grad_k`` and ``grad_v`` rows, geometry.
+      ``grad_k`` and ``grad_v`` rows, geometry;
+    * ``bias_grad``: the inputs, ``grad_out`` rows, ``lse``, ``delta``, the local bias gradient's parts,
+      geometry, the query chunks per image, the (batch, query chunk) pairs (see :func:`bias_grad_parts`).
     """
 
     forward: object
     backward_queries: object
     backward_keys: object
+    bias_grad: object
 
 
 def window_softmax_forward(kernels, plan, q, input_args):
@@ -314,7 +320,7 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
     local_bias_grad = gradient_wanted(inputs._fields.index('local_bias'), inputs, needs_grad)
     copies = bias_grad_copies(plan.programs)
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad, copies
+        q, k, v, grad_out, lse, local_bias, local_bias_grad and copies > 0, copies
     )
     grad_out_rows = head_rows(grad_out)
     launch(
@@ -331,7 +337,7 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
         tuple(stand_in(grad, lse) for grad in shared_grads),
         plan.geometry,
         copies,
-        LOCAL_BIAS_GRAD=local_bias_grad,
+        LOCAL_BIAS_GRAD=local_bias_grad and copies > 0,
         tile=plan.tile,
         shared=plan.shared,
     )
@@ -351,7 +357,38 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
         plan.geometry,
         tile=plan.tile,
     )
+    if local_bias_grad and copies == 0:
+        grad_local_bias = bias_grad_parts(kernels.bias_grad, plan, input_args, grad_out_rows, lse, delta, local_bias)
     return grad_q, grad_k, grad_v, summed_copies(grad_local_bias, local_bias)
+
+
+def bias_grad_parts(kernel, plan, input_args, grad_out_rows, lse, delta, local_bias):
+    """Launches an op's ``bias_grad`` kernel (see :func:`bias_grad_copies`): the local bias gradient in
+    parts, ``(parts, *local_bias.shape)`` in the accumulation dtype, to be summed over the parts.
+
+    One program per key tile, head and part: :data:`BIAS_GRAD_PROGRAMS` programs or fewer, set by the shapes
+    alone, so that a shape is summed in the same order on every run. Zeroed: the key tiles of a shift mode
+    that skips neighbour chunks write no part of their columns.
+    """
+    heads = local_bias.shape[0]
+    pairs = plan.programs // heads
+    parts = max(1, min(pairs, BIAS_GRAD_PROGRAMS // (plan.key_tiles * heads)))
+    grad_parts = torch.zeros(parts, *local_bias.shape, dtype=lse.dtype, device=lse.device)
+    launch(
+        kernel,
+        (plan.key_tiles, heads, parts),
+        plan.settings,
+        tuple(input_args),
+        grad_out_rows,
+        lse,
+        delta,
+        grad_parts,
+        plan.geometry,
+        plan.grid[0],
+        pairs,
+        tile=plan.tile,
+    )
+    return grad_parts
 
 
 def gradient_wanted(index, inputs, needs_grad):
@@ -511,13 +548,20 @@ def cast_like(grad, like):
 # (see kernel_parts.add_bias_grad). Every query chunk of every batch element adds to the same table, a few thousand
 # to a few ten thousand entries, and atomic adds to one address serialise; 32 copies cut that
 # contention 32-fold for 32 times a table's memory (8 MB in fp32 for 3 heads of w = 7, ViL-S's first
-# stage). Not yet timed on a GPU: tools/analysis/triton_tuning.py --bias-grad-copies compares values.
+# stage). 0: no atomics, a kernel of its own sums the gradient (bias_grad_parts), the same bits on every
+# run, at the price of two more tile products per score. Not yet timed on a GPU:
+# tools/analysis/triton_tuning.py --bias-grad-copies compares values, 0 among them.
 BIAS_GRAD_COPIES = 32
+# The programs of a bias-gradient kernel without atomics (bias_grad_parts): a few per SM of an H100 (132).
+BIAS_GRAD_PROGRAMS = 512
 
 
 def bias_grad_copies(programs):
     """Copies of the bias gradient for a launch of ``programs`` programs: :data:`BIAS_GRAD_COPIES`, at most one
-    per program."""
+    per program; 0 (no atomics: :func:`bias_grad_parts`) where it is 0 or where
+    ``torch.use_deterministic_algorithms`` is on (atomics would let the sum's last bits vary between runs)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return 0
     return min(BIAS_GRAD_COPIES, programs)
 
 

@@ -174,6 +174,17 @@ def query_tile(
 
 
 @triton.jit
+def read_query_rows(q, grad_out, batch, head, lse, delta, tokens, query_valid, head_dim, BLOCK_D: tl.constexpr):
+    """A query chunk's query rows (see :func:`backward_rows`) after the query-side kernel has written
+    their ``delta``: ``lse`` and ``delta`` at the chunk's (batch, head) row, read only."""
+    queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
+    row_lse = tl.load(lse + tokens, mask=query_valid, other=0.0)
+    row_delta = tl.load(delta + tokens, mask=query_valid, other=0.0)
+    return queries, grad_rows, row_lse, row_delta, query_valid
+
+
+@triton.jit
 def key_grads_step(grad_keys, grad_values, scores, values, query_rows, DOT_PRECISION: tl.constexpr):
     """Adds one query chunk's share (its query rows, see :func:`query_tile`) to the gradients of a key
     chunk's keys and values.
@@ -220,6 +231,39 @@ def add_bias_grad(
     table = (program % copies) * heads + head
     pointers = grad_bias + (table * QUERIES + query_slots[:, None]) * COLUMNS + columns[None, :]
     tl.atomic_add(pointers, grad_scores, mask=mask, sem='relaxed')
+
+
+@triton.jit
+def bias_grad_chunk(index, chunks, q, grad_out, lse, delta, sizes, head, tile: tl.constexpr):
+    """Pair ``index`` of the ``(batch, query chunk)`` pairs a bias-gradient program loops over
+    (:func:`store_bias_grad_part`): its batch element, chunk row and column, and query rows
+    (:func:`read_query_rows`). ``chunks``: query chunks per image; ``sizes``: ``(heads, height, width,
+    cols, head_dim)``."""
+    heads, height, width, cols, head_dim = sizes
+    batch, chunk = index // chunks, index % chunks
+    row, col = chunk // cols, chunk % cols
+    tokens, query_valid = chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    offset = (batch * heads + head) * height * width
+    query_rows = read_query_rows(
+        q, grad_out, batch, head, lse + offset, delta + offset, tokens, query_valid, head_dim, tile.BLOCK_D
+    )
+    return batch, row, col, query_rows
+
+
+@triton.jit
+def store_bias_grad_part(
+    grad_parts, heads, head, query_slots, columns, grad_scores, mask, QUERIES: tl.constexpr, COLUMNS: tl.constexpr
+):
+    """Stores a program's sum of ``(queries, keys)`` logit-gradient tiles into its part of a contiguous
+    ``(parts, heads, QUERIES, COLUMNS)`` bias gradient, part ``tl.program_id(2)``; the host sums the parts.
+
+    The bias gradient without atomics (:func:`~visattn_mm.ops.triton.host.bias_grad_copies` 0, and always under
+    ``torch.use_deterministic_algorithms``): a program of grid ``(key tiles, heads, parts)`` owns one key
+    tile of one head and loops, in a fixed order, over every ``parts``-th (batch, query chunk) pair, so the
+    sum has the same bits on every run."""
+    table = tl.program_id(2) * heads + head
+    pointers = grad_parts + (table * QUERIES + query_slots[:, None]) * COLUMNS + columns[None, :]
+    tl.store(pointers, grad_scores, mask=mask)
 
 
 @triton.jit
