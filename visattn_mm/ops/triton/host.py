@@ -558,7 +558,7 @@ BIAS_GRAD_PROGRAMS = 512
 
 def bias_grad_copies(programs):
     """Copies of the bias gradient for a launch of ``programs`` programs: :data:`BIAS_GRAD_COPIES`, at most one
-    per program; 0 (no atomics: :func:`bias_grad_parts`) where it is 0 or where
+    per program; 0 (no atomics: :func:`bias_grad_parts`) where :data:`BIAS_GRAD_COPIES` is 0 or where
     ``torch.use_deterministic_algorithms`` is on (atomics would let the sum's last bits vary between runs)."""
     if torch.are_deterministic_algorithms_enabled():
         return 0

@@ -176,7 +176,10 @@ def query_tile(
 @triton.jit
 def read_query_rows(q, grad_out, batch, head, lse, delta, tokens, query_valid, head_dim, BLOCK_D: tl.constexpr):
     """A query chunk's query rows (see :func:`backward_rows`) after the query-side kernel has written
-    their ``delta``: ``lse`` and ``delta`` at the chunk's (batch, head) row, read only."""
+    their ``delta``: ``lse`` and ``delta`` at the chunk's (batch, head) row, read only.
+
+    :func:`query_tile` loads the same inline: calling this from there changes Pale's compiled code (sm_90,
+    Triton 3.7), and with it the digest its GPU rows were measured with (:mod:`visattn_mm.ops.kernel_digests`)."""
     queries = load_rows(q, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     grad_rows = load_rows(grad_out, batch, head, tokens, query_valid, head_dim, BLOCK_D)
     row_lse = tl.load(lse + tokens, mask=query_valid, other=0.0)
