@@ -16,6 +16,9 @@ dtype, and (Pale's and VVT's token tiles) on the map size while it is small:
 ``--size`` should give every stage a map of at least 16 x 16 tokens, as the
 default does.
 
+``--deterministic`` runs the steps under ``torch.use_deterministic_algorithms``, so that the report
+includes the kernels that then sum the RPB gradients without atomics (``ops.triton.host.bias_grad_parts``).
+
 ``--digests write`` puts each op's :func:`op_digests` (at the defaults: every backbone, fp32 and bf16,
 256x256, sm_90) into ``visattn_mm/ops/kernel_digests.py``, the compiled code that the CUDA defaults table's
 rows are checked against; ``--digests check`` exits 1 where that file is stale.
@@ -137,7 +140,7 @@ def compiled_kernel_resources(kernel, settings, args, constexprs, capability):
     )
 
 
-def kernel_resources(name, dtype, size, capability=90):
+def kernel_resources(name, dtype, size, capability=90, deterministic=False):
     """The resources of every distinct kernel launch of a training step of backbone ``name``.
 
     Args:
@@ -145,6 +148,7 @@ def kernel_resources(name, dtype, size, capability=90):
         dtype (str): 'fp32', or 'bf16' (autocast).
         size (tuple[int, int]): Input height and width.
         capability (int): The compute capability compiled for (90: Hopper).
+        deterministic (bool): Run the step under ``torch.use_deterministic_algorithms`` (warn only).
 
     Returns:
         list[dict]: One row per kernel, head-dim tile, token tile and settings (see :data:`COLUMNS`; and
@@ -173,12 +177,14 @@ def kernel_resources(name, dtype, size, capability=90):
     model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()
     # With the interpreter flag on, CPU tensors take the Triton path and pass its device check; the launches
     # compile.
-    saved = host.launch, impl.triton_interpreted
+    saved = host.launch, impl.triton_interpreted, torch.are_deterministic_algorithms_enabled()
     host.launch, impl.triton_interpreted = compile_instead, lambda: True
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
         training_step(model, torch.randn(1, 3, *size), dtype)
     finally:
-        host.launch, impl.triton_interpreted = saved
+        host.launch, impl.triton_interpreted = saved[:2]
+        torch.use_deterministic_algorithms(saved[2])
     worst, digests = {}, {}
     for row in rows:
         key = tuple(row[c] for c in COLUMNS[:7])
@@ -268,6 +274,11 @@ def parse_args(argv=None):
         'equal where a change of the kernels\' source leaves the compiled code as it was',
     )
     parser.add_argument(
+        '--deterministic',
+        action='store_true',
+        help='run the steps under torch.use_deterministic_algorithms (the RPB gradients without atomics)',
+    )
+    parser.add_argument(
         '--digests',
         choices=('check', 'write'),
         help=f"each op's digest of its kernels' code against {DIGESTS_FILE}: 'check' exits 1 where it is stale, "
@@ -278,9 +289,12 @@ def parse_args(argv=None):
     args.dtypes = bench.check_choices(bench.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
     args.size = bench.parse_size(args.size, '--size')
     defaults = (list(MODELS), list(DTYPES), bench.parse_size(DEFAULT_SIZE, '--size'), parser.get_default('capability'))
-    if args.digests and (list(args.models), list(args.dtypes), args.size, args.capability) != defaults:
+    if args.digests and (
+        (list(args.models), list(args.dtypes), args.size, args.capability) != defaults or args.deterministic
+    ):
         parser.error(
-            '--digests covers every kernel at the defaults: leave --models, --dtypes, --size, --capability out'
+            '--digests covers every kernel at the defaults: leave --models, --dtypes, --size, --capability '
+            'and --deterministic out'
         )
     return args
 
@@ -293,7 +307,7 @@ def main(argv=None):
         row
         for name in args.models
         for dtype in args.dtypes
-        for row in kernel_resources(name, dtype, args.size, args.capability)
+        for row in kernel_resources(name, dtype, args.size, args.capability, args.deterministic)
     ]
     print(
         f'Triton kernels of a training step at {args.size[0]}x{args.size[1]}, compiled for '

@@ -120,6 +120,8 @@ def test_digests_are_written_as_the_package_reads_them(tmp_path, monkeypatch, ca
 def test_digests_cover_every_kernel_at_the_defaults():
     with pytest.raises(SystemExit):
         triton_resources.parse_args(['--digests', 'check', '--models', 'vil-s'])
+    with pytest.raises(SystemExit):  # the kernels of deterministic mode are not 'auto''s
+        triton_resources.parse_args(['--digests', 'check', '--deterministic'])
     assert triton_resources.parse_args(['--digests', 'write']).digests == 'write'
 
 
