@@ -7,6 +7,11 @@ are skipped, naming that test, instead of failing on its error.
 
 Order: the slowest files first. ``tools/run_tests.sh`` runs each file in one pytest-xdist process, handed
 out in collection order; a long file handed out last would run alone at the end.
+
+Deterministic algorithms: a training run with ``randomness=dict(deterministic=True)`` turns on
+``torch.use_deterministic_algorithms`` for the whole process (mmengine never turns it off), and the
+Triton window ops then take their other backward (``ops.triton.host.bias_grad_parts``); every test
+starts and ends with the setting the process began with.
 """
 
 from pathlib import Path
@@ -57,6 +62,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker('cuda') is not None:
             item.add_marker(skip)
+
+
+_DETERMINISTIC_AT_START = (
+    torch.are_deterministic_algorithms_enabled(),
+    torch.is_deterministic_algorithms_warn_only_enabled(),
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_deterministic_algorithms():
+    yield
+    enabled, warn_only = _DETERMINISTIC_AT_START
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 # The test after which this process's CUDA context stopped working (at most one).
