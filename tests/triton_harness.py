@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from paths import ROOT
+from visattn_mm.analysis.benchmarking import deterministic_algorithms
 from visattn_mm.ops import impl
 
 PACKAGE = 'visattn_mm.ops.triton'
@@ -269,17 +270,6 @@ def compare_paths(leaves, op):
     return dict(
         math_launches=math_launches, launches=launches, mismatches=mismatches(actual, expected, rtol=1e-10, atol=1e-10)
     )
-
-
-@contextlib.contextmanager
-def deterministic_algorithms():
-    """Inside, ``torch.use_deterministic_algorithms`` is on (warn only: the CUDA tests set no cuBLAS workspace),
-    so the window ops' kernels sum the local-bias gradient without atomics (``ops.triton.host.bias_grad_parts``)."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 def compare_deterministic(case_inputs, names):

@@ -177,14 +177,13 @@ def kernel_resources(name, dtype, size, capability=90, deterministic=False):
     model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()
     # With the interpreter flag on, CPU tensors take the Triton path and pass its device check; the launches
     # compile.
-    saved = host.launch, impl.triton_interpreted, torch.are_deterministic_algorithms_enabled()
+    saved = host.launch, impl.triton_interpreted
     host.launch, impl.triton_interpreted = compile_instead, lambda: True
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
-        training_step(model, torch.randn(1, 3, *size), dtype)
+        with bench.deterministic_algorithms(deterministic):
+            training_step(model, torch.randn(1, 3, *size), dtype)
     finally:
-        host.launch, impl.triton_interpreted = saved[:2]
-        torch.use_deterministic_algorithms(saved[2])
+        host.launch, impl.triton_interpreted = saved
     worst, digests = {}, {}
     for row in rows:
         key = tuple(row[c] for c in COLUMNS[:7])

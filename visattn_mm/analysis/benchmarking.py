@@ -180,6 +180,19 @@ def autocast(device, dtype):
     return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[dtype])
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(enabled=True):
+    """Inside, ``torch.use_deterministic_algorithms(enabled)``, warn only (a run sets no cuBLAS workspace); the
+    process's setting (and its warn-only flag) afterwards. Deterministic, the Triton window ops sum the RPB
+    gradients without atomics (:func:`visattn_mm.ops.triton.host.bias_grad_parts`)."""
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
 def synchronize(device):
     """Waits for queued CUDA work so that host timers see it; no-op on CPU."""
     if device.type == 'cuda':

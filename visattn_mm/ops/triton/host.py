@@ -319,8 +319,9 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
     q, k, v, local_bias = inputs.q, inputs.k, inputs.v, inputs.local_bias
     local_bias_grad = gradient_wanted(inputs._fields.index('local_bias'), inputs, needs_grad)
     copies = bias_grad_copies(plan.programs)
+    atomic_bias_grad = local_bias_grad and copies > 0  # else bias_grad_parts, after both kernels
     grad_out, grad_q, grad_k, grad_v, delta, grad_local_bias = backward_buffers(
-        q, k, v, grad_out, lse, local_bias, local_bias_grad and copies > 0, copies
+        q, k, v, grad_out, lse, local_bias, atomic_bias_grad, copies
     )
     grad_out_rows = head_rows(grad_out)
     launch(
@@ -337,7 +338,7 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
         tuple(stand_in(grad, lse) for grad in shared_grads),
         plan.geometry,
         copies,
-        LOCAL_BIAS_GRAD=local_bias_grad and copies > 0,
+        LOCAL_BIAS_GRAD=atomic_bias_grad,
         tile=plan.tile,
         shared=plan.shared,
     )
@@ -357,7 +358,7 @@ def window_softmax_backward(kernels, plan, inputs, input_args, grad_out, out, ls
         plan.geometry,
         tile=plan.tile,
     )
-    if local_bias_grad and copies == 0:
+    if local_bias_grad and not atomic_bias_grad:
         grad_local_bias = bias_grad_parts(kernels.bias_grad, plan, input_args, grad_out_rows, lse, delta, local_bias)
     return grad_q, grad_k, grad_v, summed_copies(grad_local_bias, local_bias)
 
