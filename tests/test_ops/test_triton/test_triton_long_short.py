@@ -7,8 +7,6 @@ gradients of every input (queries, local / projected / global keys and values,
 window RPB) with the math path, and counts the launches of each kernel.
 """
 
-import contextlib
-
 import pytest
 import torch
 
@@ -169,7 +167,7 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
             global_v=tokens(num_global),
             local_bias=local_bias,
         )
-        with deterministic_algorithms() if deterministic else contextlib.nullcontext():
+        with deterministic_algorithms(deterministic):
             out.sum().backward()
     assert [name for name, _ in compiled] == [*KERNELS, *KERNELS, BIAS_GRAD_KERNEL, *KERNELS]
     assert all(size > 0 for _, size in compiled)
