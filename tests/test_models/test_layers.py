@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from visattn_mm.models.base import preset_names, with_aliases
 from visattn_mm.models.layers import GeluLinear, Mlp
 from visattn_mm.models.vvt import ConvMlp, _DepthwiseConvGeluLinear
 
@@ -62,3 +63,11 @@ def test_mlp_training_functions_pass_gradcheck():
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     conv_args = (double(2, 3, 4, 5), double(3, 1, 3, 3), double(3), double(6, 3), double(6))
     assert torch.autograd.gradcheck(_DepthwiseConvGeluLinear.apply, conv_args)
+
+
+def test_arch_presets_get_their_first_letter_as_alias_and_refuse_a_clash():
+    presets = dict(tiny=dict(depths=(1,)), small=dict(depths=(2,)))
+    zoo = with_aliases(presets)
+    assert zoo['t'] is presets['tiny'] and zoo['s'] is presets['small'] and preset_names(zoo) == ('tiny', 'small')
+    with pytest.raises(ValueError, match='distinct first letters'):
+        with_aliases(dict(small=dict(), slim=dict()))

@@ -65,9 +65,18 @@ def warn_once_on_cpu_fp16_autocast(x):
         STATE.warn_once('cpu_fp16_autocast', CPU_FP16_WARNING)
 
 
-def with_aliases(presets, aliases):
-    """``presets`` plus ``aliases`` (short name -> preset name) pointing at the same dicts."""
-    return {**presets, **{alias: presets[name] for alias, name in aliases.items()}}
+def with_aliases(presets):
+    """``presets`` plus each preset under its first letter (``'s'`` for ``'small'``, the letter of the tools'
+    model names), pointing at the same dicts."""
+    aliases = {name[0]: spec for name, spec in presets.items()}
+    if len(aliases) != len(presets):
+        raise ValueError(f'arch presets {list(presets)} need distinct first letters, their aliases')
+    return {**presets, **aliases}
+
+
+def preset_names(arch_zoo):
+    """The preset names of an ``arch_zoo`` of :func:`with_aliases`, in its order, without the aliases."""
+    return tuple(name for name in arch_zoo if len(name) > 1)
 
 
 class Stage(nn.Module):

@@ -4,6 +4,7 @@ derive from this table. A fifth backbone is its model file, its ops and a row he
 
 import dataclasses
 
+from .base import preset_names
 from .pale import PaleTransformer
 from .vil import ViL, ViLLS
 from .vvt import VVT
@@ -21,9 +22,8 @@ class Family:
         cls (type): The dense backbone, registered in mmengine's ``MODELS``.
         title (str): The family's name in prose and docstrings (``'ViL-LS'``).
         name (str): The tools' name of the family; a model is ``name`` and the size's first letter
-            (``'vil-ls-s'``, see :meth:`model_name`).
-        timm_prefix (str): The timm names are the prefix and the size (``'vil_ls_small'``).
-        sizes (tuple[str]): The arch presets, smallest first.
+            (``'vil-ls-s'``, see :meth:`model_name`), a timm name ``name`` with underscores and the size
+            (``'vil_ls_small'``, see :meth:`timm_name`). The sizes are the presets of ``cls.arch_zoo``.
         compared_size (str): The size the tools set beside Swin-T (the papers' peers of Swin-T).
         classification (dict): What every size's timm classifier passes its backbone (the ImageNet
             layout). Default: nothing.
@@ -33,11 +33,14 @@ class Family:
     cls: type
     title: str
     name: str
-    timm_prefix: str
-    sizes: tuple
     compared_size: str
     classification: dict = dataclasses.field(default_factory=dict)
     classification_by_size: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def sizes(self):
+        """The arch presets of :attr:`cls`, smallest first."""
+        return preset_names(self.cls.arch_zoo)
 
     def model_name(self, size):
         """The tools' name of ``size``: ``'vil-s'`` for ViL's ``'small'``."""
@@ -50,7 +53,7 @@ class Family:
 
     def timm_name(self, size):
         """timm's name of ``size``: ``'vil_small'`` for ViL's ``'small'``."""
-        return f'{self.timm_prefix}_{size}'
+        return f'{self.name.replace("-", "_")}_{size}'
 
     def classifier_kwargs(self, size):
         """What the timm classifier of ``size`` passes its backbone."""
@@ -61,36 +64,24 @@ _VIL = Family(
     cls=ViL,
     title='ViL',
     name='vil',
-    timm_prefix='vil',
-    sizes=('tiny', 'small', 'medium', 'base'),
     compared_size='small',
     classification=dict(attn_types=VIL_CLASSIFICATION_ATTN),
 )
-FAMILIES = (  # by keyword: several fields hold the same text ('vil' is the tools' name and the timm prefix)
+FAMILIES = (
     _VIL,
-    # ViL-LS is ViL's architecture with long-short attention: its sizes and peer are ViL's.
+    # ViL-LS is ViL's architecture with long-short attention: its peer is ViL's.
     dataclasses.replace(
         _VIL,
         cls=ViLLS,
         title='ViL-LS',
         name='vil-ls',
-        timm_prefix='vil_ls',
         classification=dict(attn_types=VIL_LS_CLASSIFICATION_ATTN),
     ),
-    Family(
-        cls=VVT,
-        title='VVT',
-        name='vvt',
-        timm_prefix='vvt',
-        sizes=('tiny', 'small', 'medium', 'large'),
-        compared_size='small',
-    ),
+    Family(cls=VVT, title='VVT', name='vvt', compared_size='small'),
     Family(
         cls=PaleTransformer,
         title='Pale',
         name='pale',
-        timm_prefix='pale',
-        sizes=('tiny', 'small', 'base'),
         compared_size='tiny',
         # The Pale paper's ImageNet drop path per size.
         classification_by_size=dict(

@@ -45,8 +45,7 @@ ARCH_ZOO = with_aliases(
         'tiny': dict(depths=(2, 2, 16, 2), embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16)),
         'small': dict(depths=(2, 2, 16, 2), embed_dims=(96, 192, 384, 768), num_heads=(2, 4, 8, 16)),
         'base': dict(depths=(2, 2, 16, 2), embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32)),
-    },
-    dict(t='tiny', s='small', b='base'),
+    }
 )
 
 DEFAULT_PALE_SIZE = 7  # per stage, for arch dicts without ``pale_sizes`` (paper: 7 everywhere)

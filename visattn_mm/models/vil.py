@@ -42,8 +42,7 @@ ARCH_ZOO = with_aliases(
         'small': dict(depths=(1, 2, 8, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
         'medium': dict(depths=(1, 4, 16, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
         'base': dict(depths=(1, 8, 24, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 3, 6, 12)),
-    },
-    dict(t='tiny', s='small', m='medium', b='base'),
+    }
 )
 
 # ViL-LS (Transformer-LS paper Table 5: Medium and Base; Tiny and Small are the ViL

@@ -46,8 +46,7 @@ ARCH_ZOO = with_aliases(
         'large': dict(
             depths=(4, 4, 36, 4), embed_dims=(96, 160, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(4, 4, 4, 4)
         ),
-    },
-    dict(t='tiny', s='small', m='medium', l='large'),
+    }
 )
 
 DEFAULT_MLP_RATIO = 4  # per stage, for custom arch dicts without ``mlp_ratios``
