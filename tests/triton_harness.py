@@ -357,6 +357,7 @@ def compiling_launches(monkeypatch, tmp_path):
     def compile_instead(kernel, grid, settings, *args, **constexprs):
         # The kernel's per-device binders made under the stand-in are dropped after the test.
         monkeypatch.setattr(kernel, 'device_caches', collections.defaultdict(kernel.create_binder))
+        settings = host.tuned_settings(kernel, settings, args, constexprs)
         binary = kernel.warmup(*args, grid=grid, **settings, **constexprs)
         compiled.append((kernel.fn.__name__, len(binary.asm['cubin'])))
 

@@ -162,6 +162,7 @@ def kernel_resources(name, dtype, size, capability=90, deterministic=False):
     rows, seen = [], set()
 
     def compile_instead(kernel, grid, settings, *args, **constexprs):
+        settings = host.tuned_settings(kernel, settings, args, constexprs)
         key = (kernel.fn.__name__, tuple(sorted(settings.items())), tuple(sorted(constexprs.items())))
         if key in seen:
             return

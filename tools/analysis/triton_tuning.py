@@ -20,11 +20,17 @@ A candidate a kernel cannot be compiled with (too much shared memory, too many
 registers) is skipped for that kernel, which then runs with the package's
 settings. VVT's token tiles are not varied (they change the grid).
 
-Writes every candidate's times to ``<out-dir>/triton_tuning.csv``.
+Writes every candidate's times to ``<out-dir>/triton_tuning.csv``. ``--write`` then puts, per kernel, input
+dtype and head-dim tile, the candidate that was at least 5% faster than the package's settings in every
+place the kernel ran (summed over models and token tiles) into ``visattn_mm/ops/tuned_launches.py``, which
+the launches read (``host.tuned_settings``); ``--from-csv`` reads a device call's CSV instead of measuring.
+A written row changes its kernel's compiled code: ``triton_resources.py --digests write`` follows, and the
+op's CUDA defaults rows run 'fast' until a GPU has passed the CUDA tests with it and decided them again.
 
-Example (on a GPU host, about 5 minutes for one backbone and dtype)::
+Example (on a GPU host, about 5 minutes for one backbone and dtype), then on the returned CSV::
 
     python tools/analysis/triton_tuning.py --models vil-s --dtypes bf16 --batch 2
+    python tools/analysis/triton_tuning.py --from-csv results/<call>/triton_tuning.csv --write
 
 On the CPU, with ``TRITON_INTERPRET=1``, the kernels run in Triton's interpreter
 and host timers replace the events: that checks the plumbing only (tests).
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import csv
 import itertools
 import os
 import os.path as osp
@@ -47,13 +54,36 @@ from visattn_mm.analysis.benchmark_backbones import COMPARED_MODELS as MODELS
 from visattn_mm.analysis.benchmark_backbones import TRITON_DTYPES as DTYPES
 from visattn_mm.analysis.benchmark_backbones import training_step
 
-COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'best_settings', 'best_ms', 'speedup')
-CSV_COLUMNS = ('model', 'dtype', 'kernel', 'head_dim', 'tile', 'settings', 'time_ms', 'status')
+COLUMNS = (
+    'model',
+    'dtype',
+    'kernel',
+    'inputs',
+    'head_dim',
+    'tile',
+    'settings',
+    'time_ms',
+    'best_settings',
+    'best_ms',
+    'speedup',
+)
+CSV_COLUMNS = ('device', 'model', 'dtype', 'kernel', 'inputs', 'head_dim', 'tile', 'settings', 'time_ms', 'status')
+REPORT_COLUMNS = ('kernel', 'inputs', 'head_dim', 'package', 'best', 'speedup', 'written', 'models')
 PACKAGE = 'package'  # the candidate that keeps the package's settings
+MIN_SPEEDUP = 1.05  # what a candidate must gain over the package's settings to be written (timing noise)
+TUNED_FILE = osp.join(
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'visattn_mm', 'ops', 'tuned_launches.py'
+)
 
 
 def settings_label(settings):
     return f"{settings['num_warps']}w{settings.get('num_stages', 3)}s"
+
+
+def parse_settings_label(label):
+    """``dict(num_warps=8, num_stages=1)`` for ``'8w1s'``."""
+    warps, stages = label.rstrip('s').split('w')
+    return dict(num_warps=int(warps), num_stages=int(stages))
 
 
 def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None):
@@ -70,9 +100,9 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             and times only the kernels that take it; None keeps the package's and times every kernel.
 
     Returns:
-        dict: ``(kernel, head-dim tile, token tile) -> (settings label, milliseconds or None)``; None
-        where the candidate did not compile for that kernel. The label of a kernel that spreads atomics
-        over bias-gradient copies names their count.
+        dict: ``(kernel, input dtype, head-dim tile, token tile) -> (settings label, milliseconds or None)``;
+        None where the candidate did not compile for that kernel. The label of a kernel that spreads
+        atomics over bias-gradient copies names their count.
     """
     from triton.runtime.errors import OutOfResources
 
@@ -90,8 +120,10 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             kernel[grid](*args, **settings, **constexprs)
             return
         name = kernel.fn.__name__.replace('_bias_grad', '_backward_queries')
-        key = (name, *host.launch_tiles(constexprs))
-        chosen = settings if candidate is None or key in failed else candidate
+        inputs = host.DTYPE_NAMES.get(next(host.tensor_args(args)).dtype)
+        key = (name, inputs, *host.launch_tiles(constexprs))
+        package = host.tuned_settings(kernel, settings, args, constexprs)
+        chosen = package if candidate is None or key in failed else candidate
         try:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -106,7 +138,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
                 launches.append((key, lambda: seconds * 1e3))
             labels[key] = settings_label(chosen) + (f', {copies} copies' if takes_copies else '')
         except OutOfResources:
-            if chosen is settings:
+            if chosen is package:
                 raise
             failed.add(key)
             timed_launch(kernel, grid, settings, *args, **constexprs)
@@ -138,17 +170,20 @@ def tune(name, dtype, args, device):
     torch.manual_seed(0)
     model = getattr(models, class_name)(arch=arch, attn_impl='triton').to(device).train()
     image = torch.randn(args.batch, 3, *args.size, device=device)
+    gpu = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu (Triton interpreter)'
     rows = []
 
     def timed(candidate, copies=None):
-        for (kernel, head_dim, tile), (label, ms) in kernel_times(
+        for (kernel, inputs, head_dim, tile), (label, ms) in kernel_times(
             model, image, dtype, candidate, args.repeats, copies
         ).items():
             rows.append(
                 dict(
+                    device=gpu,
                     model=name,
                     dtype=dtype,
                     kernel=kernel,
+                    inputs=inputs,
                     head_dim=head_dim,
                     tile=tile,
                     settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
@@ -170,7 +205,7 @@ def best_rows(rows):
     """Per (model, dtype, kernel, head-dim tile, token tile): the package's time and the fastest candidate."""
     groups = collections.defaultdict(list)
     for row in rows:
-        groups[tuple(row[c] for c in COLUMNS[:5])].append(row)
+        groups[tuple(row[c] for c in COLUMNS[:6])].append(row)
     table = []
     for key, group in groups.items():
         package = next(r for r in group if r['settings'].startswith(PACKAGE))
@@ -178,7 +213,7 @@ def best_rows(rows):
         best = min(timed, key=lambda r: r['time_ms'], default=package)
         table.append(
             dict(
-                zip(COLUMNS[:5], key),
+                zip(COLUMNS[:6], key),
                 settings=package['settings'],
                 time_ms=package['time_ms'],
                 best_settings=best['settings'],
@@ -187,6 +222,99 @@ def best_rows(rows):
             )
         )
     return table
+
+
+def split_label(label):
+    """``('8w1s', ', 32 copies')`` for ``'package (8w1s, 32 copies)'`` or ``'8w1s, 32 copies'``."""
+    inner = label[len(PACKAGE) + 2 : -1] if label.startswith(PACKAGE) else label
+    settings, comma, copies = inner.partition(',')
+    return settings, comma + copies
+
+
+def chosen_launches(rows, current):
+    """The tuned-launch table after the timings ``rows`` (:data:`CSV_COLUMNS`, as the CSV gives them).
+
+    Per (kernel, input dtype, head-dim tile) the rows time, the candidate with the least time summed over
+    every (model, dtype, token tile) where the package's settings ran, which it must have compiled for all
+    of; it replaces the package's settings where that sum is at least :data:`MIN_SPEEDUP` times the
+    candidate's. Other kernels keep their row of ``current``, or none. Candidates of the bias-gradient
+    copies (``--bias-grad-copies``) are not launch settings and are passed over.
+
+    Args:
+        rows (list[dict]): Rows of :func:`tune` or of its CSV (strings; an empty time: did not compile).
+        current (dict): The table in the package, ``{(kernel, inputs, head_dim): settings}``.
+
+    Returns:
+        tuple: The new table, and a report row per timed kernel (its package and best settings, the
+        speedup, whether it was written).
+    """
+    package, candidates = {}, collections.defaultdict(dict)
+    for row in rows:
+        place = (row['kernel'], row['inputs'], int(row['head_dim']))
+        run = (row['model'], row['dtype'], int(row['tile']))
+        ms = None if row['time_ms'] in (None, '') else float(row['time_ms'])
+        if row['settings'].startswith(PACKAGE):
+            package[place, run] = (row['settings'], ms)
+        else:
+            candidates[place, run][row['settings']] = ms
+    totals, places = collections.defaultdict(dict), collections.defaultdict(list)
+    for (place, run), (label, ms) in package.items():
+        places[place].append((run, label, ms))
+    table, report = dict(current), []
+    for place, runs in places.items():
+        package_ms = sum(ms for _, _, ms in runs)
+        copies = {run: split_label(label)[1] for run, label, _ in runs}
+        labels = set.intersection(*(set(candidates[place, run]) for run, _, _ in runs))
+        for label in labels:
+            times = [candidates[place, run][label] for run, _, _ in runs]
+            if all(ms is not None for ms in times) and all(split_label(label)[1] == copies[run] for run, _, _ in runs):
+                totals[place][split_label(label)[0]] = sum(times)
+        best = min(totals[place].items(), key=lambda item: item[1], default=(None, package_ms))
+        speedup = package_ms / best[1]
+        written = best[0] is not None and speedup >= MIN_SPEEDUP
+        if written:
+            table[place] = parse_settings_label(best[0])
+        report.append(
+            dict(
+                kernel=place[0],
+                inputs=place[1],
+                head_dim=place[2],
+                package=split_label(runs[0][1])[0],
+                best=best[0],
+                speedup=speedup,
+                written='yes' if written else 'no',
+                models=' '.join(sorted({run[0] for run, _, _ in runs})),
+            )
+        )
+    return table, report
+
+
+def tuned_source(table, sources):
+    """The generated part of ``visattn_mm/ops/tuned_launches.py``: where the rows were measured, then a line
+    per row, in kernel order (formatted as ruff formats it)."""
+
+    def block(opening, items, closing):
+        return [opening + closing] if not items else [opening, *(f'    {item},' for item in items), closing]
+
+    rows = [
+        f'{key!r}: dict({", ".join(f"{name}={value}" for name, value in sorted(table[key].items()))})'
+        for key in sorted(table)
+    ]
+    lines = block('TUNED_FROM = [', [repr(source) for source in sources], ']') + block('TUNED_LAUNCHES = {', rows, '}')
+    return '\n'.join(lines) + '\n'
+
+
+def write_tuned(table, sources, path=TUNED_FILE):
+    """Replaces the generated part of the tuned-launch module (from ``TUNED_FROM`` on) with ``table``."""
+    text = open(path).read()
+    with open(path, 'w') as file:
+        file.write(text[: text.index('TUNED_FROM = ')] + tuned_source(table, sources))
+
+
+def read_rows(path):
+    """The rows of a triton_tuning.csv."""
+    with open(path, newline='') as file:
+        return list(csv.DictReader(file))
 
 
 def parse_args(argv=None):
@@ -205,6 +333,15 @@ def parse_args(argv=None):
     parser.add_argument('--repeats', type=int, default=3, help='timed steps per candidate (default 3)')
     parser.add_argument('--device', default='cuda', help='cuda (cpu: Triton interpreter, for tests)')
     parser.add_argument('--out-dir', default='work_dirs/triton_tuning', help='where the CSV goes')
+    parser.add_argument(
+        '--from-csv', metavar='CSV', help="a triton_tuning.csv to choose from instead of measuring (a device call's)"
+    )
+    parser.add_argument(
+        '--write',
+        action='store_true',
+        help=f'put the chosen settings (at least {MIN_SPEEDUP}x faster) into visattn_mm/ops/tuned_launches.py',
+    )
+    parser.add_argument('--tuned-file', default=TUNED_FILE, help=argparse.SUPPRESS)  # tests write elsewhere
     args = parser.parse_args(argv)
     args.models = bench.check_choices(bench.parse_list(args.models, str, '--models'), MODELS, '--models')
     args.dtypes = bench.check_choices(bench.parse_list(args.dtypes, str, '--dtypes'), DTYPES, '--dtypes')
@@ -219,18 +356,36 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = bench.resolve_device(args.device)
-    if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):
-        raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
-    print(bench.machine_description(device), flush=True)
-    rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
-    bench.write_csv(rows, CSV_COLUMNS, osp.join(args.out_dir, 'triton_tuning.csv'))
-    table = best_rows(rows)
-    print(
-        f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
-        f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n'
-    )
-    print(bench.format_table(table, COLUMNS))
+    table = None
+    if args.from_csv:
+        rows, csv_path = read_rows(args.from_csv), args.from_csv
+    else:
+        device = bench.resolve_device(args.device)
+        if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):
+            raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
+        print(bench.machine_description(device), flush=True)
+        rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
+        csv_path = osp.join(args.out_dir, 'triton_tuning.csv')
+        bench.write_csv(rows, CSV_COLUMNS, csv_path)
+        table = best_rows(rows)
+        print(
+            f'Triton kernels of a training step, {args.batch}x{args.size[0]}x{args.size[1]}: median ms per step '
+            f'over {args.repeats} steps, package settings and fastest candidate (warps w, stages s)\n'
+        )
+        print(bench.format_table(table, COLUMNS))
+    if args.from_csv or args.write:
+        from visattn_mm.ops import tuned_launches
+
+        tuned, report = chosen_launches(rows, tuned_launches.TUNED_LAUNCHES)
+        print(f'\nPer kernel, input dtype and head-dim tile, summed over every place it ran ({csv_path}):\n')
+        print(bench.format_table(report, REPORT_COLUMNS))
+        if args.write:
+            devices = ', '.join(sorted({row['device'] for row in rows}))
+            write_tuned(tuned, [*tuned_launches.TUNED_FROM, f'{devices}: {csv_path}'], args.tuned_file)
+            print(
+                f'\nwrote {args.tuned_file}; then `.venv/bin/python tools/analysis/triton_resources.py --digests '
+                'write`, and the CUDA tests and decision rows of the ops whose digest changed on a GPU'
+            )
     return table
 
 

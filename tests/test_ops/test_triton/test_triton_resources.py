@@ -9,11 +9,16 @@ in Triton's interpreter, in a subprocess (this file run as a script, see :mod:`t
 """
 
 import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import build_tiny
+from paths import ROOT
 from tool_runs import _load_tool
 from triton_harness import interpreted_fixture, main, skip_unless_compiled
 from visattn_mm.models import ViL
@@ -177,10 +182,12 @@ def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interp
     }
     assert {best for kernel, _, best in result['table'] if 'queries' not in kernel} == {'2w2s'}
     assert result['csv_lines'] == 1 + 2 * len(kernels) + 1
+    # --write after measuring: the package's table (here a copy) names the device and the CSV it chose from.
+    assert result['tuned_from'] == ['cpu (Triton interpreter): <out>/triton_tuning.csv']
 
 
 def test_best_rows_pick_the_fastest_compiling_candidate():
-    base = dict(model='vil-s', dtype='bf16', kernel='_k', head_dim=32, tile=64)
+    base = dict(model='vil-s', dtype='bf16', kernel='_k', inputs='bf16', head_dim=32, tile=64)
     rows = [
         dict(base, settings='package (4w3s)', time_ms=2.0),
         dict(base, settings='8w3s', time_ms=1.0),
@@ -191,12 +198,68 @@ def test_best_rows_pick_the_fastest_compiling_candidate():
     assert (best['settings'], best['best_settings'], best['speedup']) == ('package (4w3s)', '8w3s', 2.0)
 
 
+def test_tuned_launches_take_a_candidate_faster_wherever_the_kernel_ran_and_are_written_as_read(tmp_path):
+    """``triton_tuning.py --write`` puts a candidate into visattn_mm/ops/tuned_launches.py only where it was at
+    least 5% faster over every model and token tile its kernel ran at, and compiled for all of them; other
+    counts of bias-gradient copies are not launch settings; rows of kernels not timed stay. The module it
+    writes reads back as the table, formatted as ruff formats it, and the committed one is what it writes."""
+    from visattn_mm.ops import tuned_launches
+
+    def row(model, kernel, settings, ms, tile=64):
+        time_ms = '' if ms is None else str(ms)
+        fields = dict(model=model, kernel=kernel, settings=settings, time_ms=time_ms, tile=str(tile))
+        return dict(fields, device='GPU', dtype='bf16', inputs='bf16', head_dim='32', status='ok')
+
+    rows = [
+        # 1.5x on both models and both of ViL-LS' tiles: written.
+        row('vil-s', '_a', 'package (4w3s)', 3.0),
+        row('vil-s', '_a', '8w1s', 2.0),
+        row('vil-s', '_a', '2w2s', 2.5),
+        row('vil-ls-s', '_a', 'package (4w3s)', 1.5),
+        row('vil-ls-s', '_a', '8w1s', 1.0),
+        row('vil-ls-s', '_a', 'package (4w3s)', 1.5, tile=128),
+        row('vil-ls-s', '_a', '8w1s', 1.0, tile=128),
+        # The fastest does not compile for one model, the other gains 2%: the package's settings stay.
+        row('vil-s', '_b', 'package (4w3s, 32 copies)', 1.0),
+        row('vil-s', '_b', '8w1s, 32 copies', 0.5),
+        row('vil-s', '_b', '2w2s, 32 copies', 0.98),
+        row('vil-s', '_b', '4w3s, 0 copies', 0.1),
+        row('vil-ls-s', '_b', 'package (4w3s, 32 copies)', 1.0),
+        row('vil-ls-s', '_b', '8w1s, 32 copies', None),
+        row('vil-ls-s', '_b', '2w2s, 32 copies', 0.98),
+    ]
+    current = {('_c', 'fp32', 64): dict(num_warps=8, num_stages=1)}
+    table, report = triton_tuning.chosen_launches(rows, current)
+    assert table == {('_a', 'bf16', 32): dict(num_warps=8, num_stages=1), **current}
+    assert {r['kernel']: (r['best'], round(r['speedup'], 2), r['written']) for r in report} == {
+        '_a': ('8w1s', 1.5, 'yes'),
+        '_b': ('2w2s', 1.02, 'no'),
+    }
+    path = tmp_path / 'tuned_launches.py'
+    path.write_text('"""The doc."""\n\n# A comment.\nTUNED_FROM = []\nTUNED_LAUNCHES = {}\n')
+    triton_tuning.write_tuned(table, ['GPU: results/call/triton_tuning.csv'], path)
+    written = {}
+    exec(path.read_text(), written)
+    assert written['TUNED_LAUNCHES'] == table and written['TUNED_FROM'] == ['GPU: results/call/triton_tuning.csv']
+    assert path.read_text().startswith('"""The doc."""\n\n# A comment.\nTUNED_FROM = [\n')
+    ruff = shutil.which('ruff', path=str(Path(sys.executable).parent)) or shutil.which('ruff')
+    check = subprocess.run(
+        [ruff, 'format', '--check', '--no-cache', '--config', str(ROOT / 'pyproject.toml'), str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    committed = Path(tuned_launches.__file__).read_text()
+    assert committed.endswith(triton_tuning.tuned_source(tuned_launches.TUNED_LAUNCHES, tuned_launches.TUNED_FROM))
+
+
 def tuning_run():
     """kernel_times of a tiny ViL in fp32 with the package's settings and with :data:`CANDIDATE`, and the
     command line on the same model: its table rows and CSV lines."""
     import tempfile
 
     from helpers import TINY_ARCHS
+    from visattn_mm.ops import tuned_launches
 
     torch.manual_seed(0)
     model = build_tiny(ViL, attn_impl='triton', drop_path_rate=0.0).train()
@@ -210,6 +273,7 @@ def tuning_run():
     }
     triton_tuning.MODELS = {'vil-tiny': ('ViL', TINY_ARCHS[ViL])}
     with tempfile.TemporaryDirectory() as out_dir:
+        shutil.copy(tuned_launches.__file__, f'{out_dir}/tuned_launches.py')
         table = triton_tuning.main(
             [
                 '--device',
@@ -232,10 +296,16 @@ def tuning_run():
                 '1',
                 '--out-dir',
                 out_dir,
+                '--write',
+                '--tuned-file',
+                f'{out_dir}/tuned_launches.py',
             ]
         )
         with open(f'{out_dir}/triton_tuning.csv') as csv:
             result['csv_lines'] = len(csv.read().splitlines())
+        written = {}
+        exec(open(f'{out_dir}/tuned_launches.py').read(), written)
+        result['tuned_from'] = [source.replace(out_dir, '<out>') for source in written['TUNED_FROM']]
     result['table'] = [(row['kernel'], row['settings'], row['best_settings']) for row in table]
     return result
 

@@ -245,10 +245,13 @@ def test_biases_of_another_shape_are_refused():
         attention(q, q, q, 3, 3, 3, global_k=g, global_v=g, l2g_bias=torch.zeros(1, 1))
 
 
-def test_kernels_launch_on_their_tensors_device(monkeypatch):
+def test_kernels_launch_on_their_tensors_device_with_their_tuned_settings(monkeypatch):
     """Triton launches on the current CUDA device: launch makes the tensors' device current around the
-    kernel (a model on cuda:1 in a process whose current device is 0)."""
+    kernel (a model on cuda:1 in a process whose current device is 0). It runs the op's settings unless
+    visattn_mm/ops/tuned_launches.py has a row for the kernel, its inputs' dtype and its head-dim tile."""
     host = pytest.importorskip(HOST)
+    from visattn_mm.ops import tuned_launches
+
     events = []
 
     class Device:
@@ -268,15 +271,20 @@ def test_kernels_launch_on_their_tensors_device(monkeypatch):
         fn = probe
 
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: events.append(f'launch {grid}')
+            return lambda *args, **kwargs: events.append(f'launch {grid} {kwargs["num_warps"]}w')
 
     monkeypatch.setattr(torch.cuda, 'device', Device)
-    tensor_on = type('Tensor', (), {'device': torch.device('cuda', 1)})
-    host.launch(Kernel(), (2, 3), {}, host.HeadRows(tensor_on(), 0, 0, 0, 0))  # the first tensor, inside a view
-    assert events == ['enter cuda:1', 'launch (2, 3)', 'exit']
+    tensor_on = type('Tensor', (), {'device': torch.device('cuda', 1), 'dtype': torch.float32})
+    settings = dict(num_warps=4, num_stages=3)
+    # The first tensor, inside a view.
+    host.launch(Kernel(), (2, 3), settings, host.HeadRows(tensor_on(), 0, 0, 0, 0), BLOCK_D=16)
+    assert events == ['enter cuda:1', 'launch (2, 3) 4w', 'exit']
     events.clear()
-    host.launch(Kernel(), (1,), {}, torch.zeros(1))  # CPU tensors (interpreter): no CUDA device call
-    assert events == ['launch (1,)']
+    monkeypatch.setattr(tuned_launches, 'TUNED_LAUNCHES', {('probe', 'fp32', 16): dict(num_warps=8, num_stages=1)})
+    host.launch(Kernel(), (1,), settings, torch.zeros(1), BLOCK_D=16)  # CPU tensors (interpreter): no device call
+    host.launch(Kernel(), (1,), settings, torch.zeros(1, dtype=torch.float64), BLOCK_D=16)  # no row: other inputs
+    host.launch(Kernel(), (1,), settings, torch.zeros(1), BLOCK_D=32)  # no row: another head-dim tile
+    assert events == ['launch (1,) 8w', 'launch (1,) 4w', 'launch (1,) 4w']
 
 
 # The backward ops' schemas as the hand-annotated backward functions gave them.

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import impl
+from .. import impl, tuned_launches
+from ..cuda_defaults import DTYPE_NAMES
 from ..process_state import STATE
 
 # Smallest tile side: tl.dot needs at least 16 rows, columns and depth on GPUs.
@@ -107,12 +108,21 @@ def launch_tiles(constexprs):
 
 
 def launch(kernel, grid, settings, *args, **constexprs):
-    """Counts and launches ``kernel`` with ``settings`` (``num_warps``, ``num_stages``: see
-    :func:`launch_settings`) on the device of its first tensor argument; tests and
-    ``tools/analysis/triton_resources.py`` replace this to compile without a GPU."""
+    """Counts and launches ``kernel`` with its :func:`tuned_settings` on the device of its first tensor
+    argument; tests and ``tools/analysis/triton_resources.py`` replace this to compile without a GPU (and
+    call :func:`tuned_settings` too)."""
     STATE.kernel_launches[kernel.fn.__name__] += 1
     with on_device(next(tensor_args(args)).device):
-        kernel[grid](*args, **settings, **constexprs)
+        kernel[grid](*args, **tuned_settings(kernel, settings, args, constexprs), **constexprs)
+
+
+def tuned_settings(kernel, settings, args, constexprs):
+    """What a launch of ``kernel`` runs with: the row of :mod:`visattn_mm.ops.tuned_launches` for the kernel,
+    the dtype of its first tensor argument and its head-dim tile, where a GPU measured one; otherwise
+    ``settings`` (the op's, from :func:`launch_settings`)."""
+    dtype = DTYPE_NAMES.get(next(tensor_args(args)).dtype)
+    row = tuned_launches.TUNED_LAUNCHES.get((kernel.fn.__name__, dtype, launch_tiles(constexprs)[0]))
+    return settings if row is None else row
 
 
 def on_device(device):
