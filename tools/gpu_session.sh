@@ -7,9 +7,9 @@
 #   bash tools/gpu_session.sh rehearse    # beforehand, here: the whole call on the CPU with the host's versions
 #   BUDGET=480 bash tools/gpu_session.sh  # on the GPU host (carry .whl): the default stages below
 #
-# Stages (run in the order given; none given: setup tests profile sanitize decide detector throughput bench compile
-# tune, i.e. in order of value: the CUDA tests, the profile, the rows that decide the defaults table, the user's
-# commands, the rest):
+# Stages (run in the order given; none given: setup tests profile sanitize decide graphs detector throughput bench
+# compile tune, i.e. in order of value: the CUDA tests, the profile, the rows that decide the defaults table, the
+# user's commands, the rest):
 #   wheels    tools/device_wheels.sh: mmengine, mmdet, mmsegmentation and the packages their imports need, for
 #             Python 3.12, and mmcv 2.1.0 built here with CUDA ops for the host's torch and sm_90, into .whl/
 #   rehearsal-env  the throw-away Python 3.12 environment with the host's own versions (requirements/gpu_host.txt:
@@ -33,6 +33,9 @@
 #             skipped, saying so, where compute-sanitizer is missing (the CPU)
 #   decide    tools/analysis/benchmark.py over DECIDE_GRIDS: the rows that decide the defaults table (800x1333, bf16,
 #             fwd+bwd, 'fast' and 'triton', batch 8 then 2) -> decide.csv, decide.md (the ratio table)
+#   graphs    tools/analysis/benchmark.py --cuda-graphs over GRAPHS_GRIDS: each step captured as a CUDA graph and
+#             replayed (batch 2, bf16, fwd+bwd, 'auto'), against Swin-T's graphed step -> graphs.csv, graphs.md;
+#             skipped, saying so, on the CPU
 #   detector  the user's commands at the configs' sizes on toy data (tools/make_toy_data.py --config): tools/train.py
 #             --amp for DETECTOR_ITERS iterations, then tools/test.py on the checkpoint it wrote, for Mask R-CNN ViL-S
 #             (1333x800, CocoMetric) and UperNet ViL-S (512x512, IoUMetric); each run at most DETECTOR_BUDGET s,
@@ -56,7 +59,8 @@
 #   PROFILE_BUDGET (60; SMOKE=1: 180), PROFILE_MODELS (comma-separated), PROFILE_ARGS (more profile_step.py options),
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
-#   BENCH_MODELS (comma-separated), DECIDE_GRIDS and BENCH_GRIDS (newline-separated --grid values), DETECTORS (the
+#   BENCH_MODELS (comma-separated), DECIDE_GRIDS, GRAPHS_GRIDS and BENCH_GRIDS (newline-separated --grid values),
+#   DETECTORS (the
 #   detector stage's configs, space-separated; upernet_* on toy ADE20K, the others on toy COCO), DETECTOR_ITERS (2),
 #   DETECTOR_BUDGET (seconds per train or test run, 90; 300 with SMOKE=1), THROUGHPUT_DTYPES (bf16,fp16),
 #   THROUGHPUT_BUDGET (150 per set),
@@ -113,6 +117,7 @@ else
     # The rows that decide the defaults table (docs/benchmarks.md), then the rest.
     DECIDE_DEFAULT="batches=8 dtypes=bf16 impls=fast,triton modes=fwd+bwd
 batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd"
+    GRAPHS_DEFAULT="batches=2 dtypes=bf16 impls=auto modes=fwd+bwd"
     BENCH_DEFAULT="batches=8,2 dtypes=fp16 impls=fast,triton modes=fwd+bwd
 batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
@@ -134,6 +139,7 @@ batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
         --steps 3 --profiled-steps 2 --no-floor)
 fi
 DECIDE_GRIDS="${DECIDE_GRIDS:-$DECIDE_DEFAULT}"
+GRAPHS_GRIDS="${GRAPHS_GRIDS:-${GRAPHS_DEFAULT:-}}"
 BENCH_GRIDS="${BENCH_GRIDS:-$BENCH_DEFAULT}"
 DETECTORS="${DETECTORS:-$DETECTORS_DEFAULT}"
 DETECTOR_ITERS="${DETECTOR_ITERS:-2}"
@@ -307,20 +313,30 @@ stage_sanitize() {
         -p no:cacheprovider -p no:xdist -q -x -rfE $SANITIZE_TESTS
 }
 
-# benchmark.py over the grids $1 (newline-separated); its CSV and ratio table as $OUT/$2.csv and $OUT/$2.md.
+# benchmark.py over the grids $1 (newline-separated), with the options after $2; its CSV and ratio table as
+# $OUT/$2.csv and $OUT/$2.md.
 run_benchmark() {
-    local grids=() grid status
+    local grids=() grid status name="$2"
     while IFS= read -r grid; do [[ -n "$grid" ]] && grids+=(--grid "$grid"); done <<< "$1"
+    shift 2
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-    limited "$PY" tools/analysis/benchmark.py --device "$DEVICE" "${BENCH[@]}" "${grids[@]}" \
-        --out-dir "$SCRATCH/$2" --no-plot ${BENCH_ARGS:-} | tee "$SCRATCH/$2.log"
+    limited "$PY" tools/analysis/benchmark.py --device "$DEVICE" "${BENCH[@]}" "${grids[@]}" "$@" \
+        --out-dir "$SCRATCH/$name" --no-plot ${BENCH_ARGS:-} | tee "$SCRATCH/$name.log"
     status=${PIPESTATUS[0]}
-    cp "$SCRATCH/$2/benchmark.csv" "$OUT/$2.csv" 2>/dev/null
-    grep '^|' "$SCRATCH/$2.log" > "$OUT/$2.md"
+    cp "$SCRATCH/$name/benchmark.csv" "$OUT/$name.csv" 2>/dev/null
+    grep '^|' "$SCRATCH/$name.log" > "$OUT/$name.md"
     return "$status"
 }
 
 stage_decide() { run_benchmark "$DECIDE_GRIDS" decide; }
+
+stage_graphs() {
+    if [[ "$DEVICE" == cpu ]]; then
+        echo "CUDA graphs need a GPU: graphs skipped"
+        return 0
+    fi
+    run_benchmark "$GRAPHS_GRIDS" graphs --cuda-graphs
+}
 
 stage_bench() { run_benchmark "$BENCH_GRIDS" benchmark; }
 
@@ -384,8 +400,8 @@ pack_results() {
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-((${#stages[@]})) || stages=(setup tests profile sanitize decide detector throughput bench compile tune)
-known=(wheels rehearsal-env rehearse setup tests profile sanitize decide detector throughput bench compile tune)
+((${#stages[@]})) || stages=(setup tests profile sanitize decide graphs detector throughput bench compile tune)
+known=(wheels rehearsal-env rehearse setup tests profile sanitize decide graphs detector throughput bench compile tune)
 for stage in "${stages[@]}"; do
     if [[ ! " ${known[*]} " =~ \ $stage\  ]]; then
         echo "unknown stage '$stage': use ${known[*]}" >&2

@@ -154,6 +154,9 @@ def test_dense_memory_estimate_is_the_fp32_score_matrices():
         (['--batches', 'two'], '--batches'),
         (['--batches', '2,0'], '--batches: batch sizes must be >= 1'),
         (['--device', 'tpu'], '--device'),
+        (['--cuda-graphs'], "CUDA graphs need --device cuda, not 'cpu'"),
+        (['--cuda-graphs', '--device', 'cuda', '--warmup', '0'], 'give --warmup 1 or more'),
+        (['--cuda-graphs', '--device', 'cuda', '--compile'], 'choose one'),
     ],
 )
 def test_benchmark_rejects_bad_options(argv, message):
@@ -447,3 +450,61 @@ def test_compile_option_names_the_compiled_rows_and_compiles_swin_blocks():
     assert len(wrapped) == 12 and len(wrapped[0].compiler.runners) == 12
     with pytest.raises(SystemExit, match='r50 has no compiled variant'):
         benchmark.parse_args(['--compile', '--models', 'r50'])
+
+
+def test_cuda_graphs_option_names_the_graphed_rows():
+    args = benchmark.parse_args(['--cuda-graphs', '--device', 'cuda', '--models', 'vil-t', '--sizes', '64x64'])
+    assert args.baseline == 'swin-t+graphs'
+    assert args.grids[0].models == ['swin-t+graphs', 'vil-t+graphs']
+    assert type(benchmark.build_model('vil-t+graphs')) is type(benchmark.build_model('vil-t'))
+
+
+GRAPHED_CASES = [(name, impl) for name in ('vil-t', 'vil-ls-t', 'pale-t', 'vvt-t') for impl in ('fast', 'triton')]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('name,impl', [*GRAPHED_CASES, ('swin-t', 'fast')])
+def test_captured_training_step_replays_what_the_eager_step_computes(name, impl):
+    """A bf16 forward + backward captured as a CUDA graph (benchmark.py --cuda-graphs): each replay gives
+    the eager step's parameter gradients (to the atomics' last bits) and allocates nothing; the capture's
+    peak is the eager step's to within the graph's bookkeeping."""
+    from visattn_mm.ops import attention_impl
+
+    torch.manual_seed(0)
+    model = benchmark_backbones.build_backbone(name).cuda()
+    for module in model.modules():  # stochastic depth draws differ between the two runs
+        if hasattr(module, 'drop_prob'):
+            module.drop_prob = 0.0
+    images = torch.randn(2, 3, 96, 128, device='cuda')
+    device, meter = torch.device('cuda'), benchmarking.CudaPeakMemory(torch.device('cuda'))
+
+    def gradients(step):
+        step()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    def keeping_grads(cache_casts):
+        # The case's step without its zero_grad, so the gradients stay readable.
+        def step():
+            model.zero_grad(set_to_none=False)
+            with benchmarking.autocast(device, 'bf16', cache_casts):
+                loss = benchmark_backbones.backbone_loss(model(images))
+            loss.backward()
+
+        return step
+
+    with attention_impl(impl):
+        model.train()
+        meter.start()
+        eager = gradients(keeping_grads(True))
+        eager_peak = meter.peak()
+        captured = benchmarking.CapturedStep(keeping_grads(False), meter)
+        replayed = gradients(captured)
+        meter.start()
+        captured()
+        assert meter.peak() < benchmarking.MIB  # a replay allocates nothing
+        again = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert len(eager) == len(replayed) == len(again) > 0
+    for expected, got, second in zip(eager, replayed, again):
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=1e-3)
+        torch.testing.assert_close(second, got, rtol=2e-2, atol=1e-3)
+    assert 0.5 * eager_peak < captured.capture_peak < 2 * eager_peak

@@ -88,6 +88,7 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
         'profile',
         'sanitize',
         'decide',
+        'graphs',
         'bench',
         'compile',
         SMOKE='1',
@@ -98,8 +99,8 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     summary = (out / 'summary.txt').read_text().strip()
     assert re.fullmatch(
-        rf'gpu_session: setup ok, tests ok, profile ok, sanitize ok, decide ok, bench ok, compile ok in \d+ s '
-        rf'\(log: {out}/session.log\)',
+        rf'gpu_session: setup ok, tests ok, profile ok, sanitize ok, decide ok, graphs ok, bench ok, compile ok '
+        rf'in \d+ s \(log: {out}/session.log\)',
         summary,
     )
     assert result.stdout.strip().endswith(summary)
@@ -114,10 +115,11 @@ def test_smoke_mode_runs_the_device_call_on_the_cpu(tmp_path):
     assert all((out / name).is_file() for name in packed)
 
     log = (out / 'session.log').read_text()
-    stages = ['install', 'setup', 'tests', 'profile', 'sanitize', 'decide', 'bench', 'compile']
+    stages = ['install', 'setup', 'tests', 'profile', 'sanitize', 'decide', 'graphs', 'bench', 'compile']
     assert re.findall(r'^=== (\w+)', log, re.M) == stages
     assert 'packed 6 files into' in log
     assert 'no compute-sanitizer here: sanitize skipped' in log
+    assert 'CUDA graphs need a GPU: graphs skipped' in log
     # install and setup: the wheel installed into SITE, which the stages import from; the environment report,
     # and this environment's versions against the rehearsal's pins.
     assert (tmp_path / 'site' / PROBE / '__init__.py').exists()
@@ -186,7 +188,7 @@ def test_device_call_fits_its_budget_and_carry():
     a working tree (with the wheels) well inside the 64 MiB a call carries."""
     text = SCRIPT.read_text()
     assert 'BUDGET="${BUDGET:-480}"' in text and 'TESTS_BUDGET="${TESTS_BUDGET:-180}"' in text
-    assert 'stages=(setup tests profile sanitize decide detector throughput bench compile tune)' in text
+    assert 'stages=(setup tests profile sanitize decide graphs detector throughput bench compile tune)' in text
     assert 'PROFILE_BUDGET="${PROFILE_BUDGET:-60}"' in text
     tracked = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, check=True).stdout
     size = sum((ROOT / name).stat().st_size for name in tracked.decode().split('\0') if (ROOT / name).is_file())
@@ -211,8 +213,9 @@ def test_unknown_stage_is_refused(tmp_path):
 
 def test_gpu_benchmark_options_parse(tmp_path):
     """The GPU run's benchmark.py options (models, sizes, impls) are accepted: without a GPU the
-    only refusal is the device, which benchmark.py checks after the options."""
-    result = _run(tmp_path, 'bench')
+    only refusal is the device, which benchmark.py checks after the options (the graphs stage's too)."""
+    result = _run(tmp_path, 'bench', 'graphs')
     assert result.returncode == 1
-    assert '--device cuda: CUDA is not available here' in (tmp_path / 'out' / 'session.log').read_text()
-    assert 'bench FAILED (exit 1)' in result.stdout
+    log = (tmp_path / 'out' / 'session.log').read_text()
+    assert log.count('--device cuda: CUDA is not available here') == 2
+    assert 'bench FAILED (exit 1), graphs FAILED (exit 1)' in result.stdout

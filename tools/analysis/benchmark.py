@@ -38,6 +38,16 @@ backward compiles at its first call); compile times are logged, not timed here::
     .venv/bin/python tools/analysis/benchmark.py --compile --models vil-t,swin-t --sizes 224x224 \
         --dtypes fp32 --impls fast --modes fwd+bwd --warmup 2 --repeats 3
 
+CUDA graphs (``--cuda-graphs``, CUDA only): each case's call captured once as a CUDA graph and replayed,
+for every model; the rows are named ``<model>+graphs`` and their ratios refer to Swin-T's graphed rows. The
+host then launches one graph per call instead of each kernel, which is what a step at small batches waits
+for. The first warm-up call captures (give ``--warmup`` at least 1); a case whose step syncs with the host
+fails its capture and says so in its status. The memory column of a graphed row is the peak of the captured
+call, which the graph's pool keeps between replays::
+
+    .venv/bin/python tools/analysis/benchmark.py --device cuda --cuda-graphs --models vil-s,swin-t \
+        --sizes 800x1333 --batches 2 --dtypes bf16 --impls auto --modes fwd+bwd --warmup 2 --repeats 10
+
 Two grids, the second only where time is left (``--grid`` values: ``KEY=VALUE`` words, KEY one
 of :data:`GRID_KEYS`)::
 
@@ -82,6 +92,8 @@ COLUMNS = (
 
 #: The suffix of compiled models' names (``--compile``).
 COMPILED = '+compile'
+#: The suffix of the names of models whose calls run as CUDA graphs (``--cuda-graphs``).
+GRAPHED = '+graphs'
 
 
 class CompiledBlock(nn.Module):
@@ -122,8 +134,9 @@ def compile_baseline_blocks(model, name):
 
 
 def build_model(name):
-    """The model ``name`` of the zoo, with compiled blocks when it ends in :data:`COMPILED`."""
-    base = name.removesuffix(COMPILED)
+    """The model ``name`` of the zoo, with compiled blocks when it ends in :data:`COMPILED` (a graphed
+    model, :data:`GRAPHED`, is the model itself)."""
+    base = name.removesuffix(GRAPHED).removesuffix(COMPILED)
     builder, uses_ops = MODEL_ZOO[base]
     if name == base:
         return builder()
@@ -143,7 +156,8 @@ def run_model(name, grid, device, meter, log, built, measured):
         built (dict): Models built so far, by name (a model is built once per run).
         measured (set): The cases measured so far (skipped here, added to).
     """
-    uses_ops = MODEL_ZOO[name.removesuffix(COMPILED)][1]
+    uses_ops = MODEL_ZOO[name.removesuffix(GRAPHED).removesuffix(COMPILED)][1]
+    graphed = name.endswith(GRAPHED)
     if name not in built:
         built[name] = build_model(name).to(device)
     model = built[name]
@@ -171,8 +185,13 @@ def run_model(name, grid, device, meter, log, built, measured):
                             megapixels=height * width / 1e6,
                             params_m=params_m,
                         )
-                        fn = case_function(model, images, mode, device, dtype)
+                        fn = case_function(model, images, mode, device, dtype, cache_casts=not graphed)
+                        if graphed:
+                            fn = bench.CapturedStep(fn, meter)
                         bench.measure_case(row, fn, impl, device, meter, grid)
+                        if graphed and row['status'] == 'ok':
+                            row['peak_mem_mib'] = fn.capture_peak / bench.MIB
+                        del fn  # a graph's pool is freed with it, before the next case
                         log(row)
                         rows.append(row)
             del images
@@ -210,6 +229,8 @@ def check_grid(grid):
         if 'r50' in grid.models:
             raise SystemExit('--compile: r50 has no compiled variant here; leave it out of --models')
         grid.models = [name + COMPILED for name in grid.models]
+    if grid.cuda_graphs:
+        grid.models = [name + GRAPHED for name in grid.models]
     if grid.baseline not in grid.models:
         grid.models.insert(0, grid.baseline)
     grid.sizes = [bench.parse_size(s, '--sizes') for s in bench.parse_list(grid.sizes)]
@@ -268,6 +289,12 @@ def parse_args(argv=None):
         help='compile each block of every model (ours: compile_blocks=True; Swin-T: its blocks the same way); '
         'rows named MODEL+compile, ratios to swin-t+compile; r50 is not compiled',
     )
+    parser.add_argument(
+        '--cuda-graphs',
+        action='store_true',
+        help='run each call as a captured CUDA graph (--device cuda, --warmup >= 1); rows named MODEL+graphs, '
+        'ratios to swin-t+graphs',
+    )
     parser.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
@@ -275,8 +302,17 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.baseline not in MODEL_ZOO:
         raise SystemExit(f'--baseline: unknown model {args.baseline!r}')
+    if args.cuda_graphs:
+        if args.compile:
+            raise SystemExit('--cuda-graphs and --compile: choose one (compiled blocks are not captured here)')
+        if not args.device.startswith('cuda'):
+            raise SystemExit(f'--cuda-graphs: CUDA graphs need --device cuda, not {args.device!r}')
+        if args.warmup < 1:
+            raise SystemExit('--cuda-graphs: give --warmup 1 or more (the first call captures the graph)')
     if args.compile:
         args.baseline += COMPILED
+    if args.cuda_graphs:
+        args.baseline += GRAPHED
     args.grids = [grid_from(text, args) for text in args.grid or ['']]
     return args
 

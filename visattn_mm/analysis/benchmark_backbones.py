@@ -121,20 +121,21 @@ def backbone_loss(outputs):
     return sum(out.float().mean() for out in outputs)
 
 
-def case_function(model, images, mode, device, dtype):
-    """A no-argument callable running one forward (or forward + backward) of ``model``."""
+def case_function(model, images, mode, device, dtype, cache_casts=True):
+    """A no-argument callable running one forward (or forward + backward) of ``model``; ``cache_casts``:
+    see :func:`~visattn_mm.analysis.benchmarking.autocast`."""
     if mode == 'fwd':
         model.eval()
 
         def forward():
-            with torch.no_grad(), benchmarking.autocast(device, dtype):
+            with torch.no_grad(), benchmarking.autocast(device, dtype, cache_casts):
                 model(images)
 
         return forward
     model.train()
 
     def forward_backward():
-        with benchmarking.autocast(device, dtype):
+        with benchmarking.autocast(device, dtype, cache_casts):
             loss = backbone_loss(model(images))
         loss.backward()
         model.zero_grad(set_to_none=True)

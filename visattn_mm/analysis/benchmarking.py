@@ -173,11 +173,12 @@ def resolve_device(name):
     return device
 
 
-def autocast(device, dtype):
-    """Context for ``dtype`` ('fp32', 'bf16', 'fp16'): nothing for fp32, else autocast."""
+def autocast(device, dtype, cache_casts=True):
+    """Context for ``dtype`` ('fp32', 'bf16', 'fp16'): nothing for fp32, else autocast, which keeps its casts of
+    the weights for the context's length unless ``cache_casts`` is False (what CUDA graph capture needs)."""
     if dtype == 'fp32':
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[dtype])
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[dtype], cache_enabled=cache_casts)
 
 
 @contextlib.contextmanager
@@ -253,6 +254,44 @@ class CudaPeakMemory:
 def memory_meter(device):
     """The peak-memory meter for ``device``."""
     return CudaPeakMemory(device) if device.type == 'cuda' else CpuPeakMemory()
+
+
+class CapturedStep:
+    """A no-argument CUDA step ``fn`` run as a CUDA graph: the first call runs it ``warmup`` times on a side
+    stream (capture needs its kernels chosen and compiled, the allocator's blocks settled), captures one
+    call under ``meter`` and replays it; every later call replays it. Replays read and write the memory the
+    capture used: ``fn``'s inputs and parameters must stay where they are, and under autocast ``fn`` must
+    not keep its casts (``autocast(..., cache_casts=False)``). A host sync inside ``fn`` fails the capture
+    with a RuntimeError.
+
+    Attributes:
+        capture_peak (int | None): The captured call's peak bytes on top of what was allocated before it:
+            the memory the graph's pool keeps for its replays (a replay allocates nothing). None before
+            the first call.
+    """
+
+    def __init__(self, fn, meter, warmup=3):
+        self.fn, self.meter, self.warmup = fn, meter, warmup
+        self.graph, self.capture_peak = None, None
+
+    def __call__(self):
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+
+    def _capture(self):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self.meter.start()
+        with torch.cuda.graph(graph):
+            self.fn()
+        self.capture_peak = self.meter.peak()
+        self.graph = graph
 
 
 def measure(fn, device, meter, warmup, repeats):
