@@ -1,8 +1,12 @@
 """Helpers shared by the test files: tiny backbones, output and gradient checks, official checkpoints, op recording."""
 
+import contextlib
+import io
+import logging
 import re
 
 import torch
+from mmengine.logging import MMLogger
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -228,3 +232,17 @@ class OpRecorder(TorchDispatchMode):
     @property
     def max_numel(self):
         return max(n for _, _, sizes in self.calls for n in sizes)
+
+
+@contextlib.contextmanager
+def logged_lines():
+    """The lines mmengine's current logger writes inside the block, as a list filled on exit."""
+    stream, lines = io.StringIO(), []
+    handler = logging.StreamHandler(stream)
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        lines.extend(stream.getvalue().splitlines())

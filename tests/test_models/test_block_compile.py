@@ -7,36 +7,17 @@ slowly on the CPU: only ``test_inductor_blocks_match_eager_long`` uses it (the l
 not timed yet on an idle machine); the others count graphs with dynamo's test backends.
 """
 
-import contextlib
-import io
-import logging
-
 import pytest
 import torch
 import torch._dynamo
-from mmengine.logging import MMLogger
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from helpers import TINY_ARCHS, build_tiny
+from helpers import TINY_ARCHS, build_tiny, logged_lines
 from visattn_mm.models import PaleTransformer, SlidingChunkAttention, ViL, ViLLS, VVT, block_compile
 
 # Sides of at least 320 pixels: every stage's map spans two chunks or pales, so that no side is a
 # size dynamo specialises on (see tests/test_ops/test_compile.py, whose sizes these are).
 CHANGING_SIZES = ((320, 384), (352, 416), (448, 448))
-
-
-@contextlib.contextmanager
-def logged_lines():
-    """The lines mmengine's current logger writes inside the block, as a list filled on exit."""
-    stream, lines = io.StringIO(), []
-    handler = logging.StreamHandler(stream)
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
-        lines.extend(stream.getvalue().splitlines())
 
 
 def twin(cls, compile_blocks, **kwargs):

@@ -5,7 +5,7 @@
 * presets: ``arch_zoo`` (names and aliases) with a custom-dict escape hatch and
   per-stage defaults (:meth:`DenseBackbone.resolve_arch`);
 * the mmdet surface, documented, validated and stored once: ``out_indices``,
-  ``frozen_stages``, ``norm_eval``, ``with_cp``, ``compile_blocks``, ``init_cfg`` /
+  ``frozen_stages``, ``norm_eval``, ``with_cp``, ``compile_blocks``, ``cuda_graphs``, ``init_cfg`` /
   ``pretrained`` (``DenseBackbone.__init__``, which each backbone's ``__init__`` passes
   them on to), checked against the arch with ``in_channels`` and ``drop_path_rate``
   (:meth:`DenseBackbone.init_stages`);
@@ -38,6 +38,7 @@ from ..checkpoint import load_pretrained
 from ..checkpoint.protocol import CheckpointProtocol
 from ..ops.process_state import STATE
 from .block_compile import BlockCompiler, call_block, check_compile_option
+from .cuda_graphs import GraphedForward, check_cuda_graphs_option
 from .layers import (
     check_arch,
     check_int,
@@ -138,6 +139,10 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
             ``options``); the embeddings, norms and heads stay eager. Where compilation cannot run, one
             warning line says why and the blocks run eager (:mod:`~visattn_mm.models.block_compile`).
             Default: False.
+        cuda_graphs (bool): Replay the training forward and backward as CUDA graphs, for the first
+            training input size (fixed crops, such as UperNet's); other sizes, evaluation, other devices
+            and steps drawn on the host (ViL's random shift) run eager, each saying so once
+            (:mod:`~visattn_mm.models.cuda_graphs`). Not with ``compile_blocks``. Default: False.
         pretrained (str, optional): Deprecated, use ``init_cfg``.
         init_cfg (dict | list[dict], optional): ``dict(type='Pretrained', checkpoint=PATH,
             allow_partial=False)`` loads through :func:`load_pretrained` (official
@@ -168,6 +173,7 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         norm_eval=False,
         with_cp=False,
         compile_blocks=False,
+        cuda_graphs=False,
         pretrained=None,
         init_cfg=None,
         **unknown,
@@ -193,6 +199,8 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         self.with_cp = with_cp
         options = check_compile_option(compile_blocks, name)
         self.block_compiler = None if options is None else BlockCompiler(name, options)
+        graphed = check_cuda_graphs_option(cuda_graphs, name, compile_blocks)
+        self.graphs = GraphedForward(name) if graphed else None
 
     @classmethod
     def resolve_arch(cls, arch):
@@ -322,7 +330,17 @@ class DenseBackbone(CheckpointProtocol, BaseModule):
         return tokens_to_map(tokens if norm is None else norm(tokens), hw)
 
     def forward(self, x):
+        if self.graphs is not None:
+            return self.graphs.run(self, x, self.eager_forward)
+        return self.eager_forward(x)
+
+    def eager_forward(self, x):
+        """The output maps of ``out_indices`` for an NCHW batch, op by op (what ``cuda_graphs`` captures)."""
         return tuple(self.output_map(i, tokens, hw) for i, tokens, hw in self.iter_stages(x) if i in self.out_indices)
+
+    def static_step_blocker(self):
+        """Why a training step is not the same GPU work at every call (so not one CUDA graph), or None."""
+        return None
 
     def get_layer_depth(self, param_name, prefix=''):
         """The layer a parameter belongs to, for layer-wise learning-rate decay (mmpretrain's

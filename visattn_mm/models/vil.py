@@ -441,6 +441,11 @@ class ViL(DenseBackbone):
         """Drop the stage's global tokens (the next stage prepends fresh ones)."""
         return tokens[:, self.num_global_tokens[i] :]
 
+    def static_step_blocker(self):
+        if any(getattr(module, 'random_shift', False) for module in self.modules()):
+            return 'random shift draws a neighbour per block and step'
+        return None
+
 
 class ViLLS(ViL):
     """Transformer-LS backbone ("ViL-LS"): long-short attention in stages 1-2 of ViL.
