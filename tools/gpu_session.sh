@@ -121,7 +121,7 @@ batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd"
     BENCH_DEFAULT="batches=8,2 dtypes=fp16 impls=fast,triton modes=fwd+bwd
 batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
-models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast modes=fwd+bwd
+models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
     # The configs' own pipelines on toy data of their sizes, as users run them on a GPU (--amp: fp16).

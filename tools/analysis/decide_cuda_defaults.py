@@ -56,8 +56,11 @@ DECIDING_CALLS = ('gpu_2026-11-26/call3', 'gpu_2026-11-26/call5', 'gpu_2026-11-2
 #: entry. The rows' timings in 16 bits are 2026-11-27's, on 12c2ad5's kernels, whose compiled code aa94e12 found
 #: identical, launch by launch, to its own (``triton_resources.py --ptx``), as every kernel commit since checks;
 #: the fp32 rows' are 2026-11-26's, on 8403249, whose fp32 launches 8f2db67 (4 warps in 16 bits) left as they were.
+#: Restated when the digest stopped counting the debug labels of inlined helpers (``triton_resources.code_digest``):
+#: the source whose old digests were 79d2c7e93b5d, 19db64f87f2a, 7125c02cba21 and 9d5234ea28eb (the calls' code,
+#: by the chain above) digests to these under the new rule.
 DECIDING_CALLS_DIGESTS = dict(
-    sliding_chunk='79d2c7e93b5d', long_short='19db64f87f2a', pale='7125c02cba21', vicinity='9d5234ea28eb'
+    sliding_chunk='575622ee435d', long_short='acb9efcbbf8b', pale='f1a6b7f8df7c', vicinity='d0210ce311bb'
 )
 BEGIN, END = '# BEGIN measured rows', '# END measured rows'
 ROW_FIELDS = 'op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest'

@@ -97,11 +97,16 @@ def compile_launch(kernel, settings, args, constexprs, capability=90):
 
 def code_digest(ptx):
     """The first 12 hex digits of the SHA-256 of ``ptx`` without its debug information (``.loc`` and ``.file``
-    lines, comments, debug sections): equal for two sources that compile to the same code, whatever lines
-    the source moved to."""
+    lines, comments, debug sections, and the ``$L__tmp`` labels that mark inlined helpers' ranges for them):
+    equal for two sources that compile to the same code, whatever lines the source moved to and whichever
+    helpers it was split into."""
     code = re.sub(r'^\s*\.section\s+\.debug.*', '', ptx, flags=re.M | re.S)
     lines = [
-        line for line in code.splitlines() if line.strip() and not line.strip().startswith(('.loc', '.file', '//'))
+        line
+        for line in code.splitlines()
+        if line.strip()
+        and not line.strip().startswith(('.loc', '.file', '//'))
+        and not re.fullmatch(r'\$L__tmp\d+:', line.strip())
     ]
     return hashlib.sha256('\n'.join(lines).encode()).hexdigest()[:12]
 

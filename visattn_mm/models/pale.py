@@ -213,7 +213,7 @@ class PaleTransformer(DenseBackbone):
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
         **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
-            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``cuda_graphs``, ``pretrained``, ``init_cfg``), see
             :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the stages in
             ``out_indices``, each after its LayerNorm ``norm{i}`` (built only for these stages).
             ``norm_eval`` keeps the BatchNorms of the q/k/v projections in eval mode:

@@ -286,7 +286,7 @@ class ViL(DenseBackbone):
         attn_impl (str): The sliding-chunk and long-short attentions' path: 'auto', 'fast', 'math' or
             'triton' (what each runs: :mod:`visattn_mm.ops.impl`); full attention has one. Default: 'auto'.
         **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
-            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``cuda_graphs``, ``pretrained``, ``init_cfg``), see
             :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the local tokens of
             the stages in ``out_indices``, each after its own LayerNorm ``norm{i}``; ViL has
             only LayerNorms, so ``norm_eval`` only affects BatchNorms added by subclasses.

@@ -83,8 +83,8 @@ class VicinityAttention(nn.Module):
         proj_drop (float): Dropout on the output. Default: 0.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        bf16_products (bool): bf16 operands for the torch path's matrix products of
-            bf16 inputs (tensor cores, coarser gradients); False: fp32. Default: False.
+        bf16_products (bool): bf16 operands for the attention's matrix products of
+            bf16 inputs, on every path (tensor cores, coarser gradients); False: fp32. Default: False.
     """
 
     def __init__(self, dim, num_heads, fr_ratio=2, se_ratio=1, proj_drop=0.0, attn_impl='auto', bf16_products=False):
@@ -281,11 +281,11 @@ class VVT(DenseBackbone):
             blocks to this value. Default: 0.1.
         attn_impl (str): The attention's path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        bf16_products (bool): Run the torch path's matrix products on bf16 operands
-            when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
+        bf16_products (bool): Run the attention's matrix products (torch and Triton paths) on bf16
+            operands when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
             opt-in. False: fp32 products. Default: False.
         **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
-            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``pretrained``, ``init_cfg``), see
+            ``norm_eval``, ``with_cp``, ``compile_blocks``, ``cuda_graphs``, ``pretrained``, ``init_cfg``), see
             :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the stages in
             ``out_indices``, each after that stage's LayerNorm ``stages.{i}.norm``; VVT has
             only LayerNorms, so ``norm_eval`` only affects BatchNorms added by subclasses.

@@ -182,18 +182,18 @@ MEASURED_ON = dict(
     date='2026-11-27',
 )
 MEASURED_ROWS = (  # op, dtype, path, deciding model, triton / fast time at batch 8 and 2, CUDA tests, kernel digest
-    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, 'passed', '79d2c7e93b5d'),
-    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, 'passed', '79d2c7e93b5d'),
-    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, 'passed', '79d2c7e93b5d'),
-    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, 'passed', '19db64f87f2a'),
-    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, 'incomplete', '19db64f87f2a'),
-    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, 'passed', '19db64f87f2a'),
-    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, 'passed', '7125c02cba21'),
-    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, 'incomplete', '7125c02cba21'),
-    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, 'passed', '7125c02cba21'),
-    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, 'passed', '9d5234ea28eb'),
-    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, 'incomplete', '9d5234ea28eb'),
-    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, 'passed', '9d5234ea28eb'),
+    ('sliding_chunk', 'bf16', 'triton', 'vil-s', 0.429, 0.735, 'passed', '575622ee435d'),
+    ('sliding_chunk', 'fp16', 'triton', 'vil-s', 0.418, 0.834, 'passed', '575622ee435d'),
+    ('sliding_chunk', 'fp32', 'fast', 'vil-s', 1.113, 1.071, 'passed', '575622ee435d'),
+    ('long_short', 'bf16', 'triton', 'vil-ls-s', 0.502, 0.927, 'passed', 'acb9efcbbf8b'),
+    ('long_short', 'fp16', 'fast', 'vil-ls-s', 0.565, 0.969, 'incomplete', 'acb9efcbbf8b'),
+    ('long_short', 'fp32', 'fast', 'vil-ls-s', 1.22, 1.161, 'passed', 'acb9efcbbf8b'),
+    ('pale', 'bf16', 'fast', 'pale-t', 0.951, 1.041, 'passed', 'f1a6b7f8df7c'),
+    ('pale', 'fp16', 'fast', 'pale-t', 0.988, 1.035, 'incomplete', 'f1a6b7f8df7c'),
+    ('pale', 'fp32', 'fast', 'pale-t', 1.879, 1.492, 'passed', 'f1a6b7f8df7c'),
+    ('vicinity', 'bf16', 'triton', 'vvt-s', 0.873, 0.581, 'passed', 'd0210ce311bb'),
+    ('vicinity', 'fp16', 'fast', 'vvt-s', 0.874, 0.882, 'incomplete', 'd0210ce311bb'),
+    ('vicinity', 'fp32', 'triton', 'vvt-s', 0.957, 0.936, 'passed', 'd0210ce311bb'),
 )
 # END measured rows
 MEASURED = tuple(

@@ -10,8 +10,8 @@ tests/test_ops/test_triton/test_triton_resources.py fails while this file is sta
 TRITON = '3.7.1'
 CAPABILITY = 90
 KERNEL_DIGESTS = dict(
-    sliding_chunk='79d2c7e93b5d',
-    long_short='19db64f87f2a',
-    pale='7125c02cba21',
-    vicinity='9d5234ea28eb',
+    sliding_chunk='575622ee435d',
+    long_short='acb9efcbbf8b',
+    pale='f1a6b7f8df7c',
+    vicinity='d0210ce311bb',
 )

@@ -67,10 +67,14 @@ def test_every_kernel_of_every_backbone_is_compiled_and_reported(rows):
 
 def test_code_digest_ignores_debug_lines_only(rows):
     """The digest that tells whether a source change left the compiled code as it was: moved source lines
-    (``.loc``) and comments do not change it, an instruction does; every row has one."""
+    (``.loc``), comments and the debug labels of an inlined helper's range (a helper split off) do not change
+    it, an instruction does; every row has one."""
     ptx = '.version 8.7\n.file 1 "kernel.py"\n\tld.global.b32 %r1, [%rd1];\n\t.loc 1 10 5\n\tret;\n'
     moved = ptx.replace('.loc 1 10 5', '.loc 1 42 7').replace('.version 8.7', '// note\n.version 8.7')
     assert triton_resources.code_digest(moved) == triton_resources.code_digest(ptx)
+    inlined = ptx.replace('\tld.global', '$L__tmp3:\n\tld.global').replace('\tret', '$L__tmp4:\n\tret')
+    assert triton_resources.code_digest(inlined) == triton_resources.code_digest(ptx)
+    assert triton_resources.code_digest(ptx.replace('\tret', '$L__BB0_2:\n\tret')) != triton_resources.code_digest(ptx)
     assert triton_resources.code_digest(ptx.replace('b32 %r1', 'b32 %r2')) != triton_resources.code_digest(ptx)
     assert all(len(row['ptx']) == 12 for row in rows)
 

@@ -298,7 +298,7 @@ BACKWARD_SCHEMAS = {
     'triton_pale_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, SymInt height, '
     'SymInt width, SymInt pale_rows, SymInt pale_cols, bool[] needs_grad',
     'triton_vicinity_attention': 'Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor kv_raw, '
-    'Tensor k_sum, SymInt height, SymInt width, float eps, bool clamp, bool[] needs_grad',
+    'Tensor k_sum, SymInt height, SymInt width, float eps, bool clamp, bool bf16_products, bool[] needs_grad',
 }
 
 

@@ -9,6 +9,7 @@ the math path's own clamps are counted to prove it.
 """
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -178,7 +179,7 @@ def test_reductions_are_split_over_the_tokens():
 
     def launch(batch, heads, height, width, head_dim):
         q = torch.empty(1, 1, 1, 1).expand(batch, heads, height * width, head_dim)
-        _, grid, settings, shape, tile = tv._launch_setup(q, height, width, 1e-6, True)
+        _, grid, settings, shape, tile = tv._launch_setup(q, height, width, 1e-6, True, False)
         return tile.BLOCK_N, grid, settings['num_warps'], shape[-1]
 
     assert launch(8, 1, 200, 334, 48) == (16, (64, 8), 16, 66)
@@ -225,15 +226,22 @@ def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
 
 
 def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
-    """The launches the wrapper makes (bf16, fp32 and fp64; VVT's head dims 48 (16 warps) and 32, and an odd
-    one) compile to sm_90 machine code, through Triton's bundled compiler and ptxas: no GPU needed."""
+    """The launches the wrapper makes (bf16, with and without bf16 products, fp32 and fp64; VVT's head dims 48
+    (16 warps) and 32, and an odd one) compile to sm_90 machine code, through Triton's bundled compiler and
+    ptxas: no GPU needed."""
     tv = pytest.importorskip(MODULE)
     compiled = compiling_launches(monkeypatch, tmp_path)
-    for dtype, dim in ((torch.bfloat16, 48), (torch.float32, 32), (torch.float64, 24)):
+    cases = (
+        (torch.bfloat16, 48, False),
+        (torch.bfloat16, 48, True),
+        (torch.float32, 32, False),
+        (torch.float64, 24, False),
+    )
+    for dtype, dim, bf16_products in cases:
         height, width = 15, 22
         q, k, v = (torch.randn(1, 4, height * width, dim, dtype=dtype, requires_grad=True) for _ in range(3))
-        tv.triton_vicinity_attention(q, k, v, height, width).sum().backward()
-    assert sorted(name for name, _ in compiled) == sorted(KERNELS * 3)
+        tv.triton_vicinity_attention(q, k, v, height, width, bf16_products=bf16_products).sum().backward()
+    assert sorted(name for name, _ in compiled) == sorted(KERNELS * 4)
     assert all(size > 0 for _, size in compiled)
 
 
@@ -245,9 +253,9 @@ def test_kernels_compile_for_hopper(monkeypatch, tmp_path):
 GPU_SHAPES = [(56, 56), (29, 37), (100, 167)]
 
 
-def vicinity_errors(device, dtype, height, width, batch=2, heads=4, dim=32):
+def vicinity_errors(device, dtype, height, width, batch=2, heads=4, dim=32, bf16_products=False):
     """:func:`triton_harness.low_precision_errors` of vicinity attention: ``({'output' or input: error},
-    kernel launches)``."""
+    kernel launches)``; ``bf16_products`` for the Triton run (the float64 reference has none)."""
     gen = torch.Generator().manual_seed(0)
     tokens = [
         0.5 * torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64) + 0.5 for _ in range(2)
@@ -255,16 +263,16 @@ def vicinity_errors(device, dtype, height, width, batch=2, heads=4, dim=32):
     tokens.append(torch.randn(batch, heads, height * width, dim, generator=gen, dtype=torch.float64))
 
     def op(q, k, v, impl):
-        return vicinity_attention(q, k, v, height, width, impl=impl)
+        return vicinity_attention(q, k, v, height, width, impl=impl, bf16_products=bf16_products)
 
     errors, launches = low_precision_errors(op, tokens, [], device, dtype)
     return dict(zip(['output', 'q', 'k', 'v'], errors)), launches
 
 
-def compare_low_precision(dtype):
+def compare_low_precision(dtype, bf16_products=False):
     """The 16-bit inputs in the interpreter subprocess: loaded, converted to fp32 and computed there."""
     with launch_layout(SMALL_LAYOUT):
-        errors, launches = vicinity_errors('cpu', dtype, 9, 13, batch=1, heads=2, dim=16)
+        errors, launches = vicinity_errors('cpu', dtype, 9, 13, batch=1, heads=2, dim=16, bf16_products=bf16_products)
     return dict(launches=launches, errors=errors)
 
 
@@ -277,6 +285,25 @@ def test_interpreted_bf16_matches_float64_math(interpreted):
     assert_no_error(result)
     assert result['launches'] == 4
     assert max(result['errors'].values()) < TOLERANCES[torch.bfloat16], result['errors']
+
+
+def test_interpreted_bf16_products_stay_within_the_bf16_tolerance(interpreted):
+    """``bf16_products=True``: the six products of bf16-rounded operands (in the interpreter, which cannot
+    multiply bf16 tiles, multiplied in fp32). They cost precision, most in the gradient of ``q`` (a small
+    difference of two products), and stay within bf16's tolerance, as the torch path's option does
+    (tests/test_ops/test_vicinity.py)."""
+    plain, products = interpreted['bf16'], interpreted['bf16_products']
+    assert_no_error(products)
+    assert products['launches'] == 4
+    assert max(products['errors'].values()) < TOLERANCES[torch.bfloat16], products['errors']
+    assert products['errors']['q'] > 2 * plain['errors']['q'], (plain['errors'], products['errors'])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('shape', GPU_SHAPES, ids=str)
+def test_cuda_bf16_products_match_float64_math(shape):
+    """On tensor cores: the bf16 products within bf16's tolerance of float64."""
+    assert_cuda_within_tolerance(functools.partial(vicinity_errors, bf16_products=True), torch.bfloat16, 4, *shape)
 
 
 @pytest.mark.cuda
@@ -294,4 +321,5 @@ if __name__ == '__main__':
         backbone=lambda: compare_backbone(VVT),
         fp16=lambda: compare_low_precision(torch.float16),
         bf16=lambda: compare_low_precision(torch.bfloat16),
+        bf16_products=lambda: compare_low_precision(torch.bfloat16, bf16_products=True),
     )

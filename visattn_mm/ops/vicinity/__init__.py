@@ -125,9 +125,9 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
             The Triton path always keeps only those and the small sums. Default: True.
         impl (str): The path: 'auto', 'fast', 'math' or 'triton' (what each runs:
             :mod:`visattn_mm.ops.impl`). Default: 'auto'.
-        bf16_products (bool): Give bf16 inputs bf16 matrix products on the torch path
-            (tensor cores, coarser gradients; see the module docstring). False: at least
-            fp32. The Triton kernels compute in at least fp32 either way. Default: False.
+        bf16_products (bool): Give bf16 inputs bf16 matrix products, on the torch path
+            and the Triton kernels alike (tensor cores, coarser gradients; see the module
+            docstring). False: at least fp32. Default: False.
 
     Returns:
         Tensor: ``(B, heads, N, d)`` in the dtype of ``q``.
@@ -138,7 +138,7 @@ def vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, recompute=Tr
     if attention_path('vicinity', q, impl=impl) == 'triton':
         from .triton import triton_vicinity_attention
 
-        return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp)
+        return triton_vicinity_attention(q, k, v, height, width, eps=eps, clamp=clamp, bf16_products=bf16_products)
     operands = matmul_dtype(q.dtype, bf16_products)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute and needs_grad and operands == torch.promote_types(q.dtype, torch.float32):

@@ -46,7 +46,9 @@ Precision: every input is converted to the accumulation dtype when loaded
 and bf16 inputs: the gradient of ``q`` is a small difference of the numerator's
 and the normaliser's terms, which 16-bit operands would cost ~15x in precision
 (see :mod:`visattn_mm.ops.vicinity`). fp32 products use TF32 only where
-``torch.get_float32_matmul_precision()`` is not 'highest'. Outputs and
+``torch.get_float32_matmul_precision()`` is not 'highest'. With ``bf16_products``
+(bf16 inputs, opt-in) the six products take operands rounded to bf16, on tensor
+cores, as the torch path's option does; everything else stays fp32. Outputs and
 gradients are stored in the inputs' dtype. The interpreter: see
 :mod:`visattn_mm.ops.triton`.
 """
@@ -61,6 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import impl
 from ..indexing import CLAMP_MAX, CLAMP_MIN, EPS, vicinity_weights
 
 __all__ = ['triton_vicinity_attention']
@@ -75,6 +78,7 @@ class _Tile(NamedTuple):
         DOT_PRECISION (str): ``tl.dot``'s input precision (:func:`~visattn_mm.ops.triton.host.dot_precision`).
         CLAMP (bool): Whether the sums, numerators, normalisers and outputs are clamped (the official code's clamp).
         EPS (float): Added to every denominator.
+        BF16_PRODUCTS (bool): The six products take bf16-rounded operands (:func:`_product`).
     """
 
     BLOCK_N: int
@@ -82,6 +86,7 @@ class _Tile(NamedTuple):
     DOT_PRECISION: str
     CLAMP: bool
     EPS: float
+    BF16_PRODUCTS: bool
 
 
 # Largest token tile; tests lower it to run the tile loops at tiny sizes. Products are in fp32 (CUDA cores), 8 warps
@@ -101,6 +106,21 @@ TINY_EPS = tl.constexpr(1e-15)
 # The signed clamp's bounds, as constants the kernels can read.
 CLAMP_MIN_BOUND = tl.constexpr(CLAMP_MIN)
 CLAMP_MAX_BOUND = tl.constexpr(CLAMP_MAX)
+
+
+# On a GPU bf16 operands are multiplied as bf16 tiles (tensor cores); Triton's interpreter cannot multiply bf16
+# tiles, so there the rounded operands are multiplied in fp32 (the same values, summed in fp32 either way).
+BF16_TILES = tl.constexpr(not impl.triton_interpreted())
+
+
+@triton.jit
+def _product(a, b, tile: tl.constexpr):
+    """``a @ b`` in the accumulation dtype; with ``tile.BF16_PRODUCTS``, of ``a`` and ``b`` rounded to bf16."""
+    if tile.BF16_PRODUCTS:
+        a, b = a.to(tl.bfloat16), b.to(tl.bfloat16)
+        if not BF16_TILES:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, input_precision=tile.DOT_PRECISION)
 
 
 @triton.jit
@@ -208,7 +228,7 @@ def _store_summaries(matrices, vectors, part, matrix_tile, vector_tile, head_dim
 def _query_terms(queries, row_weights, valid, kv, k_sum, tile: tl.constexpr):
     """A query tile's features, unclamped numerators ``qf KV`` and normalisers ``1 / (qf . S + eps)``."""
     features = _features(queries, row_weights, tile.BLOCK_N, tile.BLOCK_D)
-    numerators = tl.dot(features, kv, input_precision=tile.DOT_PRECISION)
+    numerators = _product(features, kv, tile)
     denominators = tl.sum(features * k_sum[None, :], 1) + tl.full([tile.BLOCK_N], tile.EPS, features.dtype)
     normalisers = 1.0 / denominators
     if tile.EPS < TINY_EPS:
@@ -237,7 +257,7 @@ def _vicinity_sums(k, v, weights, kv_parts, k_sum_parts, geometry, tile: tl.cons
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
         keys, values = _paired_token_rows(k, v, batch, head, rows, valid, head_dim, acc_dtype, tile.BLOCK_D)
         features = _features(keys, row_weights, tile.BLOCK_N, tile.BLOCK_D)
-        kv += tl.dot(tl.trans(features), values, input_precision=tile.DOT_PRECISION)
+        kv += _product(tl.trans(features), values, tile)
         k_sum += tl.sum(features, 0)
     _store_summaries(kv_parts, k_sum_parts, batch_head * tl.num_programs(0) + split, kv, k_sum, head_dim, tile.BLOCK_D)
 
@@ -289,10 +309,7 @@ def _vicinity_backward_queries(
         )
         # d(1 / den) / d den = -(1 / den)^2; rows beyond the map have a zero gradient here.
         grad_denominators = -grad_normalisers * normalisers * normalisers
-        grad_features = (
-            tl.dot(grad_numerators, tl.trans(kv), input_precision=tile.DOT_PRECISION)
-            + grad_denominators[:, None] * pair_k_sum[None, :]
-        )
+        grad_features = _product(grad_numerators, tl.trans(kv), tile) + grad_denominators[:, None] * pair_k_sum[None, :]
         kp.store_rows(
             grad_q,
             batch,
@@ -303,7 +320,7 @@ def _vicinity_backward_queries(
             _fold_features(grad_features, queries, row_weights, tile.BLOCK_N, tile.BLOCK_D),
             tile.BLOCK_D,
         )
-        grad_kv += tl.dot(tl.trans(features), grad_numerators, input_precision=tile.DOT_PRECISION)
+        grad_kv += _product(tl.trans(features), grad_numerators, tile)
         grad_k_sum += tl.sum(grad_denominators[:, None] * features, 0)
     _store_summaries(
         grad_kv_parts,
@@ -332,9 +349,7 @@ def _vicinity_backward_keys(k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, 
     for step in range(tiles_per_split):
         rows, valid, row_weights = _tile(split * tiles_per_split + step, tokens, weights, tile.BLOCK_N)
         keys, values = _paired_token_rows(k, v, batch, head, rows, valid, head_dim, acc_dtype, tile.BLOCK_D)
-        grad_features = (
-            tl.dot(values, tl.trans(pair_grad_kv), input_precision=tile.DOT_PRECISION) + pair_grad_k_sum[None, :]
-        )
+        grad_features = _product(values, tl.trans(pair_grad_kv), tile) + pair_grad_k_sum[None, :]
         kp.store_rows(
             grad_k,
             batch,
@@ -345,9 +360,7 @@ def _vicinity_backward_keys(k, v, weights, kv_raw, grad_kv, grad_k_sum, grad_k, 
             _fold_features(grad_features, keys, row_weights, tile.BLOCK_N, tile.BLOCK_D),
             tile.BLOCK_D,
         )
-        grad_values = tl.dot(
-            _features(keys, row_weights, tile.BLOCK_N, tile.BLOCK_D), pair_grad_kv, input_precision=tile.DOT_PRECISION
-        )
+        grad_values = _product(_features(keys, row_weights, tile.BLOCK_N, tile.BLOCK_D), pair_grad_kv, tile)
         kp.store_rows(grad_v, batch, head, rows, valid, head_dim, grad_values, tile.BLOCK_D)
 
 
@@ -360,7 +373,7 @@ def _layout(batch_heads, tokens, max_block):
     return block, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
 
-def _launch_setup(q, height, width, eps, clamp):
+def _launch_setup(q, height, width, eps, clamp, bf16_products):
     """Position weights, grid, launch settings, geometry argument and ``tile`` bundle of the four kernels."""
     batch, heads, tokens, head_dim = q.shape
     pairs = batch * heads
@@ -368,7 +381,9 @@ def _launch_setup(q, height, width, eps, clamp):
     block_d = host.tile(head_dim)
     wide = block_d >= WIDE_BLOCK_D
     block, splits, tiles_per_split = _layout(pairs, tokens, min(MAX_BLOCK_N, WIDE_BLOCK_N) if wide else MAX_BLOCK_N)
-    tile = _Tile(block, block_d, host.dot_precision(acc_dtype), clamp, eps)
+    # bf16 products: 16-bit operands, for which tl.dot's precision is host.dot_precision's of 16-bit inputs.
+    precision = host.dot_precision(torch.bfloat16 if bf16_products else acc_dtype)
+    tile = _Tile(block, block_d, precision, clamp, eps, bf16_products)
     return (
         vicinity_weights(height, width, q.device, acc_dtype),
         (splits, pairs),
@@ -379,10 +394,17 @@ def _launch_setup(q, height, width, eps, clamp):
 
 
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int, eps: float, clamp: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    height: int,
+    width: int,
+    eps: float,
+    clamp: bool,
+    bf16_products: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The output and the unclamped sums ``KV`` ``(B * heads, 4, d, d)`` and ``S`` ``(B * heads, 4, d)``."""
-    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp)
+    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp, bf16_products)
     kv_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1], q.shape[-1])
     k_sum_parts = weights.new_empty(grid[1], grid[0], 4, q.shape[-1])
     host.launch(
@@ -415,15 +437,15 @@ def _forward(
     return out, kv_raw, k_sum
 
 
-def _forward_fake(q, k, v, height, width, eps, clamp):
+def _forward_fake(q, k, v, height, width, eps, clamp, bf16_products):
     batch, heads, _, head_dim = q.shape
     sums = q.new_empty(batch * heads, 4, head_dim, dtype=host.acc_dtype(q.dtype))
     return host.like_heads_last(q), sums.new_empty(*sums.shape, head_dim), sums
 
 
-def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, needs_grad):
+def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, bf16_products, needs_grad):
     """The gradients of ``q, k, v`` (``out`` is not needed: the numerators are recomputed)."""
-    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp)
+    weights, grid, settings, geometry, tile = _launch_setup(q, height, width, eps, clamp, bf16_products)
     grad_q, grad_k, grad_v = host.like_heads_last(q), host.like_heads_last(k), host.like_heads_last(v)
     grad_kv_parts = kv_raw.new_empty(grid[1], grid[0], *kv_raw.shape[1:])
     grad_k_sum_parts = k_sum.new_empty(grid[1], grid[0], *k_sum.shape[1:])
@@ -463,7 +485,7 @@ def _backward(grad_out, q, k, v, out, kv_raw, k_sum, height, width, eps, clamp, 
 _vicinity_op = host.define_op('triton_vicinity_attention', _forward, _backward, host.QKV, forward_fake=_forward_fake)
 
 
-def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
+def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True, bf16_products=False):
     """:func:`~visattn_mm.ops.vicinity.vicinity_attention` through the Triton kernels.
 
     Arguments as there (no ``recompute``: only ``q``, ``k``, ``v`` and the small
@@ -471,7 +493,9 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     and the gradients of ``q, k, v`` are ``(B, heads, H*W, d)`` views of
     ``(B, H*W, heads, d)`` storage, so merging the heads afterwards is free.
     ``k`` and ``v`` are cast to ``q``'s dtype; everything is computed in fp32
-    (fp64 for fp64 inputs).
+    (fp64 for fp64 inputs), except that for bf16 inputs ``bf16_products=True`` rounds the
+    operands of the six matrix products to bf16 (tensor cores on a GPU; sums in fp32), as
+    the torch path's option does (its errors: :mod:`visattn_mm.ops.vicinity`).
 
     Raises:
         ValueError: For ``q``, ``k``, ``v`` that are not 4-D tensors of one shape,
@@ -488,4 +512,5 @@ def triton_vicinity_attention(q, k, v, height, width, eps=EPS, clamp=True):
     host.check_supported('vicinity', q, height * width)
     k, v = k.to(q.dtype), v.to(q.dtype)
     host.check_device(q)
-    return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp))[0]
+    bf16_products = bool(bf16_products) and q.dtype == torch.bfloat16
+    return _vicinity_op(q, k, v, height, width, float(eps), bool(clamp), bf16_products)[0]
