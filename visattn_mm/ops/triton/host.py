@@ -120,9 +120,11 @@ def tuned_settings(kernel, settings, args, constexprs):
     """What a launch of ``kernel`` runs with: the row of :mod:`visattn_mm.ops.tuned_launches` for the kernel,
     the dtype of its first tensor argument and its head-dim tile, where a GPU measured one; otherwise
     ``settings`` (the op's, from :func:`launch_settings`)."""
+    table = tuned_launches.TUNED_LAUNCHES
+    if not table:  # no GPU has tuned: nothing to look up (a launch's host time counts at small batches)
+        return settings
     dtype = DTYPE_NAMES.get(next(tensor_args(args)).dtype)
-    row = tuned_launches.TUNED_LAUNCHES.get((kernel.fn.__name__, dtype, launch_tiles(constexprs)[0]))
-    return settings if row is None else row
+    return table.get((kernel.fn.__name__, dtype, launch_tiles(constexprs)[0]), settings)
 
 
 def on_device(device):
