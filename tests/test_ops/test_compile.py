@@ -158,7 +158,7 @@ def op_arguments(module, full):
     batch, heads, height, width, dim = 1, 2, 5, 6, 4
     q, k, v = (leaf(batch, heads, height * width, dim) for _ in range(3))
     if module == 'vicinity':
-        return q, k, v, height, width, 1e-6, True
+        return q, k, v, height, width, 1e-6, True, False
     if module == 'pale':
         return q, k, v, height, width, 2, 3
     window, num_shared = 3, 2
