@@ -60,8 +60,8 @@
 #   TESTS (pytest targets), TESTS_MARKS (their -m expression, 'cuda'; empty: all), TEST_WORKERS (pytest-xdist
 #   processes for the tests and compile stages where xdist is installed, 8; 0: one process),
 #   BENCH_MODELS (comma-separated), DECIDE_GRIDS, GRAPHS_GRIDS and BENCH_GRIDS (newline-separated --grid values),
-#   DETECTORS (the
-#   detector stage's configs, space-separated; upernet_* on toy ADE20K, the others on toy COCO), DETECTOR_ITERS (2),
+#   DETECTORS (the detector stage's configs, space-separated; upernet_* on toy ADE20K, the others on toy COCO),
+#   DETECTOR_ITERS (2),
 #   DETECTOR_BUDGET (seconds per train or test run, 90; 300 with SMOKE=1), THROUGHPUT_DTYPES (bf16,fp16),
 #   THROUGHPUT_BUDGET (150 per set),
 #   BENCH_ARGS (more benchmark.py options; later ones win, e.g. "--repeats 5"), TUNE_ARGS (more triton_tuning.py

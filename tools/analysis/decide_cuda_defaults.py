@@ -33,7 +33,6 @@ Example (after two device calls whose files came back to DIR1 and DIR2, kept in 
 from __future__ import annotations
 
 import argparse
-import csv
 import os.path as osp
 import re
 import xml.etree.ElementTree as ElementTree
@@ -85,8 +84,7 @@ def read_benchmark(sessions):
     for path in (osp.join(session, name) for session in sessions for name in ('decide.csv', 'benchmark.csv')):
         if not osp.exists(path):
             continue
-        with open(path, newline='') as file:
-            rows = list(csv.DictReader(file))
+        rows = benchmarking.read_csv(path)
         found.update(
             ((row['model'], row['impl'], row['dtype'], int(row['batch'])), row)
             for row in rows

@@ -18,7 +18,6 @@ Example (the section "Estimated step time (CPU)" of docs/benchmarks.md)::
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
 import json
 import os
@@ -70,26 +69,25 @@ def measured_rows(models, modes=('fwd+bwd',), root=ROOT):
         table, kind = osp.join(folder, 'benchmark.csv'), gpu_kind(folder)
         if not osp.exists(table) or kind is None:
             continue
-        with open(table) as lines:
-            for line in csv.DictReader(lines):
-                if line['status'] != 'ok' or not line['time_ms'] or line['model'] not in models:
-                    continue
-                if line['mode'] not in modes:
-                    continue
-                rows.append(
-                    dict(
-                        gpu=kind,
-                        call=call_name(folder),
-                        model=line['model'],
-                        impl=line['impl'],
-                        dtype=line['dtype'],
-                        batch=int(line['batch']),
-                        height=int(line['height']),
-                        width=int(line['width']),
-                        mode=line['mode'],
-                        measured_ms=float(line['time_ms']),
-                    )
+        for line in bench.read_csv(table):
+            if line['status'] != 'ok' or not line['time_ms'] or line['model'] not in models:
+                continue
+            if line['mode'] not in modes:
+                continue
+            rows.append(
+                dict(
+                    gpu=kind,
+                    call=call_name(folder),
+                    model=line['model'],
+                    impl=line['impl'],
+                    dtype=line['dtype'],
+                    batch=int(line['batch']),
+                    height=int(line['height']),
+                    width=int(line['width']),
+                    mode=line['mode'],
+                    measured_ms=float(line['time_ms']),
                 )
+            )
     return rows
 
 

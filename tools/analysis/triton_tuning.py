@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import itertools
 import os
 import os.path as osp
@@ -120,8 +119,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             kernel[grid](*args, **settings, **constexprs)
             return
         name = kernel.fn.__name__.replace('_bias_grad', '_backward_queries')
-        inputs = host.DTYPE_NAMES.get(next(host.tensor_args(args)).dtype)
-        key = (name, inputs, *host.launch_tiles(constexprs))
+        key = (name, host.input_dtype(args), *host.launch_tiles(constexprs))
         package = host.tuned_settings(kernel, settings, args, constexprs)
         chosen = package if candidate is None or key in failed else candidate
         try:
@@ -257,19 +255,19 @@ def chosen_launches(rows, current):
             package[place, run] = (row['settings'], ms)
         else:
             candidates[place, run][row['settings']] = ms
-    totals, places = collections.defaultdict(dict), collections.defaultdict(list)
+    places = collections.defaultdict(list)
     for (place, run), (label, ms) in package.items():
         places[place].append((run, label, ms))
     table, report = dict(current), []
     for place, runs in places.items():
         package_ms = sum(ms for _, _, ms in runs)
-        copies = {run: split_label(label)[1] for run, label, _ in runs}
-        labels = set.intersection(*(set(candidates[place, run]) for run, _, _ in runs))
-        for label in labels:
+        totals = {}  # settings label -> summed time, of the candidates timed wherever the package's were
+        for label in set.intersection(*(set(candidates[place, run]) for run, _, _ in runs)):
             times = [candidates[place, run][label] for run, _, _ in runs]
-            if all(ms is not None for ms in times) and all(split_label(label)[1] == copies[run] for run, _, _ in runs):
-                totals[place][split_label(label)[0]] = sum(times)
-        best = min(totals[place].items(), key=lambda item: item[1], default=(None, package_ms))
+            same_copies = all(split_label(label)[1] == split_label(package_label)[1] for _, package_label, _ in runs)
+            if same_copies and all(ms is not None for ms in times):
+                totals[split_label(label)[0]] = sum(times)
+        best = min(totals.items(), key=lambda item: item[1], default=(None, package_ms))
         speedup = package_ms / best[1]
         written = best[0] is not None and speedup >= MIN_SPEEDUP
         if written:
@@ -309,12 +307,6 @@ def write_tuned(table, sources, path=TUNED_FILE):
     text = open(path).read()
     with open(path, 'w') as file:
         file.write(text[: text.index('TUNED_FROM = ')] + tuned_source(table, sources))
-
-
-def read_rows(path):
-    """The rows of a triton_tuning.csv."""
-    with open(path, newline='') as file:
-        return list(csv.DictReader(file))
 
 
 def parse_args(argv=None):
@@ -358,7 +350,7 @@ def main(argv=None):
     args = parse_args(argv)
     table = None
     if args.from_csv:
-        rows, csv_path = read_rows(args.from_csv), args.from_csv
+        rows, csv_path = bench.read_csv(args.from_csv), args.from_csv
     else:
         device = bench.resolve_device(args.device)
         if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):

@@ -370,6 +370,12 @@ def write_csv(rows, columns, path):
     os.replace(path + '.part', path)
 
 
+def read_csv(path):
+    """The rows of a CSV file (as :func:`write_csv` writes them) as dicts of strings."""
+    with open(path, newline='') as file:
+        return list(csv.DictReader(file))
+
+
 def machine_description(device):
     """One line naming the processor (or GPU), core count, torch version and threads."""
     cpu = platform.processor() or 'unknown CPU'

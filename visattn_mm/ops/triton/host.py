@@ -123,8 +123,13 @@ def tuned_settings(kernel, settings, args, constexprs):
     table = tuned_launches.TUNED_LAUNCHES
     if not table:  # no GPU has tuned: nothing to look up (a launch's host time counts at small batches)
         return settings
-    dtype = DTYPE_NAMES.get(next(tensor_args(args)).dtype)
-    return table.get((kernel.fn.__name__, dtype, launch_tiles(constexprs)[0]), settings)
+    return table.get((kernel.fn.__name__, input_dtype(args), launch_tiles(constexprs)[0]), settings)
+
+
+def input_dtype(args):
+    """The name of the dtype of a launch's first tensor argument (``'bf16'``), the tuned table's key; None for
+    another dtype (fp64)."""
+    return DTYPE_NAMES.get(next(tensor_args(args)).dtype)
 
 
 def on_device(device):
