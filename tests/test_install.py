@@ -215,6 +215,29 @@ def test_bootstrap_finds_a_pyenv_python_its_shim_does_not_select(bootstrap_copy)
     assert f'PYTHON={real} is Python 3.10' in proc.stderr
 
 
+def test_bootstrap_refuses_a_disk_too_full_for_the_stack(bootstrap_copy):
+    """Before it creates .venv/, with a supported Python: a disk with 3 GB free is refused,
+    naming what is free, what the stack needs and the fix (pip would fail minutes later)."""
+    for name in ('tools/mmcv_build_plan.py', 'requirements/stack.txt', 'setup.cfg', 'setup.py', 'pyproject.toml'):
+        (bootstrap_copy / name).parent.mkdir(exist_ok=True)
+        (bootstrap_copy / name).touch()
+    fake_bin = bootstrap_copy / 'bin'
+    for tool in ('cat', 'sha256sum', 'cut', 'grep', 'awk'):
+        (fake_bin / tool).symlink_to(shutil.which(tool))
+    df = fake_bin / 'df'
+    df.write_text(
+        '#!/bin/sh\necho "Filesystem 1024-blocks Used Available Capacity Mounted on"\n'
+        'echo "/dev/x 100000000 96854528 3145728 97% /"\n'
+    )
+    df.chmod(0o755)
+    python = _fake_python(fake_bin, 'python3.11', '3.11')
+    proc = _bootstrap(bootstrap_copy, {'PATH': str(fake_bin), 'PYTHON': str(python)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f'3 GB free on the disk of {bootstrap_copy}; installing the stack needs about 10 GB' in proc.stderr
+    assert 'set TMPDIR to a larger disk' in proc.stderr
+    assert not (bootstrap_copy / '.venv').exists()
+
+
 # --------------------------------------------------------------------------
 # Lock file against setup.cfg
 # --------------------------------------------------------------------------

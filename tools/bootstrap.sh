@@ -87,6 +87,17 @@ if [[ -x "$VENV/bin/python" && "$(python_version "$VENV/bin/python")" != "$PY_VE
     rm -rf "$VENV"
 fi
 echo "[bootstrap] setting up $VENV with Python $PY_VERSION (first run: ~15 min on 2 cores, mostly building mmcv's ops)"
+# torch's CUDA build from PyPI fills about 5 GB of .venv/ and passes through pip's temporary folder
+# on the way: fail now, saying so, rather than with pip's "No space left on device" minutes later.
+NEED_GB=10
+for place in "$ROOT" "${TMPDIR:-/tmp}"; do
+    free_gb="$(df -Pk "$place" | awk 'NR == 2 { print int($4 / 1048576) }')"
+    if ((free_gb < NEED_GB)); then
+        echo "[bootstrap] error: $free_gb GB free on the disk of $place; installing the stack needs about" \
+             "$NEED_GB GB there: free some space (an old .venv/ or a clone's) or set TMPDIR to a larger disk" >&2
+        exit 2
+    fi
+done
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
