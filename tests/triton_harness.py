@@ -12,7 +12,6 @@ storage (:func:`bounds_checked`).
 
 import collections
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -91,51 +90,18 @@ def interpreted_fixture():
     return fixture
 
 
-def speed_up_the_interpreter():
-    """Two changes to Triton's interpreter (3.x) that leave what the kernels compute as it is; each is left out
-    where the interpreter's layout differs (another Triton). The sliding-chunk file's comparisons, the same results to
-    the bit: 131 s -> 49 s on one core.
-
-    - A ``@triton.jit`` helper called from a kernel patches ``triton.language`` only at its first call. The
-      interpreter patches the language modules of the helper's globals (``_patch_lang``: ``inspect.getmembers``
-      over four namespaces) at every call and never undoes it, so every later call found them patched already.
-    - No int32 overflow check on every integer add, sub and mul (``sanitize_overflow``, on in the interpreter and
-      off in compiled kernels unless debugging): it doubled the interpreted integer arithmetic. At these tests'
-      sizes an index can only overflow through a wrong stride, whose address :func:`bounds_checked` refuses.
-    """
-    from triton.runtime import interpreter
-
-    device_function = getattr(interpreter, 'InterpretedFunction', None)
-    if callable(getattr(device_function, 'rewrite', None)) and hasattr(interpreter, 'InterpreterError'):
-        first_call = device_function.__call__
-        patched = set()
-
-        def call(self, *args, **kwargs):
-            if self.fn not in patched:
-                patched.add(self.fn)
-                return first_call(self, *args, **kwargs)
-            try:
-                return self.rewrite()(*args, **kwargs)
-            except Exception as error:
-                raise interpreter.InterpreterError(repr(error)) from error
-
-        device_function.__call__ = call
-    builder = getattr(interpreter, 'interpreter_builder', None)
-    options = getattr(builder, 'options', None)
-    if dataclasses.is_dataclass(options) and hasattr(options, 'sanitize_overflow'):
-        builder.options = dataclasses.replace(options, sanitize_overflow=False)
-
-
 def main(case_inputs, cases, **comparisons):
     """The script side of :func:`interpreter_results`: every case of ``cases`` (``case_inputs(name, dtype)``
     gives its ``(leaves, op)``, compared by :func:`compare_paths` in float64) and the other ``comparisons``,
-    each caught separately, as one JSON line ``{name: result or {'error': text}}`` on stdout."""
-    speed_up_the_interpreter()
+    each caught separately, as one JSON line ``{name: result or {'error': text}}`` on stdout; under
+    ``'interpreter changes'``, what :func:`~visattn_mm.ops.triton.interpreter.speed_up_the_interpreter` changed."""
+    from visattn_mm.ops.triton.interpreter import speed_up_the_interpreter
+
+    results = {'interpreter changes': speed_up_the_interpreter()}
     comparisons = {
         **{name: lambda name=name: compare_paths(*case_inputs(name, torch.float64)) for name in cases},
         **comparisons,
     }
-    results = {}
     for name, compare in comparisons.items():
         try:
             with bounds_checked():

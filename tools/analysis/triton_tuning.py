@@ -355,6 +355,10 @@ def main(argv=None):
         device = bench.resolve_device(args.device)
         if device.type == 'cpu' and not os.environ.get('TRITON_INTERPRET'):
             raise SystemExit('--device cpu runs the kernels in Triton\'s interpreter: set TRITON_INTERPRET=1')
+        if device.type == 'cpu':
+            from visattn_mm.ops.triton.interpreter import speed_up_the_interpreter
+
+            speed_up_the_interpreter()
         print(bench.machine_description(device), flush=True)
         rows = [row for name in args.models for dtype in args.dtypes for row in tune(name, dtype, args, device)]
         csv_path = osp.join(args.out_dir, 'triton_tuning.csv')

@@ -429,6 +429,13 @@ def test_interpreted_fp16_matches_float64_math(interpreted):
     assert_fp16_within_tolerance(interpreted['fp16'])
 
 
+def test_interpreter_runs_without_the_costs_that_change_no_result(interpreted):
+    """The interpreter subprocess took both of visattn_mm.ops.triton.interpreter's changes (each is skipped
+    where Triton's interpreter is laid out otherwise: the comparisons would still hold, two to three times
+    slower, and this test says so)."""
+    assert interpreted['interpreter changes'] == ['helpers patch at their first call', 'no int32 overflow check']
+
+
 def test_interpreter_refuses_an_access_outside_the_tensors(interpreted):
     """Every interpreted comparison runs under triton_harness.bounds_checked: a kernel that loads one
     element past its input's end is refused, naming the access."""

@@ -5,6 +5,8 @@
   the keys every query sees).
 * :mod:`.host`: the host side the ops share: registration as custom ops, launches,
   launch settings and tile sizes, dtypes, and the checks of what the kernels support.
+* :mod:`.interpreter`: the interpreter without two costs that change no result, for the
+  interpreted runs on the CPU.
 
 Each op's kernels and wrapper live in its own package, ``visattn_mm.ops.<op>.triton``
 (imported by the op's function when its path is 'triton',
