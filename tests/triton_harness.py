@@ -301,26 +301,35 @@ def assert_kernels_matched(result, launches):
     assert not result['mismatches'], '\n'.join(result['mismatches'])
 
 
-def compare_backbone(cls):
-    """A tiny ``cls`` backbone with attn_impl='triton' against the same weights with 'math' (interpreter
-    subprocess): outputs and parameter gradients, and the kernel launches of each."""
+def compare_backbone(cls, reference=(('attn_impl', 'math'),), candidate=(('attn_impl', 'triton'),), evaluation=False):
+    """A tiny ``cls`` backbone built with the ``candidate`` arguments against the same weights with the ``reference``
+    ones (default: attn_impl 'triton' against 'math'; interpreter subprocess), in evaluation mode: outputs and
+    parameter gradients, the outputs without gradients too where ``evaluation``, and the kernel launches of each
+    (``math_launches``: the reference's; ``evaluation_launches``: the candidate's without gradients)."""
     from helpers import build_tiny
 
     image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     results = {}
-    for attn_impl in ('math', 'triton'):
+    for side, arguments in (('reference', reference), ('candidate', candidate)):
         torch.manual_seed(0)
-        model = build_tiny(cls, attn_impl=attn_impl, drop_path_rate=0.0).double().eval()
+        model = build_tiny(cls, **dict(arguments), drop_path_rate=0.0).double().eval()
         before = launch_snapshot()
         outs = model(image)
         grads = torch.autograd.grad(sum(o.pow(2).mean() for o in outs), list(model.parameters()))
         tensors = {f'output {i}': o for i, o in enumerate(outs)}
         tensors.update((name, g) for (name, _), g in zip(model.named_parameters(), grads))
-        results[attn_impl] = tensors, launches_since(before)
+        launches = [launches_since(before)]
+        if evaluation:
+            before = launch_snapshot()
+            with torch.no_grad():
+                tensors.update((f'evaluation output {i}', o) for i, o in enumerate(model(image)))
+            launches.append(launches_since(before))
+        results[side] = tensors, launches
     return dict(
-        math_launches=results['math'][1],
-        launches=results['triton'][1],
-        mismatches=mismatches(results['triton'][0], results['math'][0], rtol=1e-9, atol=1e-10),
+        math_launches=results['reference'][1][0],
+        launches=results['candidate'][1][0],
+        **({'evaluation_launches': results['candidate'][1][1]} if evaluation else {}),
+        mismatches=mismatches(results['candidate'][0], results['reference'][0], rtol=1e-9, atol=1e-10),
     )
 
 

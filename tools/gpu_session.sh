@@ -83,7 +83,8 @@ declare -A TOY_SIZES  # the toy images of each layout (HEIGHT WIDTH) for the det
 HOST_PINS=requirements/gpu_host.txt
 # The tests the defaults table's rule needs (outputs and every gradient against float64), kernels first.
 KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test_ops/test_triton/test_triton_long_short.py
-    tests/test_ops/test_triton/test_triton_pale.py tests/test_ops/test_triton/test_triton_vicinity.py"
+    tests/test_ops/test_triton/test_triton_pale.py tests/test_ops/test_triton/test_triton_vicinity.py
+    tests/test_ops/test_triton/test_triton_conv_gelu.py"
 BACKBONE_TESTS="tests/test_cuda.py::test_backbone_matches_float64_reference
     tests/test_cuda.py::test_training_step_never_waits_for_the_gpu"
 TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_tools/test_benchmark_tools.py tests/test_models/test_cuda_graphs.py}"
@@ -122,6 +123,7 @@ batches=2 dtypes=bf16 impls=fast,triton modes=fwd+bwd"
 batches=8,2 dtypes=fp32 impls=fast,triton modes=fwd+bwd
 models=swin-t,vil-s,vil-ls-s,pale-t batches=8,2 dtypes=bf16 impls=math modes=fwd+bwd
 models=swin-t,vvt-s-bf16 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd+bwd
+models=swin-t,vvt-s-fused batches=8,2 dtypes=bf16 impls=triton modes=fwd+bwd
 batches=8,2 dtypes=bf16 impls=fast,triton modes=fwd"
     TUNE=(--dtypes bf16 --size 800x1333 --batch 2 --warps 4,8,16 --stages 1,3 --repeats 3)
     # The configs' own pipelines on toy data of their sizes, as users run them on a GPU (--amp: fp16).

@@ -437,6 +437,19 @@ def test_vvt_bf16_variants_build_vvt_with_bf16_products():
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in bf16.parameters())
 
 
+def test_vvt_fused_variants_build_vvt_with_fused_conv_gelu_and_stay_out_of_all():
+    """``vvt-<arch>-fused`` is VVT of that arch with ``fused_conv_gelu=True`` (the same parameters); its kernels run
+    on CUDA only, so ``--models all`` (on the CPU by default) leaves it out."""
+    from visattn_mm.models.vvt import ConvMlp
+
+    plain, fused = (benchmark_backbones.MODEL_ZOO[name][0]() for name in ('vvt-t', 'vvt-t-fused'))
+    flags = [{m.fused_conv_gelu for m in model.modules() if isinstance(m, ConvMlp)} for model in (plain, fused)]
+    assert flags == [{False}, {True}]
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in fused.parameters())
+    models = benchmark.parse_args(['--sizes', '64x64']).grids[0].models
+    assert 'vvt-t' in models and 'vvt-t-bf16' in models and not any(name.endswith('-fused') for name in models)
+
+
 def test_compile_option_names_the_compiled_rows_and_compiles_swin_blocks():
     """``--compile``: models and baseline named ``+compile``; ours built with ``compile_blocks``, each of
     Swin-T's 12 blocks behind its own compiled runner; r50 refused with the fix."""

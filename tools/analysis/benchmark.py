@@ -66,7 +66,7 @@ import torch
 import torch.nn as nn
 
 from visattn_mm.analysis import benchmarking as bench
-from visattn_mm.analysis.benchmark_backbones import MODEL_ZOO, case_function
+from visattn_mm.analysis.benchmark_backbones import FUSED, MODEL_ZOO, case_function
 
 DEFAULT_SIZES = ('800x1333', '512x512', '512x2048')
 # The options a --grid may replace.
@@ -221,7 +221,7 @@ def check_grid(grid):
         SystemExit: naming the option that cannot work.
     """
     grid.models = (
-        list(MODEL_ZOO)
+        [name for name in MODEL_ZOO if not name.endswith(FUSED)]
         if grid.models == 'all'
         else bench.check_choices(bench.parse_list(grid.models), MODEL_ZOO, '--models')
     )

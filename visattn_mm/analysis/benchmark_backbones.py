@@ -91,6 +91,11 @@ def _baseline(class_name, kwargs, fallback, fallback_name):
     return getattr(backbones, class_name)(**kwargs)
 
 
+#: The name suffix of VVT with ``fused_conv_gelu=True``: its opt-in kernels run on CUDA only, so ``--models all``
+#: leaves these out.
+FUSED = '-fused'
+
+
 def _model_zoo():
     """name -> (builder, uses our attention ops)."""
     zoo = {}
@@ -98,8 +103,9 @@ def _model_zoo():
         for size in family.sizes:
             name, class_name = family.model_name(size), family.cls.__name__
             zoo[name] = (functools.partial(_ours, class_name, size), True)
-            if family.cls is VVT:  # its opt-in bf16 products (they differ from fp32 ones in bf16 rows)
+            if family.cls is VVT:  # its opt-ins: bf16 products (unlike fp32 ones in bf16 rows), fused conv-FFN
                 zoo[f'{name}-bf16'] = (functools.partial(_ours, class_name, size, bf16_products=True), True)
+                zoo[name + FUSED] = (functools.partial(_ours, class_name, size, fused_conv_gelu=True), True)
     zoo['swin-t'] = (
         functools.partial(_baseline, 'SwinTransformer', SWIN_T, _timm_swin_t, "timm's swin_tiny_patch4_window7_224"),
         False,

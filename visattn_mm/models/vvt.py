@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
 
+from ..ops.conv_gelu import depthwise_conv_gelu, depthwise_conv_gelu_backward
 from ..ops.specs import VICINITY
 from ..ops.vicinity import lean_signed_clamp, preserve_features, vicinity_attention
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
@@ -187,25 +188,66 @@ class _DepthwiseConvGeluLinear(torch.autograd.Function):
         return (*grad_conv, grad_weight, grad_bias)
 
 
+class _FusedConvGeluLinear(torch.autograd.Function):
+    """``linear(depthwise_conv_gelu(x, impl='triton'), weight, bias)`` on tokens ``x``, keeping only ``x`` (and the
+    weights) of the hidden-wide tensors for backward, as :class:`_DepthwiseConvGeluLinear` does on the torch path:
+    backward runs the forward kernel again for ``fc2``'s weight gradient, then the two backward kernels. All
+    tensors share one dtype (the caller casts, as autocast would).
+    """
+
+    @staticmethod
+    def forward(ctx, x, conv_weight, conv_bias, weight, bias, height, width):
+        ctx.save_for_backward(x, conv_weight, conv_bias, weight)
+        ctx.hw = (height, width)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(depthwise_conv_gelu(x, height, width, conv_weight, conv_bias, 'triton'), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, conv_weight, conv_bias, weight = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            hidden = depthwise_conv_gelu(x, *ctx.hw, conv_weight, conv_bias, 'triton')
+            grad_rows = grad.reshape(-1, grad.shape[-1])
+            grad_weight = grad_rows.t() @ hidden.reshape(-1, hidden.shape[-1])
+            grad_conv = depthwise_conv_gelu_backward(grad @ weight, x, *ctx.hw, conv_weight, conv_bias, 'triton')
+        return (*grad_conv, grad_weight, grad_rows.sum(0), None, None)
+
+
 class ConvMlp(nn.Module):
     """PVTv2 conv-FFN: fc1 -> 3x3 depthwise conv -> GELU -> dropout -> fc2 -> dropout.
 
     In training (without dropout inside) the convolution, GELU and ``fc2`` run as one autograd
     function that keeps only the convolution's input of the hidden-wide tensors
-    (:class:`_DepthwiseConvGeluLinear`).
+    (:class:`_DepthwiseConvGeluLinear`; :class:`_FusedConvGeluLinear` with ``fused_conv_gelu``).
+
+    Args:
+        dim (int): Channels in and out.
+        hidden_dim (int): Hidden channels.
+        drop (float): Dropout after the GELU and after ``fc2``. Default: 0.
+        fused_conv_gelu (bool): Run the convolution and the GELU as one Triton kernel forward and two
+            backward (:mod:`visattn_mm.ops.conv_gelu`; CUDA tensors, or Triton's interpreter). Default: False.
     """
 
-    def __init__(self, dim, hidden_dim, drop=0.0):
+    def __init__(self, dim, hidden_dim, drop=0.0, fused_conv_gelu=False):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.dwconv = DWConv(hidden_dim)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
+        self.fused_conv_gelu = fused_conv_gelu
 
     def forward(self, x, hw):
         x = self.fc1(x)
         conv = self.dwconv.dwconv
+        if self.fused_conv_gelu:
+            dtype = autocast_dtype(x)
+            x, conv_weight, conv_bias = x.to(dtype), conv.weight.to(dtype), conv.bias.to(dtype)
+            if keeps_gelu_input_only(self):
+                fc2 = (self.fc2.weight.to(dtype), self.fc2.bias.to(dtype))
+                return _FusedConvGeluLinear.apply(x, conv_weight, conv_bias, *fc2, *hw)
+            x = self.drop(depthwise_conv_gelu(x, *hw, conv_weight, conv_bias, 'triton'))
+            return self.drop(self.fc2(x))
         if conv.bias is None or not keeps_gelu_input_only(self):
             x = self.drop(self.act(self.dwconv(x, hw)))
             return self.drop(self.fc2(x))
@@ -226,16 +268,17 @@ class VVTBlock(nn.Module):
         mlp_ratio (float): MLP hidden width / dim.
         drop (float): Dropout after the attention and in the MLP. Default: 0.
         drop_path (float): Stochastic depth of this block. Default: 0.
+        fused_conv_gelu (bool): See :class:`ConvMlp`. Default: False.
         **attention: The rest of :class:`VicinityAttention`'s arguments (``fr_ratio``,
             ``se_ratio``, ``attn_impl``, ``bf16_products``).
     """
 
-    def __init__(self, dim, num_heads, mlp_ratio, drop=0.0, drop_path=0.0, **attention):
+    def __init__(self, dim, num_heads, mlp_ratio, drop=0.0, drop_path=0.0, fused_conv_gelu=False, **attention):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
         self.attn = VicinityAttention(dim, num_heads, proj_drop=drop, **attention)
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
-        self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop)
+        self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop, fused_conv_gelu)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x, hw):
@@ -284,6 +327,10 @@ class VVT(DenseBackbone):
         bf16_products (bool): Run the attention's matrix products (torch and Triton paths) on bf16
             operands when the inputs are bf16 (bf16 autocast): tensor cores, coarser gradients,
             opt-in. False: fp32 products. Default: False.
+        fused_conv_gelu (bool): Run each conv-FFN's depthwise convolution and GELU as Triton kernels
+            (:mod:`visattn_mm.ops.conv_gelu`: one forward, two backward, about half the passes over the
+            hidden-wide tensors of the torch path), on CUDA tensors. Opt-in: no GPU has timed it yet.
+            Default: False.
         **kwargs: The standard dense-backbone arguments (``out_indices``, ``frozen_stages``,
             ``norm_eval``, ``with_cp``, ``compile_blocks``, ``cuda_graphs``, ``pretrained``, ``init_cfg``), see
             :class:`~visattn_mm.models.base.DenseBackbone`. The outputs are the stages in
@@ -309,12 +356,14 @@ class VVT(DenseBackbone):
         drop_path_rate=0.1,
         attn_impl='auto',
         bf16_products=False,
+        fused_conv_gelu=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_attn_impl(attn_impl, 'VVT', self.attention_ops)
-        if not isinstance(bf16_products, bool):
-            raise ValueError(f'VVT: bf16_products={bf16_products!r} must be True or False')
+        for name, value in (('bf16_products', bf16_products), ('fused_conv_gelu', fused_conv_gelu)):
+            if not isinstance(value, bool):
+                raise ValueError(f'VVT: {name}={value!r} must be True or False')
         spec = self.resolve_arch(arch)
         depths, dims, heads, mlp_ratios = spec['depths'], spec['embed_dims'], spec['num_heads'], spec['mlp_ratios']
         check_int(fr_ratio, 'fr_ratio', 'VVT')
@@ -334,7 +383,7 @@ class VVT(DenseBackbone):
         def make_stage(i, in_dim):
             kernel, stride = (7, 4) if i == 0 else (3, 2)
             blocks = [
-                VVTBlock(dims[i], heads[i], mlp_ratios[i], drop_rate, drop_path, **attention)
+                VVTBlock(dims[i], heads[i], mlp_ratios[i], drop_rate, drop_path, fused_conv_gelu, **attention)
                 for drop_path in drop_paths[i]
             ]
             embed = OverlapPatchEmbed(in_dim, dims[i], kernel, stride, eps=EMBED_LN_EPS)
