@@ -230,10 +230,13 @@ CEILINGS = {
     ('vil-s', 'triton'): (0.75, 0.40, 1.05, 0.75, 1.05),
     ('vil-ls-s', 'auto'): (0.87, 1.63, 1.42, 1.26, 1.42),
     ('vil-ls-s', 'triton'): (0.79, 0.49, 1.11, 0.81, 1.11),
-    ('pale-t', 'auto'): (1.05, 0.53, 2.30, 1.03, 1.26),
-    ('pale-t', 'triton'): (1.01, 0.12, 2.05, 0.95, 1.12),
-    ('vvt-s', 'auto'): (1.01, 0.77, 2.57, 2.08, 1.72),
-    ('vvt-s', 'triton'): (1.00, 0.17, 1.55, 1.42, 1.04),
+    ('pale-t', 'auto'): (1.05, 0.53, 2.28, 1.03, 1.25),
+    ('pale-t', 'triton'): (1.01, 0.12, 2.03, 0.95, 1.11),
+    ('vvt-s', 'auto'): (1.01, 0.77, 2.55, 2.08, 1.70),
+    ('vvt-s', 'triton'): (1.00, 0.17, 1.53, 1.42, 1.02),
+    # The opt-in fused conv-FFN (fused_conv_gelu=True); its backward's internal round trip of one hidden-wide
+    # tensor per block is not counted (the tracer sees a custom op's arguments and results).
+    ('vvt-s-fused', 'triton'): (0.99, 0.17, 1.49, 1.20, 0.99),
 }
 
 

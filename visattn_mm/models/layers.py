@@ -36,6 +36,8 @@ def gelu_linear_grads(grad, gelu_input, weight, needs_input_grad):
     """The gradients of ``linear(gelu(gelu_input), weight, bias)`` (input, weight, bias; ``None``
     where ``needs_input_grad`` says no), recomputing the GELU from its input."""
     needs_input, needs_weight, needs_bias = needs_input_grad
+    if needs_input:  # once: `grad @ weight` would copy a gradient that reaches the block channel-first
+        grad = grad.contiguous()
     grad_input = torch.ops.aten.gelu_backward(grad @ weight, gelu_input) if needs_input else None
     grad_weight = summed_over_tokens(grad, F.gelu(gelu_input)) if needs_weight else None
     grad_bias = grad.sum(tuple(range(grad.dim() - 1))) if needs_bias else None

@@ -205,9 +205,10 @@ class _FusedConvGeluLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, conv_weight, conv_bias, weight = ctx.saved_tensors
+        grad = grad.contiguous()  # once: a strided gradient would be copied by each of the two products
         with torch.autocast(x.device.type, enabled=False):
             hidden = depthwise_conv_gelu(x, *ctx.hw, conv_weight, conv_bias, 'triton')
-            grad_rows = grad.reshape(-1, grad.shape[-1])
+            grad_rows = grad.view(-1, grad.shape[-1])
             grad_weight = grad_rows.t() @ hidden.reshape(-1, hidden.shape[-1])
             grad_conv = depthwise_conv_gelu_backward(grad @ weight, x, *ctx.hw, conv_weight, conv_bias, 'triton')
         return (*grad_conv, grad_weight, grad_rows.sum(0), None, None)
