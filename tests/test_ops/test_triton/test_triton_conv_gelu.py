@@ -20,8 +20,11 @@ from triton_harness import (
     compare_backbone,
     compiling_launches,
     interpreted_fixture,
+    launch_snapshot,
+    launches_since,
     low_precision_errors,
     main,
+    mismatches,
     set_interpreted,
 )
 from visattn_mm.models import VVT
@@ -78,6 +81,44 @@ def test_vvt_fused_conv_gelu_runs_the_kernels_and_computes_what_it_did(interpret
     result = interpreted['vvt']
     assert_kernels_matched(result, {FORWARD: 8, BACKWARD_PRE: 4, BACKWARD_INPUT: 4})
     assert result['evaluation_launches'] == {FORWARD: 4}
+
+
+def compare_compiled():
+    """A tiny VVT with fused_conv_gelu=True under torch.compile (AOTAutograd, eager backend; interpreter subprocess):
+    graphs and graph breaks, the kernel launches, and the outputs and parameter gradients against eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = build_tiny(VVT, fused_conv_gelu=True, drop_path_rate=0.0).double().train()
+    image = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    counter = CompileCounterWithBackend('aot_eager')
+    torch._dynamo.reset()
+    results = {}
+    for label, run in (('eager', model), ('compiled', torch.compile(model, backend=counter))):
+        before = launch_snapshot()
+        outs = run(image)
+        grads = torch.autograd.grad(sum(o.pow(2).mean() for o in outs), list(model.parameters()))
+        tensors = {f'output {i}': o for i, o in enumerate(outs)}
+        tensors.update((name, g) for (name, _), g in zip(model.named_parameters(), grads))
+        results[label] = tensors, launches_since(before)
+    return dict(
+        graphs=counter.frame_count,
+        graph_breaks=torch._dynamo.explain(model)(image).graph_break_count,
+        launches=results['compiled'][1],
+        eager_launches=results['eager'][1],
+        mismatches=mismatches(results['compiled'][0], results['eager'][0], rtol=1e-12, atol=1e-12),
+    )
+
+
+def test_vvt_fused_conv_gelu_compiles_in_one_graph_to_the_eager_numbers(interpreted):
+    """The kernels are custom ops inside an autograd function: torch.compile keeps them opaque, in one graph. Its
+    graph may keep the forward's output for backward instead of running the forward kernel again (AOTAutograd
+    merges the two identical calls: 4 forward launches instead of eager's 8)."""
+    result = interpreted['compiled']
+    assert 'error' not in result, result.get('error')
+    assert result['graphs'] == 1 and result['graph_breaks'] == 0
+    assert result['eager_launches'] == {FORWARD: 8, BACKWARD_PRE: 4, BACKWARD_INPUT: 4}
+    assert result['launches'] in (result['eager_launches'], {FORWARD: 4, BACKWARD_PRE: 4, BACKWARD_INPUT: 4})
+    assert not result['mismatches'], '\n'.join(result['mismatches'])
 
 
 @pytest.mark.parametrize(
@@ -168,4 +209,5 @@ if __name__ == '__main__':
         CASES,
         vvt=lambda: compare_backbone(VVT, (), (('fused_conv_gelu', True),), evaluation=True),
         fp16=compare_fp16,
+        compiled=compare_compiled,
     )
