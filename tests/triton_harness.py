@@ -318,18 +318,18 @@ def compare_backbone(cls, reference=(('attn_impl', 'math'),), candidate=(('attn_
         grads = torch.autograd.grad(sum(o.pow(2).mean() for o in outs), list(model.parameters()))
         tensors = {f'output {i}': o for i, o in enumerate(outs)}
         tensors.update((name, g) for (name, _), g in zip(model.named_parameters(), grads))
-        launches = [launches_since(before)]
+        launches = {'launches': launches_since(before)}
         if evaluation:
             before = launch_snapshot()
             with torch.no_grad():
                 tensors.update((f'evaluation output {i}', o) for i, o in enumerate(model(image)))
-            launches.append(launches_since(before))
+            launches['evaluation_launches'] = launches_since(before)
         results[side] = tensors, launches
+    (reference_tensors, reference_launches), (tensors, launches) = results['reference'], results['candidate']
     return dict(
-        math_launches=results['reference'][1][0],
-        launches=results['candidate'][1][0],
-        **({'evaluation_launches': results['candidate'][1][1]} if evaluation else {}),
-        mismatches=mismatches(results['candidate'][0], results['reference'][0], rtol=1e-9, atol=1e-10),
+        math_launches=reference_launches['launches'],
+        **launches,
+        mismatches=mismatches(tensors, reference_tensors, rtol=1e-9, atol=1e-10),
     )
 
 

@@ -31,6 +31,7 @@ from .layers import (
     gelu_linear_grads,
     init_transformer_weights,
     keeps_gelu_input_only,
+    summed_over_tokens,
 )
 
 ARCH_ZOO = with_aliases(
@@ -207,11 +208,9 @@ class _FusedConvGeluLinear(torch.autograd.Function):
         x, conv_weight, conv_bias, weight = ctx.saved_tensors
         grad = grad.contiguous()  # once: a strided gradient would be copied by each of the two products
         with torch.autocast(x.device.type, enabled=False):
-            hidden = depthwise_conv_gelu(x, *ctx.hw, conv_weight, conv_bias, 'triton')
-            grad_rows = grad.view(-1, grad.shape[-1])
-            grad_weight = grad_rows.t() @ hidden.reshape(-1, hidden.shape[-1])
+            grad_weight = summed_over_tokens(grad, depthwise_conv_gelu(x, *ctx.hw, conv_weight, conv_bias, 'triton'))
             grad_conv = depthwise_conv_gelu_backward(grad @ weight, x, *ctx.hw, conv_weight, conv_bias, 'triton')
-        return (*grad_conv, grad_weight, grad_rows.sum(0), None, None)
+        return (*grad_conv, grad_weight, grad.sum(tuple(range(grad.dim() - 1))), None, None)
 
 
 class ConvMlp(nn.Module):

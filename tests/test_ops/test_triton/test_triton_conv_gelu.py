@@ -27,6 +27,7 @@ from triton_harness import (
     main,
     mismatches,
     set_interpreted,
+    skip_unless_compiled,
 )
 from visattn_mm.models import VVT
 from visattn_mm.ops.conv_gelu import depthwise_conv_gelu
@@ -140,7 +141,8 @@ def test_malformed_calls_are_refused(call, match):
 def test_cpu_tensors_are_refused_naming_the_alternative(monkeypatch):
     pytest.importorskip(MODULE)
     set_interpreted(monkeypatch, False)
-    with pytest.raises(RuntimeError, match=r"CUDA tensors, got cpu ones: use impl 'math'.*fused_conv_gelu=False"):
+    refusal = r"CUDA tensors, got cpu ones; use impl 'math' \(VVT: fused_conv_gelu=False\) there"
+    with pytest.raises(RuntimeError, match=refusal):
         depthwise_conv_gelu(torch.zeros(1, 9, 4), 3, 3, torch.zeros(4, 1, 3, 3), torch.zeros(4), impl='triton')
 
 
@@ -165,12 +167,9 @@ def test_kernels_do_not_spill_on_hopper(monkeypatch):
     """sm_90 machine code of every launch at VVT-S's widest hidden tensor (768 channels), bf16 and fp32, as
     ``tools/analysis/triton_resources.py`` reads it from ptxas: no register spills (with 4 warps a program the
     first backward kernel spilled 492 bytes per thread, hence 8)."""
-    pytest.importorskip(MODULE)
-    from visattn_mm.ops import impl
+    skip_unless_compiled()
     from visattn_mm.ops.triton import host
 
-    if impl.triton_interpreted():
-        pytest.skip('TRITON_INTERPRET is on in this process: the kernels are not compilable objects')
     triton_resources = _load_tool('analysis/triton_resources')
     reports = []
 

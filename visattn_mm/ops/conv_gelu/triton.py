@@ -25,8 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import impl
-
 __all__ = ['triton_depthwise_conv_gelu', 'triton_depthwise_conv_gelu_backward']
 
 
@@ -213,17 +211,9 @@ def _differentiate(ctx, grad_out):
 _forward.register_autograd(_differentiate, setup_context=_setup_context)
 
 
-def _check_device(x):
-    if impl.dispatch_device_type(x.device.type) != 'cuda' and not impl.triton_interpreted():
-        raise RuntimeError(
-            f"depthwise_conv_gelu impl 'triton' runs on CUDA tensors, got {x.device.type} ones: use impl 'math' there "
-            '(VVT: fused_conv_gelu=False)'
-        )
-
-
 def _operands(x, weight, bias):
     """``x`` contiguous (a linear layer's output already is), ``weight`` and ``bias`` cast to its dtype."""
-    _check_device(x)
+    host.check_device(x, "impl 'math' (VVT: fused_conv_gelu=False)")
     return x.contiguous(), weight.to(x.dtype).contiguous(), bias.to(x.dtype).contiguous()
 
 

@@ -441,8 +441,8 @@ def check_supported(op, q, tokens, window=None, dropout_p=0.0):
         raise ValueError(f'q has {q.shape[2]} tokens, not height * width = {tokens}')
 
 
-def check_device(q):
-    """Refuses tensors that are not on a CUDA device, naming the alternative, unless Triton's interpreter
+def check_device(q, alternative="impl 'fast' or 'math'"):
+    """Refuses tensors that are not on a CUDA device, naming the ``alternative``, unless Triton's interpreter
     is on (then the kernels run on CPU tensors).
 
     Raises:
@@ -450,9 +450,9 @@ def check_device(q):
     """
     if impl.dispatch_device_type(q.device.type) != 'cuda' and not impl.triton_interpreted():
         raise RuntimeError(
-            f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use impl 'fast' or "
-            "'math' there (TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are "
-            'imported runs them on the CPU, slowly, for tests)'
+            f"impl 'triton' runs on CUDA tensors, got {q.device.type} ones; use {alternative} there "
+            "(TRITON_INTERPRET=1 set before visattn_mm's Triton kernels are imported runs them on the CPU, "
+            'slowly, for tests)'
         )
 
 
