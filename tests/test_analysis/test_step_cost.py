@@ -58,6 +58,23 @@ def test_views_launch_nothing_and_broadcasts_are_read_once():
     assert cost.summary()['launched'] == sum(op.launched for op in ops.values())
 
 
+def test_out_arguments_are_written_not_read():
+    """A product into a column slice of a wider tensor (as Pale's q/k/v backward writes its parts): the slice
+    is written, not read, and the op is launched."""
+
+    def forward(model, x):
+        rows = x.reshape(-1, 64)  # (240, 64)
+        out = torch.empty(rows.shape[0], 2 * 64)
+        torch.mm(rows, torch.ones(64, 64), out=out[:, 64:])
+        return out
+
+    mm = _trace(forward).ops['mm']
+    assert mm.launched == 1
+    assert mm.bytes_written == 240 * 64 * 4
+    assert mm.bytes_read == (240 * 64 + 64 * 64) * 4
+    assert mm.flops == 2 * 240 * 64 * 64
+
+
 def test_layout_ops_are_counted_as_layout():
     cost = _trace(lambda m, x: torch.cat([x, F.pad(x, (0, 1))], dim=-1).contiguous())
     layout = cost.by_class()['layout']
@@ -230,8 +247,9 @@ CEILINGS = {
     ('vil-s', 'triton'): (0.75, 0.40, 1.05, 0.75, 1.05),
     ('vil-ls-s', 'auto'): (0.87, 1.63, 1.42, 1.26, 1.42),
     ('vil-ls-s', 'triton'): (0.79, 0.49, 1.11, 0.81, 1.11),
-    ('pale-t', 'auto'): (1.05, 0.53, 2.28, 1.03, 1.25),
-    ('pale-t', 'triton'): (1.01, 0.12, 2.03, 0.95, 1.11),
+    # Pale's q/k/v input is repeated once per projection (layout bytes) in place of three casts of it.
+    ('pale-t', 'auto'): (1.05, 0.59, 1.83, 0.98, 1.00),
+    ('pale-t', 'triton'): (1.01, 0.18, 1.58, 0.89, 0.86),
     ('vvt-s', 'auto'): (1.01, 0.77, 2.55, 2.08, 1.70),
     ('vvt-s', 'triton'): (1.00, 0.17, 1.53, 1.42, 1.02),
     # The opt-in fused conv-FFN (fused_conv_gelu=True); its backward's internal round trip of one hidden-wide
@@ -278,10 +296,10 @@ WHOLE_MODEL_CEILINGS = {
     ('maskrcnn_vil_ls_s_1x', 'triton'): (0.79, 0.74),
     ('upernet_vil_ls_s_160k_ade20k', 'auto'): (0.86, 1.06),
     ('upernet_vil_ls_s_160k_ade20k', 'triton'): (0.85, 0.76),
-    ('maskrcnn_pale_t_1x', 'auto'): (1.02, 0.92),
-    ('maskrcnn_pale_t_1x', 'triton'): (0.98, 0.85),
-    ('upernet_pale_t_160k_ade20k', 'auto'): (0.99, 0.90),
-    ('upernet_pale_t_160k_ade20k', 'triton'): (0.97, 0.85),
+    ('maskrcnn_pale_t_1x', 'auto'): (1.02, 0.87),
+    ('maskrcnn_pale_t_1x', 'triton'): (0.98, 0.80),
+    ('upernet_pale_t_160k_ade20k', 'auto'): (0.99, 0.86),
+    ('upernet_pale_t_160k_ade20k', 'triton'): (0.97, 0.81),
     ('maskrcnn_vvt_s_1x', 'auto'): (0.98, 1.76),
     ('maskrcnn_vvt_s_1x', 'triton'): (0.97, 1.23),
     ('upernet_vvt_s_160k_ade20k', 'auto'): (0.97, 1.55),

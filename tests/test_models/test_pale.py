@@ -4,6 +4,8 @@ The backbone contract (outputs, out_indices, frozen_stages, norm_eval, with_cp, 
 init_cfg) is tested for every backbone in tests/test_models/test_backbone_contract.py.
 """
 
+import copy
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -12,8 +14,9 @@ import visattn_mm  # noqa: F401  (registration)
 from helpers import PALE_TINY_ARCH as TINY_ARCH
 from helpers import build_config_model_on_meta
 from paths import ROOT
+from visattn_mm.analysis.step_cost import trace_step
 from visattn_mm.models import Classifier, PaleTransformer
-from visattn_mm.models.pale import PaleAttention
+from visattn_mm.models.pale import PaleAttention, separable_convs_as_one
 from visattn_mm.ops.pale.reference import pale_attention_dense
 
 
@@ -98,6 +101,85 @@ def test_attention_layer_matches_dense_reference(hw, pale_size):
         bn.running_var.uniform_(0.5, 2)
     x = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
     torch.testing.assert_close(attn(x, hw), _module_reference(attn, x, hw), rtol=1e-5, atol=1e-5)
+
+
+def _attention_with_statistics(qkv_bias=True, momentum=0.1):
+    """A float64 PaleAttention whose q/k/v BatchNorms have non-trivial statistics and affine values."""
+    torch.manual_seed(0)
+    attn = PaleAttention(24, num_heads=4, qkv_bias=qkv_bias).double()
+    for conv in (attn.q, attn.k, attn.v):
+        conv.bn.momentum = momentum
+        conv.bn.running_mean.uniform_(-1, 1)
+        conv.bn.running_var.uniform_(0.5, 2)
+        conv.bn.weight.data.uniform_(0.5, 2)
+        conv.bn.bias.data.uniform_(-1, 1)
+    return attn
+
+
+@pytest.mark.parametrize(
+    'qkv_bias, momentum, training, used',
+    [
+        (True, 0.1, True, (0, 1, 2)),
+        (False, 0.1, True, (0, 1, 2)),
+        (True, None, True, (0, 1, 2)),  # cumulative average
+        (True, 0.1, True, (0, 2)),  # k reaches no loss: no gradient arrives for it
+        (True, 0.1, False, (0, 1, 2)),
+    ],
+)
+def test_qkv_projections_run_as_one_compute_what_each_computes(qkv_bias, momentum, training, used):
+    """separable_convs_as_one against the three SeparableConv modules run one by one, float64: outputs,
+    the input's and every parameter's gradient, BatchNorm's running statistics and counters (two steps)."""
+    joined = _attention_with_statistics(qkv_bias, momentum).train(training)
+    alone = copy.deepcopy(joined)
+    hw, scales = (5, 7), (0.3, 1.0, 1.0)
+    for step in range(2):
+        x = torch.randn(2, 35, 24, dtype=torch.float64, requires_grad=True)
+        x_alone = x.detach().clone().requires_grad_()
+        outs = separable_convs_as_one(x, hw, (joined.q, joined.k, joined.v), scales)
+        image = x_alone.transpose(1, 2).reshape(2, 24, *hw)
+        convs = (alone.q, alone.k, alone.v)
+        refs = [conv(image).flatten(2).transpose(1, 2) * scale for conv, scale in zip(convs, scales)]
+        for out, ref in zip(outs, refs):
+            torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+        weights = [torch.randn_like(out) for out in outs]
+        sum((outs[j] * weights[j]).sum() for j in used).backward()
+        sum((refs[j] * weights[j]).sum() for j in used).backward()
+        torch.testing.assert_close(x.grad, x_alone.grad, rtol=1e-12, atol=1e-12)
+    for (name, param), (_, param_alone) in zip(joined.named_parameters(), alone.named_parameters()):
+        if name.startswith(('q.', 'k.', 'v.')):
+            # Joined, an unused projection's parameters get zero gradients; alone they get none.
+            expected = torch.zeros_like(param) if param_alone.grad is None else param_alone.grad
+            torch.testing.assert_close(param.grad, expected, rtol=1e-12, atol=1e-12, msg=name)
+    for (name, buffer), (_, buffer_alone) in zip(joined.named_buffers(), alone.named_buffers()):
+        torch.testing.assert_close(buffer, buffer_alone, rtol=1e-12, atol=1e-12, msg=name)
+    assert int(joined.q.bn.num_batches_tracked) == (2 if training else 0)
+
+
+def test_qkv_projections_launch_one_conv_and_one_norm_each_way():
+    """One depthwise conv, one BatchNorm and three products forward; no layer runs once per projection."""
+    attn = PaleAttention(32, num_heads=4).train()
+    ops = trace_step(attn, (2, 48, 32), forward=lambda m, x: m(x, (6, 8))).ops
+    assert ops['convolution'].launched == ops['convolution_backward'].launched == 1
+    assert ops['native_batch_norm'].launched == ops['native_batch_norm_backward'].launched == 1
+    assert ops['addmm'].launched == 3 + 1 + 6  # q/k/v and proj forward, the q/k/v backward
+
+
+def test_qkv_projections_run_one_by_one_where_joined_would_differ():
+    """SyncBatchNorm (mmengine's sync_bn) or BatchNorms in different modes: each projection runs alone."""
+    attn = _attention_with_statistics().eval()
+    x = torch.randn(2, 35, 24, dtype=torch.float64)
+    expected = attn(x, (5, 7))
+    synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(attn)).eval()
+    mixed = copy.deepcopy(attn)
+    mixed.k.bn.train()  # the others stay in eval; a training BatchNorm alone updates its statistics
+    running_mean = mixed.k.bn.running_mean.clone()
+    for model in (synced, mixed):
+        with torch.no_grad():
+            out = model(x, (5, 7))
+        assert out.shape == expected.shape
+    torch.testing.assert_close(synced(x, (5, 7)), expected, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(mixed.k.bn.running_mean, running_mean)
+    assert torch.equal(mixed.q.bn.running_mean, attn.q.bn.running_mean)
 
 
 def test_one_value_per_channel_trains_only_with_norm_eval():

@@ -11,7 +11,7 @@ takes seconds on two cores. Every ATen op the step dispatches is recorded with:
   torch's formula ignores);
 * ``bytes_read`` / ``bytes_written``: the distinct elements of the tensor
   arguments (a broadcast dimension read once) and of the outputs that own new
-  memory or inputs written in place;
+  memory, inputs written in place or ``out=`` arguments (written, not read);
 * ``bytes_saved``: tensors autograd keeps for backward, each storage counted once,
   charged to the op that ran last before it was saved;
 
@@ -378,7 +378,18 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        # `out=` arguments are written, not read (a backward may write its parts into one tensor)
+        out_arguments = [
+            kwargs[argument.name]
+            for argument in func._schema.arguments
+            if argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
+            if isinstance(kwargs.get(argument.name), torch.Tensor)
+        ]
+        inputs = [
+            t
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor) and not any(t is written for written in out_arguments)
+        ]
         input_keys = {_storage_key(t) for t in inputs}
         cost = self.ops[_op_name(func)]
         name = func.overloadpacket.__name__
@@ -399,6 +410,7 @@ class _Recorder(TorchDispatchMode):
         for argument, value in zip(func._schema.arguments, args):
             if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
                 written += _distinct_bytes(value)
+        written += sum(_distinct_bytes(value) for value in out_arguments)
         cost.count += 1
         if written:
             cost.launched += 1

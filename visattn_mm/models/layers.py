@@ -16,8 +16,10 @@ from ..ops.impl import ATTENTION_IMPLS, describe_impl, get_attention_impl
 
 def autocast_dtype(x):
     """The dtype autocast would run a matrix product of ``x`` in: its autocast dtype for a
-    16/32-bit float ``x`` under autocast on ``x``'s device, else ``x.dtype``."""
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
+    16/32-bit float ``x`` under autocast on ``x``'s device, else ``x.dtype`` (also on devices autocast
+    does not know, e.g. 'meta')."""
+    floating = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    if floating and torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
 

@@ -30,15 +30,23 @@ classifiers have 21.77M / 48.33M / 85.36M parameters, i.e. the unofficial port's
 the heads (channels) attends within row groups, the second half within column
 groups (:mod:`visattn_mm.ops.pale`); the halves are concatenated and projected by
 ``proj`` (Linear). LayerNorm eps 1e-5 throughout (PyTorch default, as CvT/CSWin).
+
+The three separable convs keep their own modules and checkpoint keys (``attn.q.dw.weight``, ...)
+but run as one of each layer over ``3C`` channels (:func:`separable_convs_as_one`): one
+depthwise conv, one BatchNorm and one pointwise conv in three groups, with their weights joined
+and cast once. Run one by one they take about three times the launches, and under autocast
+each of their inputs and weights is cast on its own.
 """
 
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import DropPath
 
 from ..ops.pale import pale_attention
 from ..ops.specs import PALE
 from .base import DenseBackbone, Stage, drop_head_and_unbuilt_stages, rename_numbered_stage_keys, with_aliases
-from .layers import Mlp, OverlapPatchEmbed, check_attn_impl, check_int, init_transformer_weights
+from .layers import Mlp, OverlapPatchEmbed, autocast_dtype, check_attn_impl, check_int, init_transformer_weights
 
 ARCH_ZOO = with_aliases(
     {
@@ -73,6 +81,154 @@ class SeparableConv(nn.Module):
         return self.pw(self.bn(self.dw(x)))
 
 
+def _run_as_one(convs):
+    """Whether :func:`separable_convs_as_one` computes what ``convs`` compute one by one: their
+    BatchNorms are plain ``nn.BatchNorm2d`` alike in mode and settings (not SyncBatchNorm, which
+    mmengine's ``sync_bn`` swaps in and whose statistics span processes), and their pointwise
+    convs all have a bias or none."""
+    settings = {(c.bn.training, c.bn.momentum, c.bn.eps, c.bn.affine, c.bn.track_running_stats) for c in convs}
+    plain = all(type(c.bn) is nn.BatchNorm2d for c in convs)
+    return plain and len(settings) == 1 and len({c.pw.bias is None for c in convs}) == 1
+
+
+def _joined(tensors):
+    """The tensors flattened and concatenated: one launch, one autograd node."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _split_as(flat, groups):
+    """``flat`` split back into one tensor per group of like tensors, each group concatenated along
+    dim 0 (``groups``: lists of tensors whose shapes are wanted)."""
+    parts = flat.split([sum(t.numel() for t in group) for group in groups])
+    return [part.view(-1, *group[0].shape[1:]) for part, group in zip(parts, groups)]
+
+
+def separable_convs_as_one(tokens, hw, convs, scales):
+    """``[conv(x) * scale for conv, scale in zip(convs, scales)]`` as one depthwise conv, one BatchNorm
+    and the pointwise convs as products that write their gradients into one tensor.
+
+    The input is repeated once per conv along the channels, so that the depthwise conv and the
+    BatchNorm work on ``n * C`` channels in conv-major order with the convs' own weights concatenated.
+    All the convs' trainable tensors are concatenated in one op and the conv weights cast once to the
+    autocast dtype; the input is cast once before it is repeated. BatchNorm's running statistics are
+    joined for the call and copied back after a training step, as ``nn.BatchNorm2d`` updates them.
+    The pointwise convs read their channels of the joined map in place (:class:`_PointwiseProducts`).
+
+    Args:
+        tokens (Tensor): ``(B, H*W, C)``, the convs' input as tokens.
+        hw (tuple[int, int]): ``(H, W)``.
+        convs (Sequence[SeparableConv]): The convs, alike (:func:`_run_as_one`).
+        scales (Sequence[float]): A factor per conv's output (the attention's query scale), folded
+            into its product.
+
+    Returns:
+        list[Tensor]: One ``(B, H*W, C)`` output per conv, as tokens.
+    """
+    b, n, channels = tokens.shape
+    dws, bns, pws = [conv.dw for conv in convs], [conv.bn for conv in convs], [conv.pw for conv in convs]
+    conv_groups = [[m.weight for m in dws], [m.bias for m in dws], [m.weight for m in pws]]
+    if pws[0].bias is not None:
+        conv_groups.append([m.bias for m in pws])
+    norm_groups = [[bn.weight for bn in bns], [bn.bias for bn in bns]] if bns[0].affine else []
+    conv_flat, norm_flat = _joined([t for group in conv_groups + norm_groups for t in group]).split(
+        [sum(t.numel() for group in groups for t in group) for groups in (conv_groups, norm_groups)]
+    )
+    dtype = autocast_dtype(tokens)
+    tokens, conv_flat = tokens.to(dtype), conv_flat.to(dtype)
+    dw_weight, dw_bias, pw_weight, *pw_bias = _split_as(conv_flat, conv_groups)
+    norm_weight, norm_bias = _split_as(norm_flat, norm_groups) if norm_groups else (None, None)
+
+    x = tokens.repeat(1, 1, len(convs)).transpose(1, 2).reshape(b, len(convs) * channels, *hw)
+    x = F.conv2d(x, dw_weight, dw_bias, padding=1, groups=len(convs) * channels)
+    x = _batch_norm_as_one(x, bns, norm_weight, norm_bias)
+    rows = x.permute(0, 2, 3, 1).reshape(b * n, len(convs) * channels)  # a view: the convs keep channels-last
+    products = _PointwiseProducts.apply if torch.is_grad_enabled() else _pointwise_products
+    outputs = products(rows, pw_weight.flatten(1), pw_bias[0] if pw_bias else None, tuple(scales))
+    return [out.view(b, n, channels) for out in outputs]
+
+
+def _pointwise_products(rows, weight, bias, scales):
+    """``scale_j * (rows_j @ weight_j^T + bias_j)`` for the ``j``-th of ``len(scales)`` blocks of
+    channels of ``rows``, each a product reading its columns in place."""
+    outputs = []
+    for cols, scale in zip(_channel_blocks(rows, len(scales)), scales):
+        if bias is None:
+            out = torch.mm(rows[:, cols], weight[cols].t())
+            outputs.append(out.mul_(scale) if scale != 1 else out)
+        else:
+            outputs.append(torch.addmm(bias[cols], rows[:, cols], weight[cols].t(), beta=scale, alpha=scale))
+    return tuple(outputs)
+
+
+class _PointwiseProducts(torch.autograd.Function):
+    """:func:`_pointwise_products` with a backward that writes the gradients of every block of
+    channels into one tensor (autograd would join three: one more pass over the ``n * C``-wide
+    map). All tensors share one dtype (the caller casts)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, scales):
+        ctx.save_for_backward(rows, weight)
+        ctx.scales, ctx.has_bias = scales, bias is not None
+        with torch.autocast(rows.device.type, enabled=False):
+            return _pointwise_products(rows, weight, bias, scales)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows, weight = ctx.saved_tensors
+        blocks = _channel_blocks(rows, len(ctx.scales))
+        needs_rows, needs_weight, needs_bias, _ = ctx.needs_input_grad
+        # An output that reached no loss has no gradient.
+        grads = [rows.new_zeros(rows.shape[0], weight.shape[1]) if grad is None else grad for grad in grads]
+        grad_rows = grad_weight = grad_bias = None
+        with torch.autocast(rows.device.type, enabled=False):
+            if needs_rows and torch.compiler.is_compiling():
+                # Dynamo refuses `out=` into a strided view (a graph break); Inductor plans the buffer itself.
+                grad_rows = torch.cat([torch.mm(g, weight[c]) * s for c, g, s in zip(blocks, grads, ctx.scales)], 1)
+            elif needs_rows:
+                grad_rows = rows.new_empty(rows.shape)
+                for cols, grad, scale in zip(blocks, grads, ctx.scales):
+                    part = grad_rows[:, cols]  # beta=0: its uninitialised values are not read
+                    torch.addmm(part, grad, weight[cols], beta=0, alpha=scale, out=part)
+            if needs_weight:
+                grad_weight = weight.new_empty(weight.shape)
+                for cols, grad, scale in zip(blocks, grads, ctx.scales):
+                    part = grad_weight[cols]
+                    torch.addmm(part, grad.t(), rows[:, cols], beta=0, alpha=scale, out=part)
+            if needs_bias and ctx.has_bias:
+                grad_bias = weight.new_empty(weight.shape[0])
+                for cols, grad, scale in zip(blocks, grads, ctx.scales):
+                    torch.sum(grad, 0, out=grad_bias[cols])
+                    if scale != 1:
+                        grad_bias[cols].mul_(scale)
+        return grad_rows, grad_weight, grad_bias, None
+
+
+def _channel_blocks(rows, count):
+    """The ``count`` equal column slices of ``rows``."""
+    width = rows.shape[1] // count
+    return [slice(j * width, (j + 1) * width) for j in range(count)]
+
+
+def _batch_norm_as_one(x, bns, weight, bias):
+    """``nn.BatchNorm2d.forward`` of the ``bns`` (alike) over their channels concatenated in ``x``."""
+    first = bns[0]
+    batch_stats = first.training or not first.track_running_stats
+    factor = 0.0 if first.momentum is None else first.momentum
+    if first.training and first.track_running_stats:
+        counters = [bn.num_batches_tracked for bn in bns]
+        torch._foreach_add_(counters, 1)
+        if first.momentum is None:  # a cumulative average, as nn.BatchNorm2d (which also reads the count)
+            factor = 1.0 / float(first.num_batches_tracked)
+    stats = []
+    if first.track_running_stats:
+        stats = [bn.running_mean for bn in bns] + [bn.running_var for bn in bns]
+    joined = _joined(stats).chunk(2) if stats else (None, None)
+    x = F.batch_norm(x, *joined, weight, bias, batch_stats, factor, first.eps)
+    if stats and batch_stats:
+        torch._foreach_copy_(stats, [part for half in joined for part in half.chunk(len(bns))])
+    return x
+
+
 class PaleAttention(nn.Module):
     """Parallel pale-shaped self-attention.
 
@@ -104,10 +260,16 @@ class PaleAttention(nn.Module):
     def forward(self, x, hw):
         """x: (B, H*W, C) (the block's normalised input); hw: (H, W)."""
         b, n, c = x.shape
-        x = x.transpose(1, 2).reshape(b, c, *hw)
-        q, k, v = (conv(x).reshape(b, self.num_heads, -1, n).transpose(-1, -2) for conv in (self.q, self.k, self.v))
+        convs, scales = (self.q, self.k, self.v), (self.scale, 1.0, 1.0)
+        if _run_as_one(convs):
+            maps = separable_convs_as_one(x, hw, convs, scales)
+        else:
+            image = x.transpose(1, 2).reshape(b, c, *hw)
+            maps = [conv(image).flatten(2).transpose(1, 2) for conv in convs]
+            maps[0] = maps[0] * self.scale
+        q, k, v = (m.reshape(b, n, self.num_heads, -1).transpose(1, 2) for m in maps)
         out = pale_attention(
-            q * self.scale,
+            q,
             k,
             v,
             *hw,
