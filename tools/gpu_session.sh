@@ -86,7 +86,8 @@ KERNEL_TESTS="tests/test_ops/test_triton/test_triton_sliding_chunk.py tests/test
     tests/test_ops/test_triton/test_triton_pale.py tests/test_ops/test_triton/test_triton_vicinity.py
     tests/test_ops/test_triton/test_triton_conv_gelu.py"
 BACKBONE_TESTS="tests/test_cuda.py::test_backbone_matches_float64_reference
-    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu"
+    tests/test_cuda.py::test_training_step_never_waits_for_the_gpu
+    tests/test_models/test_pale.py::test_qkv_projections_run_as_one_compute_what_each_computes"
 TESTS="${TESTS:-$KERNEL_TESTS $BACKBONE_TESTS tests/test_tools/test_benchmark_tools.py tests/test_models/test_cuda_graphs.py}"
 COMPILE_TESTS="tests/test_ops/test_compile.py tests/test_models/test_block_compile.py"
 # Where the H100 and the H200 met an illegal address (2026-11-26: 16-bit kernels launched with 8 warps at head

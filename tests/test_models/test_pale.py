@@ -126,14 +126,15 @@ def _attention_with_statistics(qkv_bias=True, momentum=0.1):
         (True, 0.1, False, (0, 1, 2)),
     ],
 )
-def test_qkv_projections_run_as_one_compute_what_each_computes(qkv_bias, momentum, training, used):
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
+def test_qkv_projections_run_as_one_compute_what_each_computes(qkv_bias, momentum, training, used, device):
     """separable_convs_as_one against the three SeparableConv modules run one by one, float64: outputs,
     the input's and every parameter's gradient, BatchNorm's running statistics and counters (two steps)."""
-    joined = _attention_with_statistics(qkv_bias, momentum).train(training)
+    joined = _attention_with_statistics(qkv_bias, momentum).train(training).to(device)
     alone = copy.deepcopy(joined)
     hw, scales = (5, 7), (0.3, 1.0, 1.0)
     for step in range(2):
-        x = torch.randn(2, 35, 24, dtype=torch.float64, requires_grad=True)
+        x = torch.randn(2, 35, 24, dtype=torch.float64, device=device, requires_grad=True)
         x_alone = x.detach().clone().requires_grad_()
         outs = separable_convs_as_one(x, hw, (joined.q, joined.k, joined.v), scales)
         image = x_alone.transpose(1, 2).reshape(2, 24, *hw)
