@@ -5,9 +5,12 @@ fp32 and under bf16 autocast, with every kernel launch replaced by a compilation
 for an NVIDIA GPU (sm_90, Hopper, by default) through Triton's bundled compiler;
 the bundled ``ptxas -v`` then reports each kernel's registers per thread, spill
 stores and loads (bytes per thread, through local memory), and Triton its shared
-memory per program. No GPU is needed, and nothing is timed: spills are the
-static part of a kernel's cost that can be checked anywhere, and a kernel that
-spills is the first to look at once GPU timings exist. The attention outputs of
+memory per program. The models (:data:`MODELS`) are the compared backbones and
+VVT-S with its opt-in fused conv-FFN (``vvt-s-fused``: ``fused_conv_gelu=True``),
+the one model that launches the depthwise-conv+GELU kernels of
+:mod:`visattn_mm.ops.conv_gelu`. No GPU is needed, and nothing is timed: spills
+are the static part of a kernel's cost that can be checked anywhere, and a
+kernel that spills is the first to look at once GPU timings exist. The attention outputs of
 such a run are uninitialised memory (the kernels are compiled, not run); only
 the launches' arguments matter.
 
@@ -21,7 +24,8 @@ includes the kernels that then sum the RPB gradients without atomics (``ops.trit
 
 ``--digests write`` puts each op's :func:`op_digests` (at the defaults: every backbone, fp32 and bf16,
 256x256, sm_90) into ``visattn_mm/ops/kernel_digests.py``, the compiled code that the CUDA defaults table's
-rows are checked against; ``--digests check`` exits 1 where that file is stale.
+rows are checked against; ``--digests check`` exits 1 where that file is stale. Kernels of ops without rows there
+(:data:`OPS_WITHOUT_DEFAULTS`: conv_gelu) are reported but not digested.
 
 Example::
 
@@ -42,9 +46,8 @@ import tempfile
 import torch
 
 from visattn_mm.analysis import benchmarking as bench
-from visattn_mm.analysis.benchmark_backbones import COMPARED_MODELS as MODELS
+from visattn_mm.analysis.benchmark_backbones import COMPARED_MODELS, FUSED, MODEL_ZOO, training_step
 from visattn_mm.analysis.benchmark_backbones import TRITON_DTYPES as DTYPES
-from visattn_mm.analysis.benchmark_backbones import training_step
 from visattn_mm.models import BACKBONES
 from visattn_mm.ops import kernel_digests
 from visattn_mm.ops.specs import OP_NAMES
@@ -53,6 +56,20 @@ DEFAULT_SIZE = '256x256'
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGESTS_FILE = os.path.join(ROOT, 'visattn_mm', 'ops', 'kernel_digests.py')
 DIGESTS_COMMAND = '.venv/bin/python tools/analysis/triton_resources.py --digests write'
+#: name -> (class name, arch, options): the compared backbones, and each one's fused variant of
+#: :data:`~visattn_mm.analysis.benchmark_backbones.MODEL_ZOO` (VVT's ``fused_conv_gelu=True``), whose opt-in kernels
+#: no other model launches.
+MODELS = {name: (class_name, arch, {}) for name, (class_name, arch) in COMPARED_MODELS.items()}
+MODELS.update(
+    {
+        name + FUSED: (class_name, arch, dict(fused_conv_gelu=True))
+        for name, (class_name, arch) in COMPARED_MODELS.items()
+        if name + FUSED in MODEL_ZOO
+    }
+)
+#: Ops whose kernels have no row in the CUDA defaults table (the fused depthwise-conv+GELU, which VVT runs only
+#: where it is asked to): no digest, since nothing checks one, and their kernel changes leave the table current.
+OPS_WITHOUT_DEFAULTS = ('conv_gelu',)
 COLUMNS = (
     'model',
     'dtype',
@@ -179,8 +196,8 @@ def kernel_resources(name, dtype, size, capability=90, deterministic=False):
             dict(model=name, dtype=dtype, kernel=kernel.fn.__name__, op=op, head_dim=head_dim, tile=tile, **resources)
         )
 
-    class_name, arch = MODELS[name]
-    model = BACKBONES[class_name](arch=arch, attn_impl='triton').train()
+    class_name, arch, options = MODELS[name]
+    model = BACKBONES[class_name](arch=arch, attn_impl='triton', **options).train()
     # With the interpreter flag on, CPU tensors take the Triton path and pass its device check; the launches
     # compile.
     saved = host.launch, impl.triton_interpreted
@@ -206,21 +223,27 @@ def kernel_resources(name, dtype, size, capability=90, deterministic=False):
 def op_digests(rows):
     """One digest per op of the code of its kernels: of every distinct launch's code in ``rows``, however the rows
     group the launches and whichever backbones launched them; in the order of
-    :data:`visattn_mm.ops.specs.OP_NAMES`.
+    :data:`visattn_mm.ops.specs.OP_NAMES`. Ops without rows in the CUDA defaults table
+    (:data:`OPS_WITHOUT_DEFAULTS`) are left out: no row is checked against their code.
 
     Args:
         rows (list[dict]): Rows of :func:`kernel_resources`.
 
     Returns:
         dict: ``{op: digest}``.
+
+    Raises:
+        ValueError: For kernels of an op that neither the spec table nor :data:`OPS_WITHOUT_DEFAULTS` names.
     """
     codes = {}
     for row in rows:
-        codes.setdefault(row['op'], set()).update(row['launches'])
+        if row['op'] not in OPS_WITHOUT_DEFAULTS:
+            codes.setdefault(row['op'], set()).update(row['launches'])
     unknown = set(codes) - set(OP_NAMES)
     if unknown:
         raise ValueError(
-            f'kernels of {sorted(unknown)}, which the spec table (visattn_mm.ops.specs) lacks: add the op there'
+            f'kernels of {sorted(unknown)}, which the spec table (visattn_mm.ops.specs) lacks: add the op there '
+            '(or, without defaults-table rows, to OPS_WITHOUT_DEFAULTS)'
         )
     return {op: code_digest('\n'.join(sorted(codes[op]))) for op in OP_NAMES if op in codes}
 

@@ -11,14 +11,18 @@ add to a bias gradient with atomics (ViL's and ViL-LS' query-side backward) are
 also timed, with the package's settings, for each count of ``--bias-grad-copies``
 (``visattn_mm.ops.triton.host.BIAS_GRAD_COPIES``, copies of the gradient the
 atomics are spread over; 0: no atomics, the bias-gradient kernel's time counted
-with the query-side kernel's). Per kernel and head-dim tile, it reports the median over
+with the query-side kernel's). The sliding-chunk kernels that can read their keys packed
+(``visattn_mm.ops.sliding_chunk.triton.PACK_KEY_TILES``, off in the package) are timed with it on as well,
+with the package's settings (labelled ``packed keys``). Per kernel and head-dim tile, it reports the median over
 ``--repeats`` steps of the summed time of its launches: the package's settings and
 time, the fastest candidate and its time. It times, it does not check results: a
 faster candidate must pass the CUDA tests before it becomes the package's (8 warps
 were wrong in 16 bits at head dim 64, see ``host.launch_settings``).
 A candidate a kernel cannot be compiled with (too much shared memory, too many
 registers) is skipped for that kernel, which then runs with the package's
-settings. VVT's token tiles are not varied (they change the grid).
+settings. VVT's token tiles are not varied (they change the grid). Neither copies nor packed keys are
+launch settings: ``--write`` passes them over, and a faster one becomes the package's by an edit of its
+constant, once the CUDA tests have passed with it.
 
 Writes every candidate's times to ``<out-dir>/triton_tuning.csv``. ``--write`` then puts, per kernel, input
 dtype and head-dim tile, the candidate that was at least 5% faster than the package's settings in every
@@ -85,7 +89,7 @@ def parse_settings_label(label):
     return dict(num_warps=int(warps), num_stages=int(stages))
 
 
-def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None):
+def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None, packed_keys=False):
     """Per kernel launched by a training step of ``model``, its median time over ``repeats`` steps.
 
     Args:
@@ -97,6 +101,8 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         repeats (int): Timed steps, after one that compiles.
         bias_grad_copies (int, optional): Runs the steps with this ``triton.host.BIAS_GRAD_COPIES``
             and times only the kernels that take it; None keeps the package's and times every kernel.
+        packed_keys (bool): Runs the steps with the sliding-chunk kernels' packed key tiles on and times only
+            the kernels that read them.
 
     Returns:
         dict: ``(kernel, input dtype, head-dim tile, token tile) -> (settings label, milliseconds or None)``;
@@ -105,6 +111,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
     """
     from triton.runtime.errors import OutOfResources
 
+    import visattn_mm.ops.sliding_chunk.triton as sliding_chunk
     import visattn_mm.ops.triton.host as host
 
     cuda = image.device.type == 'cuda'
@@ -115,7 +122,8 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
         # The kernel that sums a bias gradient without atomics (0 copies) does the atomics' share of the
         # query-side kernel's work: its time counts as that kernel's.
         takes_copies = 'bias_copies' in kernel.arg_names or 'grad_parts' in kernel.arg_names
-        if bias_grad_copies is not None and not takes_copies:
+        packs = packed_keys and kernel.fn.__name__ in sliding_chunk.PACKED_KEY_KERNELS
+        if (bias_grad_copies is not None and not takes_copies) or (packed_keys and not packs):
             kernel[grid](*args, **settings, **constexprs)
             return
         name = kernel.fn.__name__.replace('_bias_grad', '_backward_queries')
@@ -135,6 +143,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
                 seconds = time.perf_counter() - begin
                 launches.append((key, lambda: seconds * 1e3))
             labels[key] = settings_label(chosen) + (f', {copies} copies' if takes_copies else '')
+            labels[key] += ', packed keys' if packs else ''
         except OutOfResources:
             if chosen is package:
                 raise
@@ -142,8 +151,9 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
             timed_launch(kernel, grid, settings, *args, **constexprs)
 
     per_step = collections.defaultdict(list)
-    saved = host.launch, host.BIAS_GRAD_COPIES
+    saved = host.launch, host.BIAS_GRAD_COPIES, sliding_chunk.PACK_KEY_TILES
     host.launch, host.BIAS_GRAD_COPIES = timed_launch, copies
+    sliding_chunk.PACK_KEY_TILES = packed_keys or sliding_chunk.PACK_KEY_TILES
     try:
         for step in range(repeats + 1):
             launches.clear()
@@ -156,13 +166,14 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None)
                 for key, total in totals.items():
                     per_step[key].append(total)
     finally:
-        host.launch, host.BIAS_GRAD_COPIES = saved
+        host.launch, host.BIAS_GRAD_COPIES, sliding_chunk.PACK_KEY_TILES = saved
     return {key: (labels[key], None if key in failed else statistics.median(times)) for key, times in per_step.items()}
 
 
 def tune(name, dtype, args, device):
     """Rows of every candidate for backbone ``name`` in ``dtype``: see :data:`CSV_COLUMNS`."""
     import visattn_mm.models as models
+    import visattn_mm.ops.sliding_chunk.triton as sliding_chunk
 
     class_name, arch = MODELS[name]
     torch.manual_seed(0)
@@ -171,9 +182,9 @@ def tune(name, dtype, args, device):
     gpu = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu (Triton interpreter)'
     rows = []
 
-    def timed(candidate, copies=None):
+    def timed(candidate, copies=None, packed_keys=False):
         for (kernel, inputs, head_dim, tile), (label, ms) in kernel_times(
-            model, image, dtype, candidate, args.repeats, copies
+            model, image, dtype, candidate, args.repeats, copies, packed_keys
         ).items():
             rows.append(
                 dict(
@@ -184,7 +195,9 @@ def tune(name, dtype, args, device):
                     inputs=inputs,
                     head_dim=head_dim,
                     tile=tile,
-                    settings=PACKAGE + f' ({label})' if (candidate, copies) == (None, None) else label,
+                    settings=PACKAGE + f' ({label})'
+                    if (candidate, copies, packed_keys) == (None, None, False)
+                    else label,
                     time_ms=ms,
                     status='ok' if ms is not None else 'does not compile',
                 )
@@ -196,6 +209,8 @@ def tune(name, dtype, args, device):
     if any('copies' in row['settings'] for row in rows):  # a kernel spreads bias-gradient atomics over copies
         for copies in args.bias_grad_copies:
             timed(None, copies)
+    if any(row['kernel'] in sliding_chunk.PACKED_KEY_KERNELS for row in rows):
+        timed(None, packed_keys=True)
     return rows
 
 

@@ -47,6 +47,9 @@ KERNELS = {
     'pale-t': {'_pale_forward', '_pale_backward_queries', '_pale_backward_keys'},
     'vvt-s': {'_vicinity_sums', '_vicinity_forward', '_vicinity_backward_queries', '_vicinity_backward_keys'},
 }
+# VVT's opt-in fused conv-FFN (fused_conv_gelu=True), which no other model launches.
+CONV_GELU_KERNELS = {'_conv_gelu_forward', '_conv_gelu_backward_pre', '_conv_gelu_backward_input'}
+KERNELS['vvt-s-fused'] = KERNELS['vvt-s'] | CONV_GELU_KERNELS
 CANDIDATE = dict(num_warps=2, num_stages=2)  # unlike any package setting
 interpreted = interpreted_fixture()  # the tuning run below, in the interpreter
 
@@ -62,7 +65,18 @@ def test_every_kernel_of_every_backbone_is_compiled_and_reported(rows):
         for dtype in MAX_SPILL:
             found = {row['kernel'] for row in rows if row['model'] == model and row['dtype'] == dtype}
             assert found == kernels, (model, dtype)
-    assert all(0 < row['registers'] <= 255 and row['shared_kib'] > 0 for row in rows)
+    assert all(0 < row['registers'] <= 255 for row in rows)
+    # Every attention kernel stages tiles in shared memory; conv_gelu's elementwise ones need none.
+    assert all(row['shared_kib'] > 0 for row in rows if row['op'] != 'conv_gelu')
+
+
+def test_fused_conv_gelu_kernels_do_not_spill_and_have_no_digest(rows):
+    """VVT's opt-in depthwise-conv+GELU kernels (``vvt-s-fused``) are reported in fp32 and bf16 without register
+    spills, and left out of the op digests: no row of the CUDA defaults table is checked against their code."""
+    fused = [row for row in rows if row['op'] == 'conv_gelu']
+    assert {(row['kernel'], row['dtype']) for row in fused} == {(k, d) for k in CONV_GELU_KERNELS for d in MAX_SPILL}
+    assert all(row['model'] == 'vvt-s-fused' and row['spill_stores'] == row['spill_loads'] == 0 for row in fused)
+    assert 'conv_gelu' not in triton_resources.op_digests(rows)
 
 
 def test_code_digest_ignores_debug_lines_only(rows):
@@ -101,6 +115,9 @@ def test_op_digests_follow_each_launchs_code_however_rows_group_launches():
     split = [dict(op='pale', launches=('b' * 12,)), dict(op='pale', launches=('a' * 12, 'b' * 12))]
     assert triton_resources.op_digests([row]) == triton_resources.op_digests(split)
     assert triton_resources.op_digests([row]) != triton_resources.op_digests([dict(row, launches=('a' * 12,))])
+    # An op without defaults-table rows is left out; one the spec table lacks is refused.
+    fused = dict(op='conv_gelu', launches=('c' * 12,))
+    assert triton_resources.op_digests([row, fused]) == triton_resources.op_digests([row])
     with pytest.raises(ValueError, match=r"kernels of \['swin'\], which the spec table \(visattn_mm.ops.specs\) lacks"):
         triton_resources.op_digests([dict(op='swin', launches=())])
 
@@ -179,13 +196,20 @@ def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interp
     assert {key.split(' ')[0]: label for key, (label, _) in result['copies'].items()} == {
         '_sliding_chunk_backward_queries': '8w1s, 0 copies'
     }
+    # With packed key tiles, only the two kernels that read them are timed.
+    assert {key.split(' ')[0]: label for key, (label, _) in result['packed'].items()} == {
+        '_sliding_chunk_forward': '8w1s, packed keys',
+        '_sliding_chunk_backward_queries': '8w1s' + copies + ', packed keys',
+    }
     # The command line: per kernel the package's settings and the candidates; a CSV line for each.
     assert sorted(kernel for kernel, *_ in result['table']) == sorted(kernels)
     assert {(kernel, settings) for kernel, settings, _ in result['table']} == {
         (kernel, 'package (8w1s' + (copies if 'queries' in kernel else '') + ')') for kernel in kernels
     }
-    assert {best for kernel, _, best in result['table'] if 'queries' not in kernel} == {'2w2s'}
-    assert result['csv_lines'] == 1 + 2 * len(kernels) + 1
+    assert {best for kernel, _, best in result['table'] if 'keys' in kernel} == {'2w2s'}
+    assert {best for kernel, _, best in result['table'] if 'forward' in kernel} <= {'2w2s', '8w1s, packed keys'}
+    # The package's and the candidate's rows, the copies' and the packed keys' (of two kernels).
+    assert result['csv_lines'] == 1 + 2 * len(kernels) + 1 + 2
     # --write after measuring: the package's table (here a copy) names the device and the CSV it chose from.
     assert result['tuned_from'] == ['cpu (Triton interpreter): <out>/triton_tuning.csv']
 
@@ -271,9 +295,14 @@ def tuning_run():
     result = {
         name: {
             ' '.join(map(str, key)): value
-            for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1, copies).items()
+            for key, value in triton_tuning.kernel_times(model, image, 'fp32', candidate, 1, copies, packed).items()
         }
-        for name, candidate, copies in (('package', None, None), ('candidate', CANDIDATE, None), ('copies', None, 0))
+        for name, candidate, copies, packed in (
+            ('package', None, None, False),
+            ('candidate', CANDIDATE, None, False),
+            ('copies', None, 0, False),
+            ('packed', None, None, True),
+        )
     }
     triton_tuning.MODELS = {'vil-tiny': ('ViL', TINY_ARCHS[ViL])}
     with tempfile.TemporaryDirectory() as out_dir:

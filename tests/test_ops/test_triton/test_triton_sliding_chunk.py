@@ -6,6 +6,7 @@ output and the gradients of every input with the math path, and counts the
 launches of each kernel to prove which path ran.
 """
 
+import contextlib
 import sys
 
 import pytest
@@ -164,6 +165,72 @@ def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
     for copies in ('0', '1', '1000'):
         launches = dict.fromkeys(KERNELS + ((BIAS_GRAD_KERNEL,) if copies == '0' else ()), 1)
         assert_kernels_matched({k: v for k, v in results[copies].items() if k != 'used'}, launches)
+
+
+# The cases run again with packed key tiles: 9 neighbour blocks in each masking mode (windows 2, 3 and 4: 3, 6
+# and 9 packed tiles of 16 slots, against 9 one per chunk), a bias gathered from a table, strided views, and a
+# shift mode with 2 blocks, which keeps one tile per chunk.
+PACKED_CASES = (
+    'odd-non-square',
+    'cyclic',
+    'exact-window-tile-sized-chunk',
+    'window-2-no-l2g',
+    'strided-views',
+    'shift-3',
+)
+
+
+@contextlib.contextmanager
+def packed_key_tiles(tiles=None):
+    """Runs the sliding-chunk kernels with ``PACK_KEY_TILES`` on, appending each launch plan's ``(PACKED_KEYS,
+    KEY_TILES)`` to ``tiles``."""
+    import visattn_mm.ops.sliding_chunk.triton as kernels
+
+    setup = kernels._launch_setup
+
+    def recording_setup(*args):
+        plan = setup(*args)
+        if tiles is not None:
+            tiles.append(tuple(getattr(c, "value", c) for c in (plan.tile.PACKED_KEYS, plan.tile.KEY_TILES)))
+        return plan
+
+    kernels.PACK_KEY_TILES, kernels._launch_setup = True, recording_setup
+    try:
+        yield
+    finally:
+        kernels.PACK_KEY_TILES, kernels._launch_setup = False, setup
+
+
+def compare_packed():
+    """The :data:`PACKED_CASES` with packed key tiles (interpreter subprocess), each with the tiles its forward
+    and backward planned."""
+    results = {}
+    for name in PACKED_CASES:
+        tiles = []
+        with packed_key_tiles(tiles):
+            comparison = compare_paths(*case_inputs(name, torch.float64))
+        results[name] = dict(comparison, tiles=sorted(set(tiles)))
+    return results
+
+
+@pytest.mark.parametrize(
+    'name, tiles',
+    [
+        ('odd-non-square', [True, 6]),
+        ('cyclic', [True, 6]),
+        ('exact-window-tile-sized-chunk', [True, 9]),
+        ('window-2-no-l2g', [True, 3]),
+        ('strided-views', [True, 6]),
+        ('shift-3', [False, 2]),
+    ],
+)
+def test_packed_key_tiles_match_math(name, tiles, interpreted):
+    """With ``PACK_KEY_TILES`` the forward and the query-side backward read the 9 neighbour chunks' keys packed
+    into ceil(9 * w*w / BLOCK) tiles (a tile may span two chunks): output and every gradient equal the math
+    path's, in every masking mode; shift modes with 2 blocks keep their 2 tiles."""
+    result = interpreted['packed'][name]
+    assert result['tiles'] == [tiles]
+    assert_kernels_matched({k: v for k, v in result.items() if k != 'tiles'}, dict.fromkeys(KERNELS, 1))
 
 
 @pytest.mark.parametrize('name', DETERMINISTIC_CASES)
@@ -463,6 +530,16 @@ def test_cuda_kernels_match_float64_math_on_a_backbone_stage(masking_mode, shift
 
 @pytest.mark.cuda
 @pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
+@pytest.mark.parametrize('masking_mode', [0, -1, 1])
+@pytest.mark.parametrize('shape', [GPU_SHAPE, BACKBONE_STAGE_SHAPE], ids=['small', 'backbone-stage'])
+def test_cuda_packed_key_tiles_match_float64_math(masking_mode, shape, dtype):
+    """The packed key tiles (``PACK_KEY_TILES``, off by default until timed) compiled and run on the GPU."""
+    with packed_key_tiles():
+        assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, 0, shape)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', CUDA_DTYPES, ids=CUDA_DTYPE_IDS)
 @pytest.mark.parametrize('masking_mode,shift_mode', [(0, 0), (1, 0), (-1, 7)])
 def test_cuda_deterministic_bias_gradient(masking_mode, shift_mode, dtype):
     """Under deterministic algorithms: 4 kernels, within tolerance of float64 math, the same bits twice."""
@@ -477,5 +554,6 @@ if __name__ == '__main__':
         backbone=lambda: compare_backbone(ViL),
         fp16=compare_fp16,
         deterministic=lambda: compare_deterministic(case_inputs, DETERMINISTIC_CASES),
+        packed=compare_packed,
         **{'bias-grad-copies': compare_bias_grad_copies, 'stray-load': stray_load},
     )

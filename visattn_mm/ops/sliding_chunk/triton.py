@@ -32,6 +32,11 @@ Dropout is not supported: ``dropout_p > 0`` raises a ValueError (choose
 
 One tile covers a chunk (``next_pow2(w*w)`` slots, 64 for the default ``w = 7``);
 windows over 11 are refused: tiles of 256 slots do not fit the shared memory of a GPU.
+With :data:`PACK_KEY_TILES` (off until a GPU has timed it) the forward and the query-side
+backward kernel read the 9 neighbour chunks' keys packed instead: ``9 * w*w`` keys in
+block-major order fill ``ceil(9 * w*w / BLOCK)`` tiles (441 keys in 7 tiles of 64 for ``w = 7``,
+where one tile per chunk takes 9), each key computing its own chunk, mask and bias column; a
+query chunk's tile products there drop from 18 to 14 (forward) and from 27 to 21 (backward).
 """
 
 from typing import NamedTuple, Optional  # noqa: I001 (visattn_mm.ops.triton first)
@@ -49,6 +54,15 @@ from ..indexing import check_modes, neighbour_blocks
 
 __all__ = ['triton_sliding_chunk_attention']
 
+# Whether the forward and the query-side backward kernel read the 9 neighbour chunks' keys packed into
+# ceil(9 * w*w / BLOCK) tiles (7 of 64 slots for 441 keys at w = 7) instead of one 64-slot tile per 49-key
+# chunk (9 tiles): fewer tile products per query chunk, more index arithmetic per key. Off until a GPU has
+# passed the CUDA tests with it and timed it (tools/analysis/triton_tuning.py --packed-key-tiles); turning it
+# on changes the kernels' compiled code (triton_resources.py --digests write). Shift modes with 2 blocks keep
+# their 2 tiles.
+PACK_KEY_TILES = False
+PACKED_KEY_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries')  # the kernels it changes
+
 
 class _Tile(NamedTuple):
     """The compile-time constants every sliding-chunk kernel and its helpers read, as one ``tile``
@@ -60,6 +74,11 @@ class _Tile(NamedTuple):
         NUM_BLOCKS (int): Neighbour chunks of the shift mode: 9, or 2 (the own chunk and ``SECOND_BLOCK``).
         SECOND_BLOCK (int): The last neighbour block of the shift mode.
         HAS_LOCAL_BIAS (bool): Whether there is a local bias.
+        PACKED_KEYS (bool): Whether the forward and the query-side backward kernel read the neighbour chunks'
+            keys packed (:data:`PACK_KEY_TILES`): tile ``t`` holds keys ``t * BLOCK`` to ``(t + 1) * BLOCK - 1``
+            of the ``9 * w*w`` in block-major order, the order of the local bias's columns.
+        KEY_TILES (int): Key tiles of those two kernels' loop over the neighbour chunks: ``NUM_BLOCKS``, or
+            ``ceil(9 * w*w / BLOCK)`` packed (7 for ``w = 7``).
         BLOCK (int): Token slots of a tile (:func:`~visattn_mm.ops.triton.host.tile` of ``w*w``).
         BLOCK_D (int): Head-dim slots of a tile.
         DOT_PRECISION (str): ``tl.dot``'s input precision (:func:`~visattn_mm.ops.triton.host.dot_precision`).
@@ -70,6 +89,8 @@ class _Tile(NamedTuple):
     NUM_BLOCKS: int
     SECOND_BLOCK: int
     HAS_LOCAL_BIAS: bool
+    PACKED_KEYS: bool
+    KEY_TILES: int
     BLOCK: int
     BLOCK_D: int
     DOT_PRECISION: str
@@ -155,27 +176,55 @@ def _mask_local_scores(scores, query_slots, key_slots, key_valid, local_bias, he
 
 
 @triton.jit
-def _neighbour_tile(queries, step, k, v, local_bias, batch, head, row, col, geometry, tile: tl.constexpr):
-    """The ``step``-th key chunk of the shift mode against the query chunk at ``(row, col)``: the loop body
-    of the forward and the query-side backward kernel.
+def _neighbour_tile(
+    queries, step, k, v, local_bias, batch, head, row, col, geometry, tile: tl.constexpr, PACKED: tl.constexpr
+):
+    """The ``step``-th key tile against the query chunk at ``(row, col)``: the loop body of the forward and the
+    query-side backward kernel. Unpacked, the ``step``-th key chunk of the shift mode; ``PACKED``, keys
+    ``step * BLOCK`` onwards of the 9 neighbour chunks' ``w*w`` in block-major order (see :class:`_Tile`),
+    so that a tile may span two chunks and each key has its own block.
 
     Returns:
-        The block (index into ``NEIGHBOUR_OFFSETS``), the visibility mask (see
-        :func:`_mask_local_scores`), the keys and values, and the ``(queries,
-        keys)`` tile of logits.
+        The keys' columns in the local bias (``block * w*w + slot``), the visibility mask (see
+        :func:`_mask_local_scores`), the keys and values, and the ``(queries, keys)`` tile of logits.
     """
     _, height, width, rows, cols, head_dim = geometry
-    block = _neighbour_block(step, tile)
-    key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-    key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, tile.WINDOW, tile.BLOCK)
-    keys, values, scores = kp.key_tile(
-        queries, k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
-    )
     slots = tl.arange(0, tile.BLOCK)
-    scores, visible = _mask_local_scores(
-        scores, slots[:, None], slots[None, :], key_valid[None, :], local_bias, head, block, in_grid, tile
-    )
-    return block, visible, keys, values, scores
+    if PACKED:
+        columns = step * tile.BLOCK + slots
+        # The last tile's slots past the 9 chunks stay in block 8 with slots past w*w: no bias is read for them.
+        block = tl.minimum(columns // (tile.WINDOW * tile.WINDOW), 8)
+        key_slots = columns - block * tile.WINDOW * tile.WINDOW
+        key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
+        y = key_row * tile.WINDOW + key_slots // tile.WINDOW
+        x = key_col * tile.WINDOW + key_slots % tile.WINDOW
+        key_valid = (columns < 9 * tile.WINDOW * tile.WINDOW) & (y < height) & (x < width)
+        keys, values, scores = kp.key_tile(
+            queries, k, v, batch, head, y * width + x, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
+        )
+        scores, visible = _mask_local_scores(
+            scores,
+            slots[:, None],
+            key_slots[None, :],
+            key_valid[None, :],
+            local_bias,
+            head,
+            block[None, :],
+            in_grid[None, :],
+            tile,
+        )
+    else:
+        block = _neighbour_block(step, tile)
+        key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
+        key_tokens, key_valid = kp.chunk_tokens(key_row, key_col, height, width, tile.WINDOW, tile.BLOCK)
+        keys, values, scores = kp.key_tile(
+            queries, k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
+        )
+        scores, visible = _mask_local_scores(
+            scores, slots[:, None], slots[None, :], key_valid[None, :], local_bias, head, block, in_grid, tile
+        )
+        columns = block * tile.WINDOW * tile.WINDOW + slots
+    return columns, visible, keys, values, scores
 
 
 @triton.jit
@@ -194,9 +243,9 @@ def _sliding_chunk_forward(inputs, out, lse, geometry, tile: tl.constexpr, share
             row_max, row_sum, acc, queries, global_set, batch, head, head_dim, shared.GLOBAL, tile
         )
 
-    for step in range(tile.NUM_BLOCKS):
+    for step in range(tile.KEY_TILES):
         _, _, _, values, scores = _neighbour_tile(
-            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile
+            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile, tile.PACKED_KEYS
         )
         row_max, row_sum, acc = kp.softmax_step(row_max, row_sum, acc, scores, values, tile.DOT_PRECISION)
 
@@ -248,9 +297,9 @@ def _sliding_chunk_backward_queries(
         )
 
     slots = tl.arange(0, tile.BLOCK)
-    for step in range(tile.NUM_BLOCKS):
-        block, visible, keys, values, scores = _neighbour_tile(
-            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile
+    for step in range(tile.KEY_TILES):
+        columns, visible, keys, values, scores = _neighbour_tile(
+            queries, step, k, v, local_bias, batch, head, row, col, geometry, tile, tile.PACKED_KEYS
         )
         _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
         grad_queries += tl.dot(grad_scores.to(keys.dtype), keys, input_precision=tile.DOT_PRECISION)
@@ -261,7 +310,7 @@ def _sliding_chunk_backward_queries(
                 heads,
                 head,
                 slots,
-                block * tile.WINDOW * tile.WINDOW + slots,
+                columns,
                 grad_scores,
                 query_valid[:, None] & visible,
                 tile.WINDOW * tile.WINDOW,
@@ -342,7 +391,7 @@ def _sliding_chunk_bias_grad(inputs, grad_out, lse, delta, grad_parts, geometry,
             index, chunks, q, grad_out, lse, delta, (heads, height, width, cols, head_dim), head, tile
         )
         _, visible, _, values, scores = _neighbour_tile(
-            query_rows[0], step, k, v, local_bias, batch, head, row, col, geometry, tile
+            query_rows[0], step, k, v, local_bias, batch, head, row, col, geometry, tile, False
         )
         _, grad_scores = kp.logit_grads(scores, query_rows, values, tile.DOT_PRECISION)
         grad_sum += tl.where(query_rows[4][:, None] & visible, grad_scores, 0.0)
@@ -357,13 +406,17 @@ def _launch_setup(q, global_k, local_bias, l2g_bias, height, width, window, mask
     rows, cols = chunk_grid(height, width, window)
     blocks = neighbour_blocks(shift_mode)
     num_global = 0 if global_k is None else global_k.shape[2]
+    block = host.tile(window * window)
+    packed = PACK_KEY_TILES and len(blocks) == 9
     tile = _Tile(
         WINDOW=window,
         MASKING_MODE=masking_mode,
         NUM_BLOCKS=len(blocks),
         SECOND_BLOCK=blocks[-1],
         HAS_LOCAL_BIAS=local_bias is not None,
-        BLOCK=host.tile(window * window),
+        PACKED_KEYS=packed,
+        KEY_TILES=triton.cdiv(9 * window * window, block) if packed else len(blocks),
+        BLOCK=block,
         BLOCK_D=host.tile(head_dim),
         DOT_PRECISION=host.dot_precision(q.dtype),
     )
