@@ -13,9 +13,9 @@ also timed, with the package's settings, for each count of ``--bias-grad-copies`
 atomics are spread over; 0: no atomics, the bias-gradient kernel's time counted
 with the query-side kernel's). The sliding-chunk kernels that can read their keys packed
 (``visattn_mm.ops.sliding_chunk.triton.PACK_KEY_TILES``, off in the package) are timed with it on as well,
-with the package's settings (labelled ``packed keys``). Per kernel and head-dim tile, it reports the median over
-``--repeats`` steps of the summed time of its launches: the package's settings and
-time, the fastest candidate and its time. It times, it does not check results: a
+with the package's settings and each of ``--warps`` (labelled ``packed keys``). Per kernel and head-dim
+tile, it reports the median over ``--repeats`` steps of the summed time of its launches: the package's
+settings and time, the fastest candidate and its time. It times, it does not check results: a
 faster candidate must pass the CUDA tests before it becomes the package's (8 warps
 were wrong in 16 bits at head dim 64, see ``host.launch_settings``).
 A candidate a kernel cannot be compiled with (too much shared memory, too many
@@ -96,8 +96,8 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None,
         model (nn.Module): A backbone built with ``attn_impl='triton'``, on the image's device.
         image (Tensor): ``(B, 3, H, W)``.
         dtype (str): 'fp32' or 'bf16' (autocast).
-        candidate (dict | None): ``num_warps`` and ``num_stages`` for every launch; None keeps the
-            package's settings.
+        candidate (dict | None): ``num_warps`` and ``num_stages`` (or one of them, the other the package's)
+            for every launch; None keeps the package's settings.
         repeats (int): Timed steps, after one that compiles.
         bias_grad_copies (int, optional): Runs the steps with this ``triton.host.BIAS_GRAD_COPIES``
             and times only the kernels that take it; None keeps the package's and times every kernel.
@@ -129,7 +129,7 @@ def kernel_times(model, image, dtype, candidate, repeats, bias_grad_copies=None,
         name = kernel.fn.__name__.replace('_bias_grad', '_backward_queries')
         key = (name, host.input_dtype(args), *host.launch_tiles(constexprs))
         package = host.tuned_settings(kernel, settings, args, constexprs)
-        chosen = package if candidate is None or key in failed else candidate
+        chosen = package if candidate is None or key in failed else dict(package, **candidate)
         try:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -210,7 +210,10 @@ def tune(name, dtype, args, device):
         for copies in args.bias_grad_copies:
             timed(None, copies)
     if any(row['kernel'] in sliding_chunk.PACKED_KEY_KERNELS for row in rows):
+        # Packed, a tile's keys carry more registers (ptxas, sm_90, bf16: 4 warps spill where 8 do not).
         timed(None, packed_keys=True)
+        for warps in args.warps:
+            timed(dict(num_warps=warps), packed_keys=True)
     return rows
 
 
