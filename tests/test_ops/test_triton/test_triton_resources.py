@@ -196,25 +196,25 @@ def test_tuning_times_each_kernel_with_the_package_and_candidate_settings(interp
     assert {key.split(' ')[0]: label for key, (label, _) in result['copies'].items()} == {
         '_sliding_chunk_backward_queries': '8w1s, 0 copies'
     }
-    # With packed key tiles, only the two kernels that read them are timed.
+    # With packed tiles, the kernels that loop over them are timed (every sliding-chunk kernel).
     assert {key.split(' ')[0]: label for key, (label, _) in result['packed'].items()} == {
         '_sliding_chunk_forward': '8w1s, packed keys',
         '_sliding_chunk_backward_queries': '8w1s' + copies + ', packed keys',
+        '_sliding_chunk_backward_keys': '8w1s, packed keys',
     }
     # The command line: per kernel the package's settings and the candidates; a CSV line for each.
     assert sorted(kernel for kernel, *_ in result['table']) == sorted(kernels)
     assert {(kernel, settings) for kernel, settings, _ in result['table']} == {
         (kernel, 'package (8w1s' + (copies if 'queries' in kernel else '') + ')') for kernel in kernels
     }
-    assert {best for kernel, _, best in result['table'] if 'keys' in kernel} == {'2w2s'}
-    assert {best for kernel, _, best in result['table'] if 'forward' in kernel} <= {
+    assert {best for kernel, _, best in result['table'] if 'queries' not in kernel} <= {
         '2w2s',
         '8w1s, packed keys',
         '2w1s, packed keys',
     }
-    # The package's and the candidate's rows, the copies' and the packed keys' (two kernels, the package's settings
-    # and each of --warps).
-    assert result['csv_lines'] == 1 + 2 * len(kernels) + 1 + 2 * 2
+    # The package's and the candidate's rows, the copies' and the packed tiles' (the package's settings and each of
+    # --warps).
+    assert result['csv_lines'] == 1 + 2 * len(kernels) + 1 + 2 * len(kernels)
     # --write after measuring: the package's table (here a copy) names the device and the CSV it chose from.
     assert result['tuned_from'] == ['cpu (Triton interpreter): <out>/triton_tuning.csv']
 

@@ -71,6 +71,7 @@ CASES = {
     'shorter-than-a-chunk': (2, 5, 3, 0, 0, 2, 4, 'frozen', True),
     'window-2-no-l2g': (3, 5, 2, 0, 0, 1, 6, 'grad', False),
     'strided-views': (4, 5, 3, 0, 0, 1, 4, 'table', True),
+    'tall-grid': (11, 8, 3, 0, 0, 1, 4, 'grad', True),  # 4 x 3 chunks: up and down differ (modulo 2 they do not)
 }
 STRIDED = {'strided-views'}
 
@@ -168,14 +169,15 @@ def test_bias_gradient_copies_sum_to_the_same_gradient(interpreted):
 
 
 # The cases run again with packed key tiles: 9 neighbour blocks in each masking mode (windows 2, 3 and 4: 3, 6
-# and 9 packed tiles of 16 slots, against 9 one per chunk), a bias gathered from a table, strided views, and a
-# shift mode with 2 blocks, which keeps one tile per chunk.
+# and 9 packed tiles of 16 slots, against 9 one per chunk), a bias gathered from a table, strided views, a grid
+# of 4 chunk rows, and a shift mode with 2 blocks, which keeps one tile per chunk.
 PACKED_CASES = (
     'odd-non-square',
     'cyclic',
     'exact-window-tile-sized-chunk',
     'window-2-no-l2g',
     'strided-views',
+    'tall-grid',
     'shift-3',
 )
 
@@ -221,6 +223,7 @@ def compare_packed():
         ('exact-window-tile-sized-chunk', [True, 9]),
         ('window-2-no-l2g', [True, 3]),
         ('strided-views', [True, 6]),
+        ('tall-grid', [True, 6]),
         ('shift-3', [False, 2]),
     ],
 )
@@ -533,7 +536,7 @@ def test_cuda_kernels_match_float64_math_on_a_backbone_stage(masking_mode, shift
 @pytest.mark.parametrize('masking_mode', [0, -1, 1])
 @pytest.mark.parametrize('shape', [GPU_SHAPE, BACKBONE_STAGE_SHAPE], ids=['small', 'backbone-stage'])
 def test_cuda_packed_key_tiles_match_float64_math(masking_mode, shape, dtype):
-    """The packed key tiles (``PACK_KEY_TILES``, off by default until timed) compiled and run on the GPU."""
+    """The packed tiles (``PACK_KEY_TILES``, off by default until timed) compiled and run on the GPU."""
     with packed_key_tiles():
         assert_cuda_within_tolerance(sliding_chunk_errors, dtype, 3, masking_mode, 0, shape)
 

@@ -35,8 +35,9 @@ windows over 11 are refused: tiles of 256 slots do not fit the shared memory of 
 With :data:`PACK_KEY_TILES` (off until a GPU has timed it) the forward and the query-side
 backward kernel read the 9 neighbour chunks' keys packed instead: ``9 * w*w`` keys in
 block-major order fill ``ceil(9 * w*w / BLOCK)`` tiles (441 keys in 7 tiles of 64 for ``w = 7``,
-where one tile per chunk takes 9), each key computing its own chunk, mask and bias column; a
-query chunk's tile products there drop from 18 to 14 (forward) and from 27 to 21 (backward).
+where one tile per chunk takes 9), each key computing its own chunk, mask and bias column; the
+key-side backward packs the queries of the 9 chunks that see its keys alike. Per chunk the tile
+products drop from 18 to 14 (forward) and from 63 to 49 (backward: 3 and 4 per tile).
 """
 
 from typing import NamedTuple, Optional  # noqa: I001 (visattn_mm.ops.triton first)
@@ -54,14 +55,14 @@ from ..indexing import check_modes, neighbour_blocks
 
 __all__ = ['triton_sliding_chunk_attention']
 
-# Whether the forward and the query-side backward kernel read the 9 neighbour chunks' keys packed into
-# ceil(9 * w*w / BLOCK) tiles (7 of 64 slots for 441 keys at w = 7) instead of one 64-slot tile per 49-key
-# chunk (9 tiles): fewer tile products per query chunk, more index arithmetic per key. Off until a GPU has
-# passed the CUDA tests with it and timed it (tools/analysis/triton_tuning.py --packed-key-tiles); turning it
-# on changes the kernels' compiled code (triton_resources.py --digests write). Shift modes with 2 blocks keep
-# their 2 tiles.
+# Whether the kernels loop over packed tiles: the forward and the query-side backward over the 9 neighbour
+# chunks' keys in ceil(9 * w*w / BLOCK) tiles (7 of 64 slots for 441 keys at w = 7) instead of one 64-slot tile
+# per 49-key chunk (9 tiles), the key-side backward likewise over the queries of the 9 chunks that see its keys:
+# fewer tile products, more index arithmetic per key or query. Off until a GPU has passed the CUDA tests with it
+# and timed it (tools/analysis/triton_tuning.py times it); turning it on changes the kernels' compiled code
+# (triton_resources.py --digests write). Shift modes with 2 blocks keep their 2 tiles.
 PACK_KEY_TILES = False
-PACKED_KEY_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries')  # the kernels it changes
+PACKED_KEY_KERNELS = ('_sliding_chunk_forward', '_sliding_chunk_backward_queries', '_sliding_chunk_backward_keys')
 
 
 class _Tile(NamedTuple):
@@ -341,12 +342,26 @@ def _sliding_chunk_backward_keys(
 
     slots = tl.arange(0, tile.BLOCK)
     lse_row, delta_row = lse + batch_head * height * width, delta + batch_head * height * width
-    for step in range(tile.NUM_BLOCKS):
-        block = _neighbour_block(step, tile)
-        row = (key_row - (block // 3 - 1) + rows) % rows
-        col = (key_col - (block % 3 - 1) + cols) % cols
-        _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-        tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
+    for step in range(tile.KEY_TILES):
+        if tile.PACKED_KEYS:
+            # The 9 query chunks that see this key chunk, their w*w queries in block-major order (the order of
+            # the forward's packed keys), BLOCK of them a tile: each query has its own chunk and block.
+            index = step * tile.BLOCK + slots
+            block = tl.minimum(index // (tile.WINDOW * tile.WINDOW), 8)
+            query_slots = index - block * tile.WINDOW * tile.WINDOW
+            row = (key_row - (block // 3 - 1) + rows) % rows
+            col = (key_col - (block % 3 - 1) + cols) % cols
+            _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
+            y = row * tile.WINDOW + query_slots // tile.WINDOW
+            x = col * tile.WINDOW + query_slots % tile.WINDOW
+            query_valid = (index < 9 * tile.WINDOW * tile.WINDOW) & (y < height) & (x < width)
+            tokens = y * width + x
+        else:
+            block = _neighbour_block(step, tile)
+            row = (key_row - (block // 3 - 1) + rows) % rows
+            col = (key_col - (block % 3 - 1) + cols) % cols
+            _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
+            tokens, query_valid = kp.chunk_tokens(row, col, height, width, tile.WINDOW, tile.BLOCK)
         query_rows, scores = kp.query_tile(
             keys,
             q,
@@ -361,9 +376,22 @@ def _sliding_chunk_backward_keys(
             tile.BLOCK_D,
             tile.DOT_PRECISION,
         )
-        scores, _ = _mask_local_scores(
-            scores, slots[None, :], slots[:, None], key_valid[:, None], local_bias, head, block, in_grid, tile
-        )
+        if tile.PACKED_KEYS:
+            scores, _ = _mask_local_scores(
+                scores,
+                query_slots[None, :],
+                slots[:, None],
+                key_valid[:, None],
+                local_bias,
+                head,
+                block[None, :],
+                in_grid[None, :],
+                tile,
+            )
+        else:
+            scores, _ = _mask_local_scores(
+                scores, slots[None, :], slots[:, None], key_valid[:, None], local_bias, head, block, in_grid, tile
+            )
         grad_keys, grad_values = kp.key_grads_step(
             grad_keys, grad_values, scores, values, query_rows, tile.DOT_PRECISION
         )
