@@ -75,8 +75,16 @@ def _measure_touched(meter, block_bytes, count):
     ],
 )
 def test_cpu_meter_measures_known_allocations(cpu_meter, block_bytes, count):
+    """Within 5% (+4 MiB) in one of three tries: the meter reads the process's resident memory, which the kernel
+    may lower meanwhile by dropping mapped library pages when a parallel test worker presses on memory (CI once
+    measured 160 of 256 MiB that way; alone, every try is within 1%). A meter that is wrong fails all three."""
     size = block_bytes * count
-    assert abs(_measure_touched(cpu_meter, block_bytes, count) - size) < 0.05 * size + 4 * MIB
+    measured = []
+    for _ in range(3):
+        measured.append(_measure_touched(cpu_meter, block_bytes, count))
+        if abs(measured[-1] - size) < 0.05 * size + 4 * MIB:
+            return
+    pytest.fail(f'allocated {size} bytes, measured {measured}')
 
 
 def test_cpu_meter_sees_nothing_when_nothing_is_allocated(cpu_meter):
