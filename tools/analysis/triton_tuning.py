@@ -210,7 +210,8 @@ def tune(name, dtype, args, device):
         for copies in args.bias_grad_copies:
             timed(None, copies)
     if any(row['kernel'] in sliding_chunk.PACKED_KEY_KERNELS for row in rows):
-        # Packed, a tile's keys carry more registers (ptxas, sm_90, bf16: 4 warps spill where 8 do not).
+        # Packed, a tile's indices carry more registers (ptxas, sm_90, bf16, head dim 32: the three kernels spill
+        # 52-148 bytes per thread with 4 warps, 0-60 with 8).
         timed(None, packed_keys=True)
         for warps in args.warps:
             timed(dict(num_warps=warps), packed_keys=True)

@@ -177,6 +177,29 @@ def _mask_local_scores(scores, query_slots, key_slots, key_valid, local_bias, he
 
 
 @triton.jit
+def _packed_slots(step, tile: tl.constexpr):
+    """The ``step``-th packed tile (see :class:`_Tile`): each slot's place among the 9 chunks' ``w*w`` tokens in
+    block-major order (a key's column in the local bias), its block and its slot in that chunk.
+
+    The last tile's slots past the 9 chunks stay in block 8 with chunk slots past ``w*w``: no bias is read for
+    them and :func:`_packed_tokens` marks them invalid.
+    """
+    index = step * tile.BLOCK + tl.arange(0, tile.BLOCK)
+    block = tl.minimum(index // (tile.WINDOW * tile.WINDOW), 8)
+    return index, block, index - block * tile.WINDOW * tile.WINDOW
+
+
+@triton.jit
+def _packed_tokens(chunk_row, chunk_col, index, chunk_slots, height, width, tile: tl.constexpr):
+    """Row-major token of each slot of a packed tile (:func:`_packed_slots`; each slot's chunk given), and
+    whether it is a token of the map (:func:`~visattn_mm.ops.triton.kernel_parts.chunk_tokens`, slot by slot)."""
+    y = chunk_row * tile.WINDOW + chunk_slots // tile.WINDOW
+    x = chunk_col * tile.WINDOW + chunk_slots % tile.WINDOW
+    valid = (index < 9 * tile.WINDOW * tile.WINDOW) & (y < height) & (x < width)
+    return y * width + x, valid
+
+
+@triton.jit
 def _neighbour_tile(
     queries, step, k, v, local_bias, batch, head, row, col, geometry, tile: tl.constexpr, PACKED: tl.constexpr
 ):
@@ -192,16 +215,11 @@ def _neighbour_tile(
     _, height, width, rows, cols, head_dim = geometry
     slots = tl.arange(0, tile.BLOCK)
     if PACKED:
-        columns = step * tile.BLOCK + slots
-        # The last tile's slots past the 9 chunks stay in block 8 with slots past w*w: no bias is read for them.
-        block = tl.minimum(columns // (tile.WINDOW * tile.WINDOW), 8)
-        key_slots = columns - block * tile.WINDOW * tile.WINDOW
+        columns, block, key_slots = _packed_slots(step, tile)
         key_row, key_col, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-        y = key_row * tile.WINDOW + key_slots // tile.WINDOW
-        x = key_col * tile.WINDOW + key_slots % tile.WINDOW
-        key_valid = (columns < 9 * tile.WINDOW * tile.WINDOW) & (y < height) & (x < width)
+        key_tokens, key_valid = _packed_tokens(key_row, key_col, columns, key_slots, height, width, tile)
         keys, values, scores = kp.key_tile(
-            queries, k, v, batch, head, y * width + x, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
+            queries, k, v, batch, head, key_tokens, key_valid, head_dim, tile.BLOCK_D, tile.DOT_PRECISION
         )
         scores, visible = _mask_local_scores(
             scores,
@@ -346,16 +364,11 @@ def _sliding_chunk_backward_keys(
         if tile.PACKED_KEYS:
             # The 9 query chunks that see this key chunk, their w*w queries in block-major order (the order of
             # the forward's packed keys), BLOCK of them a tile: each query has its own chunk and block.
-            index = step * tile.BLOCK + slots
-            block = tl.minimum(index // (tile.WINDOW * tile.WINDOW), 8)
-            query_slots = index - block * tile.WINDOW * tile.WINDOW
+            index, block, query_slots = _packed_slots(step, tile)
             row = (key_row - (block // 3 - 1) + rows) % rows
             col = (key_col - (block % 3 - 1) + cols) % cols
             _, _, in_grid = _neighbour_chunk(row, col, block, rows, cols)
-            y = row * tile.WINDOW + query_slots // tile.WINDOW
-            x = col * tile.WINDOW + query_slots % tile.WINDOW
-            query_valid = (index < 9 * tile.WINDOW * tile.WINDOW) & (y < height) & (x < width)
-            tokens = y * width + x
+            tokens, query_valid = _packed_tokens(row, col, index, query_slots, height, width, tile)
         else:
             block = _neighbour_block(step, tile)
             row = (key_row - (block // 3 - 1) + rows) % rows
